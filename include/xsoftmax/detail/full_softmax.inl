@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Host implementation of `full_softmax` (serial and omp backends).
+
+#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+#include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/validation.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace xsoftmax {
+
+template <class P, class B>
+full_softmax<P, B>::full_softmax(index_t num_classes, index_t dim, bool with_bias, init_options init,
+                                 backend_resources<B> resources)
+    : store_("full_softmax", num_classes, dim, with_bias, init), resources_(resources) {}
+
+template <class P, class B>
+full_softmax<P, B>::full_softmax(matrix_view<storage_type> weights, storage_type* bias,
+                                 backend_resources<B> resources)
+    : store_("full_softmax", weights, bias), resources_(resources) {}
+
+template <class P, class B>
+void full_softmax<P, B>::set_chunk_size(index_t classes) {
+  detail::expects(classes >= 0, "full_softmax::set_chunk_size: classes = ", classes, " must be >= 0");
+  chunk_size_ = classes;
+}
+
+template <class P, class B>
+index_t full_softmax<P, B>::chunk_size_for(index_t batch_rows) const {
+  index_t c = chunk_size_;
+  if (c == 0) {
+    // ~32 MiB of fp32 scores: large enough that the GEMM runs near peak, small enough for L3-ish
+    // reuse of the chunk between the score and gradient GEMMs.
+    c = (index_t(8) << 20) / std::max<index_t>(batch_rows, 1);
+    c = std::clamp<index_t>(c, 256, 16384);
+  }
+  return std::min(c, num_classes());
+}
+
+template <class P, class B>
+template <class H>
+float full_softmax<P, B>::run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                              loss_options options, vector_view<float> per_sample,
+                              matrix_view<float>* grad_hidden, gradient_type* grad_weights,
+                              vector_view<const float> grad_output) const {
+  const auto policy = backend_traits<B>::policy(resources_);
+  const index_t n_cls = num_classes(), d = dim();
+  detail::check_hidden(where, hidden, d);
+  detail::check_targets(where, targets, hidden.rows, n_cls, options.ignore_index);
+  if (options.reduce == reduction::none || per_sample.size != 0)
+    detail::check_output(where, "per_sample", per_sample, hidden.rows);
+  if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
+
+  detail::packed_batch batch = detail::pack_batch(policy, hidden, targets, options.ignore_index);
+  std::vector<float> upstream;
+  if (grad_weights)
+    upstream = detail::upstream_gradients(where, batch, hidden.rows, options.reduce, grad_output);
+  const index_t rows = batch.rows();
+  const auto w = matrix_view<const storage_type>(weights());
+  const storage_type* bias = store_.bias();
+  const index_t chunk = chunk_size_for(rows);
+  std::vector<float> scores(static_cast<std::size_t>(rows * chunk));
+  std::vector<float> scratch;
+
+  // Pass 1: online log-sum-exp over all classes, chunk by chunk.
+  detail::online_lse_state lse(rows);
+  if (rows > 0)
+    for (index_t c0 = 0; c0 < n_cls; c0 += chunk) {
+      const index_t cn = std::min(chunk, n_cls - c0);
+      detail::dense_scores(policy, batch.hidden_view(), w, bias, c0, cn, scores.data(), cn, scratch);
+      detail::online_lse_update(policy, scores.data(), rows, cn, cn, c0, batch.target.data(), lse);
+    }
+  std::vector<float> losses(static_cast<std::size_t>(rows));
+  for (index_t r = 0; r < rows; ++r) losses[r] = lse.lse(r) - lse.target_logit[r];
+
+  if (grad_weights) {
+    // Pass 2: recompute each chunk's scores, turn them into dLoss/dscore in place, and produce the
+    // hidden gradient (accumulated over chunks) and the chunk's weight gradient (written once).
+    gradient_type& g = *grad_weights;
+    g.dim = d;
+    const index_t touched = rows > 0 ? n_cls : 0;
+    g.rows.resize(static_cast<std::size_t>(touched));
+    for (index_t i = 0; i < touched; ++i) g.rows[i] = i;
+    g.values.resize(static_cast<std::size_t>(touched * d));
+    g.bias_values.resize(bias && touched ? static_cast<std::size_t>(touched) : 0);
+    std::vector<float> grad_packed(static_cast<std::size_t>(rows * d), 0.f);
+    std::vector<float> row_lse(static_cast<std::size_t>(rows));
+    for (index_t r = 0; r < rows; ++r) row_lse[r] = lse.lse(r);
+    for (index_t c0 = 0; c0 < touched; c0 += chunk) {
+      const index_t cn = std::min(chunk, n_cls - c0);
+      float* s = scores.data();
+      const matrix_view<const float> wf =
+          detail::dense_scores(policy, batch.hidden_view(), w, bias, c0, cn, s, cn, scratch);
+      const float* l = row_lse.data();
+      const float* u = upstream.data();
+      const index_t* t = batch.target.data();
+      detail::parallel_for(policy, rows, [=](index_t r) {
+        float* sr = s + r * cn;
+        for (index_t j = 0; j < cn; ++j) sr[j] = std::exp(sr[j] - l[r]) * u[r];
+        const index_t tj = t[r] - c0;
+        if (tj >= 0 && tj < cn) sr[tj] -= u[r];
+      });
+      detail::host::gemm_args dh;  // grad_hidden += G(rows x cn) * W(cn x d)
+      dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
+      dh.beta = 1.f, dh.c = grad_packed.data(), dh.ldc = d;
+      detail::gemm_parallel(policy, dh);
+      detail::host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
+      dw.op_a = detail::host::op::transpose;
+      dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = batch.hidden.data(), dw.ldb = d;
+      dw.c = thrust::raw_pointer_cast(g.values.data()) + c0 * d, dw.ldc = d;
+      detail::gemm_parallel(policy, dw);
+      if (bias) {
+        float* gb = thrust::raw_pointer_cast(g.bias_values.data()) + c0;
+        detail::parallel_for(policy, cn, [=](index_t j) {
+          float acc = 0.f;  // rows in fixed order: deterministic
+          for (index_t r = 0; r < rows; ++r) acc += s[r * cn + j];
+          gb[j] = acc;
+        });
+      }
+    }
+    if (grad_hidden) detail::scatter_rows(policy, batch, grad_packed, *grad_hidden);
+  }
+  if (per_sample.size != 0) detail::scatter_losses(batch, losses, per_sample);
+  return detail::reduce_losses(losses, options.reduce);
+}
+
+template <class P, class B>
+template <class H>
+float full_softmax<P, B>::forward(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                  loss_options options, vector_view<float> per_sample) const {
+  return run("full_softmax::forward", hidden, targets, options, per_sample, nullptr, nullptr, {});
+}
+
+template <class P, class B>
+template <class H>
+float full_softmax<P, B>::forward_backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                           matrix_view<float> grad_hidden, gradient_type& grad_weights,
+                                           loss_options options, vector_view<float> per_sample,
+                                           vector_view<const float> grad_output) const {
+  return run("full_softmax::forward_backward", hidden, targets, options, per_sample, &grad_hidden,
+             &grad_weights, grad_output);
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                  matrix_view<float> grad_hidden, gradient_type& grad_weights,
+                                  loss_options options, vector_view<const float> grad_output) const {
+  run("full_softmax::backward", hidden, targets, options, {}, &grad_hidden, &grad_weights, grad_output);
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                  vector_view<float> out) const {
+  loss_options o;
+  o.reduce = reduction::none;
+  o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
+  run("full_softmax::log_prob", hidden, targets, o, out, nullptr, nullptr, {});
+  for (index_t i = 0; i < out.size; ++i) out[i] = -out[i];
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                              matrix_view<float> log_probs) const {
+  const char* where = "full_softmax::topk";
+  const auto policy = backend_traits<B>::policy(resources_);
+  const index_t n_cls = num_classes();
+  detail::check_hidden(where, hidden, dim());
+  detail::expects(k >= 1 && k <= n_cls, where, ": k = ", k, " must be in [1, num_classes = ", n_cls, "]");
+  detail::check_output(where, "classes", classes, hidden.rows, k);
+  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
+  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
+  const index_t rows = batch.rows(), chunk = chunk_size_for(rows);
+  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch;
+  detail::online_lse_state lse(rows);
+  detail::row_topk_state best(rows, k);
+  for (index_t c0 = 0; c0 < n_cls; c0 += chunk) {
+    const index_t cn = std::min(chunk, n_cls - c0);
+    detail::dense_scores(policy, batch.hidden_view(), matrix_view<const storage_type>(weights()), store_.bias(),
+                         c0, cn, scores.data(), cn, scratch);
+    detail::online_lse_update(policy, scores.data(), rows, cn, cn, c0, nullptr, lse);
+    detail::row_topk_update(policy, scores.data(), rows, cn, cn, c0, best);
+  }
+  detail::row_topk_finish(policy, rows, best);
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t j = 0; j < k; ++j) {
+      classes(r, j) = best.index[r * k + j];
+      log_probs(r, j) = best.score[r * k + j] - lse.lse(r);
+    }
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                                          matrix_view<float> out) const {
+  const char* where = "full_softmax::log_distribution";
+  const auto policy = backend_traits<B>::policy(resources_);
+  const index_t n_cls = num_classes();
+  detail::check_hidden(where, hidden, dim());
+  detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where,
+                                ": class range [", class_begin, ", ", class_end, ") is empty or outside [0, ",
+                                n_cls, ")");
+  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
+  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
+  const index_t rows = batch.rows(), chunk = chunk_size_for(rows);
+  const auto w = matrix_view<const storage_type>(weights());
+  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch;
+  detail::online_lse_state lse(rows);
+  for (index_t c0 = 0; c0 < n_cls; c0 += chunk) {
+    const index_t cn = std::min(chunk, n_cls - c0);
+    detail::dense_scores(policy, batch.hidden_view(), w, store_.bias(), c0, cn, scores.data(), cn, scratch);
+    detail::online_lse_update(policy, scores.data(), rows, cn, cn, c0, nullptr, lse);
+  }
+  for (index_t c0 = class_begin; c0 < class_end; c0 += chunk) {
+    const index_t cn = std::min(chunk, class_end - c0);
+    detail::dense_scores(policy, batch.hidden_view(), w, store_.bias(), c0, cn, scores.data(), cn, scratch);
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t j = 0; j < cn; ++j) out(r, c0 - class_begin + j) = scores[r * cn + j] - lse.lse(r);
+  }
+}
+
+}  // namespace xsoftmax

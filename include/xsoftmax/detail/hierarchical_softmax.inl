@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Host implementation of `hierarchical_softmax` (serial and omp backends).
+
+#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/gather_dot.hpp>
+#include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+#include <xsoftmax/detail/validation.hpp>
+
+#include <thrust/sequence.h>
+#include <thrust/sort.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+namespace xsoftmax {
+
+namespace detail {
+
+/// log(1 + exp(x)) without overflow.
+inline float softplus(float x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+inline float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+/// Rows stable-sorted by their target's leaf rank: below any node, samples form one contiguous run.
+template <class Policy, class TreeView>
+packed_batch sort_by_leaf_rank(const Policy& policy, const TreeView& tree, const packed_batch& in,
+                               std::vector<float>& upstream) {
+  const index_t n = in.rows(), d = in.dim;
+  std::vector<index_t> keys(static_cast<std::size_t>(n)), order(static_cast<std::size_t>(n));
+  for (index_t r = 0; r < n; ++r) keys[r] = tree.leaf_rank(in.target[r]);
+  thrust::sequence(policy, order.begin(), order.end());
+  thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
+  packed_batch out;
+  out.dim = d;
+  out.sample.resize(static_cast<std::size_t>(n));
+  out.target.resize(static_cast<std::size_t>(n));
+  out.hidden.resize(in.hidden.size());
+  std::vector<float> up(upstream.size());
+  for (index_t r = 0; r < n; ++r) {
+    out.sample[r] = in.sample[order[r]];
+    out.target[r] = in.target[order[r]];
+    if (!upstream.empty()) up[r] = upstream[order[r]];
+  }
+  const float* src = in.hidden.data();
+  float* dst = out.hidden.data();
+  const index_t* ord = order.data();
+  parallel_for(policy, n, [=](index_t r) { std::copy(src + ord[r] * d, src + ord[r] * d + d, dst + r * d); });
+  upstream.swap(up);
+  return out;
+}
+
+}  // namespace detail
+
+/// A run of sorted samples that share one node at one level, and where its gradient rows go.
+template <class Tree, class P, class B, class F>
+struct hierarchical_softmax<Tree, P, B, F>::run_range {
+  int level = 0;
+  index_t begin = 0, end = 0;  ///< sorted rows
+  index_t block_begin = 0, block_size = 0;
+  index_t grad_offset = 0;  ///< first row of this run's block in the sparse gradient
+};
+
+template <class Tree, class P, class B, class F>
+index_t hierarchical_softmax<Tree, P, B, F>::weight_rows(const Tree& tree) {
+  return sigmoid_form ? tree.num_rows() / 2 : tree.num_rows();
+}
+
+namespace detail {
+template <bool Sigmoid, class Tree>
+void check_node_form(const Tree& tree) {
+  if constexpr (Sigmoid) {
+    const auto tv = tree.view();
+    for (index_t c = 0; c < tv.num_classes(); ++c)
+      for (int l = 0; l < tv.depth(c); ++l) {
+        const path_step s = tv.step(c, l);
+        expects<tree_error>(s.block_size == 2, "hierarchical_softmax<sigmoid_nodes>: the node at level ", l,
+                            " on class ", c, "'s path has ", s.block_size,
+                            " children; the sigmoid form needs a binary tree (every node exactly 2)");
+      }
+  }
+}
+}  // namespace detail
+
+template <class Tree, class P, class B, class F>
+hierarchical_softmax<Tree, P, B, F>::hierarchical_softmax(Tree tree, index_t dim, bool with_bias,
+                                                          init_options init, backend_resources<B> resources)
+    : tree_(std::move(tree)), resources_(resources) {
+  detail::check_node_form<sigmoid_form>(tree_);
+  store_ = detail::weight_store<storage_type, B>("hierarchical_softmax", weight_rows(tree_), dim, with_bias, init);
+}
+
+template <class Tree, class P, class B, class F>
+hierarchical_softmax<Tree, P, B, F>::hierarchical_softmax(Tree tree, matrix_view<storage_type> weights,
+                                                          storage_type* bias, backend_resources<B> resources)
+    : tree_(std::move(tree)), resources_(resources) {
+  detail::check_node_form<sigmoid_form>(tree_);
+  detail::expects<shape_error>(weights.rows == weight_rows(tree_), "hierarchical_softmax: weights.rows = ",
+                               weights.rows, " but the tree needs ", weight_rows(tree_), " rows");
+  store_ = detail::weight_store<storage_type, B>("hierarchical_softmax", weights, bias);
+}
+
+template <class Tree, class P, class B, class F>
+void hierarchical_softmax<Tree, P, B, F>::child_log_probs(const float* h, index_t block_begin,
+                                                          index_t block_size, float* out) const {
+  const auto w = matrix_view<const storage_type>(weights());
+  if constexpr (sigmoid_form) {
+    float s;
+    detail::gather_dot(h, w, store_.bias(), block_begin / 2, 1, &s);
+    out[0] = -detail::softplus(-s);
+    out[1] = -detail::softplus(s);
+  } else {
+    detail::gather_dot(h, w, store_.bias(), block_begin, block_size, out);
+    const float lse = detail::row_logsumexp(out, block_size);
+    for (index_t j = 0; j < block_size; ++j) out[j] -= lse;
+  }
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+float hierarchical_softmax<Tree, P, B, F>::run(const char* where, matrix_view<const H> hidden,
+                                               vector_view<const index_t> targets, loss_options options,
+                                               vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                                               gradient_type* grad_weights,
+                                               vector_view<const float> grad_output) const {
+  const auto policy = backend_traits<B>::policy(resources_);
+  const auto tv = tree_.view();
+  const index_t d = dim();
+  detail::check_hidden(where, hidden, d);
+  detail::check_targets(where, targets, hidden.rows, num_classes(), options.ignore_index);
+  if (options.reduce == reduction::none || per_sample.size != 0)
+    detail::check_output(where, "per_sample", per_sample, hidden.rows);
+  if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
+
+  const bool want_grad = grad_weights != nullptr;
+  std::vector<float> upstream;
+  const detail::packed_batch packed = detail::pack_batch(policy, hidden, targets, options.ignore_index);
+  if (want_grad) upstream = detail::upstream_gradients(where, packed, hidden.rows, options.reduce, grad_output);
+  const detail::packed_batch batch = detail::sort_by_leaf_rank(policy, tv, packed, upstream);
+  const index_t rows = batch.rows();
+
+  // Runs of samples sharing a node, level by level; each run's block gets its own gradient rows.
+  std::vector<run_range> runs;
+  std::vector<std::size_t> level_first{0};
+  index_t grad_rows = 0;
+  for (int l = 0; l < Tree::max_depth; ++l) {
+    bool any = false;
+    for (index_t r = 0; r < rows; ++r) {
+      if (tv.depth(batch.target[r]) <= l) continue;
+      any = true;
+      const path_step s = tv.step(batch.target[r], l);
+      if (runs.size() > level_first.back() && runs.back().block_begin == s.block_begin && runs.back().end == r) {
+        ++runs.back().end;
+        continue;
+      }
+      runs.push_back({l, r, r + 1, s.block_begin, s.block_size, grad_rows});
+      grad_rows += sigmoid_form ? 1 : s.block_size;
+    }
+    level_first.push_back(runs.size());
+    if (!any) break;
+  }
+
+  if (want_grad) {
+    gradient_type& g = *grad_weights;
+    g.dim = d;
+    g.rows.resize(static_cast<std::size_t>(grad_rows));
+    for (const run_range& run : runs) {
+      if (sigmoid_form) g.rows[run.grad_offset] = run.block_begin / 2;
+      else
+        for (index_t j = 0; j < run.block_size; ++j) g.rows[run.grad_offset + j] = run.block_begin + j;
+    }
+    g.values.resize(static_cast<std::size_t>(grad_rows * d));
+    g.bias_values.resize(has_bias() ? static_cast<std::size_t>(grad_rows) : 0);
+  }
+
+  std::vector<float> losses(static_cast<std::size_t>(rows), 0.f);
+  std::vector<float> grad_packed(want_grad ? static_cast<std::size_t>(rows * d) : 0, 0.f);
+  const auto w = matrix_view<const storage_type>(weights());
+  const storage_type* bias = store_.bias();
+  const float* hs = batch.hidden.data();
+  const index_t* tgt = batch.target.data();
+  const float* up = upstream.data();
+  float* loss = losses.data();
+  float* gh = grad_packed.data();
+  float* gw = want_grad ? thrust::raw_pointer_cast(grad_weights->values.data()) : nullptr;
+  float* gb = want_grad && bias ? thrust::raw_pointer_cast(grad_weights->bias_values.data()) : nullptr;
+  const index_t gemm_min_run = gemm_min_run_;
+
+  // One run: scores of its samples against the node's block, loss, and (optionally) gradients.
+  // Runs of one level touch disjoint samples and disjoint gradient rows, so they run in parallel.
+  auto process = [=](const auto& inner_policy, const run_range& run) {
+    const index_t len = run.end - run.begin, bs = run.block_size;
+    const float* h = hs + run.begin * d;
+    if constexpr (sigmoid_form) {
+      const index_t node = run.block_begin / 2;
+      const storage_type* wr = w.row(node);
+      float* gwr = gw ? gw + run.grad_offset * d : nullptr;
+      if (gwr) std::fill(gwr, gwr + d, 0.f);
+      float bias_acc = 0.f;
+      for (index_t i = 0; i < len; ++i) {
+        const index_t r = run.begin + i;
+        float s;
+        detail::gather_dot(h + i * d, w, bias, node, 1, &s);
+        const bool first = tv.step(tgt[r], run.level).child == 0;
+        loss[r] += detail::softplus(first ? -s : s);
+        if (!gwr) continue;
+        const float gs = (detail::sigmoid(s) - (first ? 1.f : 0.f)) * up[r];
+        for (index_t p = 0; p < d; ++p) {
+          gh[r * d + p] += gs * to_float(wr[p]);
+          gwr[p] += gs * h[i * d + p];
+        }
+        bias_acc += gs;
+      }
+      if (gb) gb[run.grad_offset] = bias_acc;
+    } else {
+      std::vector<float> s(static_cast<std::size_t>(len * bs)), scratch;
+      const bool use_gemm = len >= gemm_min_run;
+      matrix_view<const float> wf;
+      if (use_gemm) {
+        wf = detail::dense_scores(inner_policy, matrix_view<const float>(h, len, d), w, bias, run.block_begin, bs,
+                                  s.data(), bs, scratch);
+      } else {
+        for (index_t i = 0; i < len; ++i) detail::gather_dot(h + i * d, w, bias, run.block_begin, bs, s.data() + i * bs);
+      }
+      float* sp = s.data();
+      const int level = run.level;
+      const index_t first_row = run.begin;
+      detail::parallel_for(inner_policy, len, [=](index_t i) {
+        const index_t r = first_row + i;
+        float* si = sp + i * bs;
+        const index_t child = tv.step(tgt[r], level).child;
+        const float lse = detail::row_logsumexp(si, bs);
+        loss[r] += lse - si[child];
+        if (gw) {
+          for (index_t j = 0; j < bs; ++j) si[j] = std::exp(si[j] - lse) * up[r];
+          si[child] -= up[r];
+        }
+      });
+      if (!gw) return;
+      float* gwb = gw + run.grad_offset * d;
+      float* ghr = gh + run.begin * d;
+      if (use_gemm) {
+        detail::host::gemm_args dh;  // grad_h(run) += G(len x bs) * W_block(bs x d)
+        dh.m = len, dh.n = d, dh.k = bs, dh.a = sp, dh.lda = bs, dh.b = wf.data, dh.ldb = wf.stride;
+        dh.beta = 1.f, dh.c = ghr, dh.ldc = d;
+        detail::gemm_parallel(inner_policy, dh);
+        detail::host::gemm_args dw;  // grad_W(block) = G^T(bs x len) * H(run)(len x d)
+        dw.op_a = detail::host::op::transpose;
+        dw.m = bs, dw.n = d, dw.k = len, dw.a = sp, dw.lda = bs, dw.b = h, dw.ldb = d, dw.c = gwb, dw.ldc = d;
+        detail::gemm_parallel(inner_policy, dw);
+      } else {
+        std::fill(gwb, gwb + bs * d, 0.f);
+        for (index_t i = 0; i < len; ++i)
+          for (index_t j = 0; j < bs; ++j) {
+            const float gij = sp[i * bs + j];
+            const storage_type* wr = w.row(run.block_begin + j);
+            float* gwr = gwb + j * d;
+            for (index_t p = 0; p < d; ++p) {
+              ghr[i * d + p] += gij * to_float(wr[p]);
+              gwr[p] += gij * h[i * d + p];
+            }
+          }
+      }
+      if (gb)
+        for (index_t j = 0; j < bs; ++j) {
+          float acc = 0.f;
+          for (index_t i = 0; i < len; ++i) acc += sp[i * bs + j];
+          gb[run.grad_offset + j] = acc;
+        }
+    }
+  };
+
+  // Long runs (the root's, wide top levels) use the whole policy inside one GEMM; the many short
+  // runs of deeper levels run side by side, one thread each.
+  constexpr index_t parallel_inside = 256;
+  for (std::size_t lv = 0; lv + 1 < level_first.size(); ++lv) {
+    std::vector<run_range> small;
+    for (std::size_t i = level_first[lv]; i < level_first[lv + 1]; ++i) {
+      if (runs[i].end - runs[i].begin >= parallel_inside) process(policy, runs[i]);
+      else small.push_back(runs[i]);
+    }
+    const run_range* sr = small.data();
+    detail::parallel_for(policy, static_cast<index_t>(small.size()),
+                         [=](index_t i) { process(thrust::cpp::par, sr[i]); });
+  }
+
+  if (grad_hidden) detail::scatter_rows(policy, batch, grad_packed, *grad_hidden);
+  if (per_sample.size != 0) detail::scatter_losses(batch, losses, per_sample);
+  return detail::reduce_losses(losses, options.reduce);
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+float hierarchical_softmax<Tree, P, B, F>::forward(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                                   loss_options options, vector_view<float> per_sample) const {
+  return run("hierarchical_softmax::forward", hidden, targets, options, per_sample, nullptr, nullptr, {});
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+float hierarchical_softmax<Tree, P, B, F>::forward_backward(matrix_view<const H> hidden,
+                                                            vector_view<const index_t> targets,
+                                                            matrix_view<float> grad_hidden,
+                                                            gradient_type& grad_weights, loss_options options,
+                                                            vector_view<float> per_sample,
+                                                            vector_view<const float> grad_output) const {
+  return run("hierarchical_softmax::forward_backward", hidden, targets, options, per_sample, &grad_hidden,
+             &grad_weights, grad_output);
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+void hierarchical_softmax<Tree, P, B, F>::backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                                   matrix_view<float> grad_hidden, gradient_type& grad_weights,
+                                                   loss_options options, vector_view<const float> grad_output) const {
+  run("hierarchical_softmax::backward", hidden, targets, options, {}, &grad_hidden, &grad_weights, grad_output);
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+void hierarchical_softmax<Tree, P, B, F>::log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                                   vector_view<float> out) const {
+  loss_options o;
+  o.reduce = reduction::none;
+  o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
+  run("hierarchical_softmax::log_prob", hidden, targets, o, out, nullptr, nullptr, {});
+  for (index_t i = 0; i < out.size; ++i) out[i] = -out[i];
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+void hierarchical_softmax<Tree, P, B, F>::topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                               matrix_view<float> log_probs, search_options options) const {
+  const char* where = "hierarchical_softmax::topk";
+  const auto policy = backend_traits<B>::policy(resources_);
+  detail::check_hidden(where, hidden, dim());
+  detail::expects(k >= 1 && k <= num_classes(), where, ": k = ", k, " must be in [1, num_classes = ",
+                  num_classes(), "]");
+  detail::expects(options.beam_width >= 0, where, ": beam_width = ", options.beam_width, " must be >= 0");
+  detail::check_output(where, "classes", classes, hidden.rows, k);
+  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
+  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
+  const auto tv = tree_.view();
+  const index_t d = dim(), beam = options.beam_width;
+  const float* hs = batch.hidden.data();
+  detail::parallel_for(policy, batch.rows(), [=](index_t r) {
+    // Open nodes as a max-heap on log-probability (ties: smaller row first, for determinism).
+    struct open_node {
+      float log_prob;
+      index_t row;
+      bool operator<(const open_node& o) const { return log_prob < o.log_prob || (log_prob == o.log_prob && row > o.row); }
+    };
+    std::vector<open_node> heap;
+    std::vector<float> lp;
+    const float* h = hs + r * d;
+    auto expand = [&](index_t block_begin, index_t block_size, float base) {
+      lp.resize(static_cast<std::size_t>(block_size));
+      child_log_probs(h, block_begin, block_size, lp.data());
+      for (index_t j = 0; j < block_size; ++j) {
+        heap.push_back({base + lp[j], block_begin + j});
+        std::push_heap(heap.begin(), heap.end());
+      }
+      if (beam > 0 && static_cast<index_t>(heap.size()) > beam) {
+        std::sort(heap.begin(), heap.end(), [](const open_node& a, const open_node& b) { return b < a; });
+        heap.resize(static_cast<std::size_t>(beam));
+        std::make_heap(heap.begin(), heap.end());
+      }
+    };
+    expand(0, tv.root_block_size(), 0.f);
+    index_t found = 0;
+    while (found < k && !heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end());
+      const open_node best = heap.back();
+      heap.pop_back();
+      const child_ref c = tv.child(best.row);
+      if (c.is_leaf) {
+        classes(r, found) = c.leaf_class;
+        log_probs(r, found) = best.log_prob;
+        ++found;
+      } else {
+        expand(c.block_begin, c.block_size, best.log_prob);
+      }
+    }
+    for (; found < k; ++found) {  // only a narrow beam can run dry
+      classes(r, found) = -1;
+      log_probs(r, found) = -std::numeric_limits<float>::infinity();
+    }
+  });
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+void hierarchical_softmax<Tree, P, B, F>::log_distribution(matrix_view<const H> hidden, index_t class_begin,
+                                                           index_t class_end, matrix_view<float> out) const {
+  const char* where = "hierarchical_softmax::log_distribution";
+  const auto policy = backend_traits<B>::policy(resources_);
+  const index_t n_cls = num_classes();
+  detail::check_hidden(where, hidden, dim());
+  detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where,
+                                ": class range [", class_begin, ", ", class_end, ") is empty or outside [0, ",
+                                n_cls, ")");
+  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
+  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
+  const auto tv = tree_.view();
+  const index_t d = dim();
+  const float* hs = batch.hidden.data();
+  detail::parallel_for(policy, batch.rows(), [=](index_t r) {
+    std::unordered_map<index_t, std::vector<float>> node_log_probs;  // per block, computed once
+    for (index_t c = class_begin; c < class_end; ++c) {
+      float total = 0.f;
+      for (int l = 0; l < tv.depth(c); ++l) {
+        const path_step s = tv.step(c, l);
+        auto it = node_log_probs.find(s.block_begin);
+        if (it == node_log_probs.end()) {
+          it = node_log_probs.emplace(s.block_begin, std::vector<float>(static_cast<std::size_t>(s.block_size))).first;
+          child_log_probs(hs + r * d, s.block_begin, s.block_size, it->second.data());
+        }
+        total += it->second[s.child];
+      }
+      out(r, c - class_begin) = total;
+    }
+  });
+}
+
+}  // namespace xsoftmax

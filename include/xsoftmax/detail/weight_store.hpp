@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// A head's weight matrix (and optional bias): owned by the head, or a non-owning view of a caller's
+/// buffer (a framework tensor). Applies sparse SGD updates after validating them in full, so a bad
+/// gradient never leaves the weights half-updated.
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/primitives/parallel_for.hpp>
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+template <class T, class Backend>
+class weight_store {
+ public:
+  weight_store() = default;
+
+  /// Owned `rows x cols` weights initialised per `init`; a zero bias of `rows` entries if `with_bias`.
+  weight_store(const char* where, index_t rows, index_t cols, bool with_bias, const init_options& init)
+      : rows_(rows), cols_(cols), stride_(cols), owning_(true) {
+    expects(rows > 0, where, ": number of weight rows = ", rows, " must be > 0");
+    expects(cols > 0, where, ": dim = ", cols, " must be > 0");
+    std::vector<T> host(static_cast<std::size_t>(rows * cols), from_float<T>(0.f));
+    if (!init.zero) {
+      const float scale = init.scale >= 0 ? init.scale : 1.f / std::sqrt(static_cast<float>(cols));
+      std::mt19937_64 rng(init.seed);
+      std::uniform_real_distribution<float> dist(-scale, scale);
+      for (auto& w : host) w = from_float<T>(dist(rng));
+    }
+    owned_.assign(host.begin(), host.end());
+    if (with_bias) owned_bias_.assign(static_cast<std::size_t>(rows), from_float<T>(0.f));
+    rebind();
+  }
+
+  /// A view of a caller's `weights` (rows x cols, any stride) and optional `bias` (rows entries).
+  weight_store(const char* where, matrix_view<T> weights, T* bias)
+      : data_(weights.data), bias_(bias), rows_(weights.rows), cols_(weights.cols),
+        stride_(weights.stride), owning_(false) {
+    expects(weights.data != nullptr, where, ": weights.data is null");
+    expects(weights.rows > 0, where, ": weights.rows = ", weights.rows, " must be > 0");
+    expects(weights.cols > 0, where, ": weights.cols = ", weights.cols, " must be > 0");
+    expects<shape_error>(weights.stride >= weights.cols, where, ": weights.stride = ", weights.stride,
+                         " is smaller than weights.cols = ", weights.cols);
+  }
+
+  weight_store(const weight_store& o)
+      : owned_(o.owned_), owned_bias_(o.owned_bias_), data_(o.data_), bias_(o.bias_), rows_(o.rows_),
+        cols_(o.cols_), stride_(o.stride_), owning_(o.owning_) {
+    if (owning_) rebind();
+  }
+  weight_store(weight_store&& o) noexcept
+      : owned_(std::move(o.owned_)), owned_bias_(std::move(o.owned_bias_)), data_(o.data_),
+        bias_(o.bias_), rows_(o.rows_), cols_(o.cols_), stride_(o.stride_), owning_(o.owning_) {
+    if (owning_) rebind();
+  }
+  weight_store& operator=(weight_store o) noexcept {
+    std::swap(owned_, o.owned_);
+    std::swap(owned_bias_, o.owned_bias_);
+    data_ = o.data_;
+    bias_ = o.bias_;
+    rows_ = o.rows_;
+    cols_ = o.cols_;
+    stride_ = o.stride_;
+    owning_ = o.owning_;
+    if (owning_) rebind();
+    return *this;
+  }
+
+  [[nodiscard]] matrix_view<T> weights() const { return {data_, rows_, cols_, stride_}; }
+  [[nodiscard]] T* bias() const { return bias_; }
+  [[nodiscard]] bool has_bias() const { return bias_ != nullptr; }
+  [[nodiscard]] bool owns_weights() const { return owning_; }
+  [[nodiscard]] index_t rows() const { return rows_; }
+  [[nodiscard]] index_t cols() const { return cols_; }
+
+  /// w[rows[i]] -= lr * values[i] (and the bias likewise), after checking the whole gradient.
+  template <class Accum>
+  void apply_sgd(const char* where, const sparse_gradient<Backend, Accum>& g, float lr) {
+    expects<non_finite_error>(std::isfinite(lr), where, ": learning rate ", lr, " is not finite");
+    expects<shape_error>(g.dim == cols_, where, ": gradient dim = ", g.dim, " but weights have ", cols_,
+                         " columns");
+    const index_t n = g.num_rows();
+    expects<shape_error>(static_cast<index_t>(g.values.size()) == n * cols_, where, ": gradient has ",
+                         g.values.size(), " values for ", n, " rows of dim ", cols_);
+    expects<shape_error>(g.bias_values.empty() || static_cast<index_t>(g.bias_values.size()) == n, where,
+                         ": gradient has ", g.bias_values.size(), " bias values for ", n, " rows");
+    expects(g.bias_values.empty() || has_bias(), where, ": gradient carries bias values but the head has no bias");
+    for (index_t i = 0; i < n; ++i) {
+      const index_t r = g.rows[i];
+      expects<out_of_range>(r >= 0 && r < rows_, where, ": gradient row[", i, "] = ", r,
+                            " is out of range [0, ", rows_, ")");
+    }
+    const index_t* row = thrust::raw_pointer_cast(g.rows.data());
+    const Accum* val = thrust::raw_pointer_cast(g.values.data());
+    const Accum* bval = g.bias_values.empty() ? nullptr : thrust::raw_pointer_cast(g.bias_values.data());
+    const matrix_view<T> w = weights();
+    T* bias = bias_;
+    const index_t d = cols_;
+    // Rows are unique, so the updates never race.
+    parallel_for(backend_traits<Backend>::policy(), n, [=](index_t i) {
+      T* wr = w.row(row[i]);
+      for (index_t j = 0; j < d; ++j) wr[j] = from_float<T>(to_float(wr[j]) - lr * static_cast<float>(val[i * d + j]));
+      if (bval) bias[row[i]] = from_float<T>(to_float(bias[row[i]]) - lr * static_cast<float>(bval[i]));
+    });
+  }
+
+ private:
+  void rebind() {
+    data_ = thrust::raw_pointer_cast(owned_.data());
+    bias_ = owned_bias_.empty() ? nullptr : thrust::raw_pointer_cast(owned_bias_.data());
+  }
+
+  backend_vector<Backend, T> owned_;
+  backend_vector<Backend, T> owned_bias_;
+  T* data_ = nullptr;
+  T* bias_ = nullptr;
+  index_t rows_ = 0, cols_ = 0, stride_ = 0;
+  bool owning_ = false;
+};
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `hierarchical_softmax`: p(c | h) = product over the internal nodes on c's path of the softmax over
+/// that node's children. A step touches only the weight rows of the nodes on its targets' paths, and
+/// its weight gradient exists only for those rows.
+///
+/// Samples are sorted once by their target's leaf rank; at every level the samples below one node
+/// are then a contiguous run, scored against the node's block of child rows with one small GEMM
+/// (the block read once per step, its gradient produced once, no atomics). Small runs use the
+/// per-sample gather-dot path, which reads rows in place.
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/weight_store.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/tree/tree_types.hpp>
+#include <xsoftmax/types.hpp>
+
+namespace xsoftmax {
+
+/// Node form: a softmax over each node's children, one weight row per child (default; any arity).
+struct softmax_nodes {};
+/// Node form of word2vec/fastText for binary trees: one weight row per internal node v, and
+/// p(first child) = sigmoid(h . v), p(second child) = sigmoid(-h . v). Every node must have two
+/// children (a binary Huffman tree does).
+struct sigmoid_nodes {};
+
+/// Options of `hierarchical_softmax::topk`.
+struct search_options {
+  /// 0: exact best-first search. > 0: keep at most this many open nodes (faster, approximate).
+  index_t beam_width = 0;
+};
+
+/// Hierarchical softmax over the classes of `Tree` (`uniform_tree<Depth, Branching>` or
+/// `runtime_tree<MaxDepth>`), with hidden batches of shape (B x dim).
+///
+/// \tparam Tree      a tree shape satisfying the contract in `tree/tree_types.hpp`.
+/// \tparam Precision `fp32`, `bf16`, `fp16` weight storage; fp32 arithmetic.
+/// \tparam Backend   `serial`, `omp` (or `cuda` under nvcc).
+/// \tparam NodeForm  `softmax_nodes` or `sigmoid_nodes`.
+///
+/// Weight rows: `tree.num_rows()` for softmax nodes (one per child edge, stacked as the tree lays
+/// them out), `tree.num_rows() / 2` for sigmoid nodes (one per internal node). Every verb validates
+/// first and throws `shape_error`, `out_of_range`, `non_finite_error`, `invalid_argument` or
+/// `tree_error` naming the argument and value; nothing is changed then.
+template <class Tree, class Precision = fp32, class Backend = serial, class NodeForm = softmax_nodes>
+class hierarchical_softmax {
+ public:
+  using tree_type = Tree;
+  using precision_type = Precision;
+  using storage_type = typename Precision::storage_type;
+  using accum_type = float;
+  using backend_type = Backend;
+  using node_form = NodeForm;
+  using gradient_type = sparse_gradient<Backend, float>;
+  static constexpr bool sigmoid_form = std::is_same_v<NodeForm, sigmoid_nodes>;
+
+  /// Owns weights for `tree` of width `dim`, initialised per `init`; a zero bias when `with_bias`.
+  hierarchical_softmax(Tree tree, index_t dim, bool with_bias = false, init_options init = {},
+                       backend_resources<Backend> resources = {});
+
+  /// Attaches to a caller's `weights` (weight_rows(tree) x dim) and optional `bias`; no copy.
+  hierarchical_softmax(Tree tree, matrix_view<storage_type> weights, storage_type* bias = nullptr,
+                       backend_resources<Backend> resources = {});
+
+  /// Weight rows a head over `tree` needs under this node form.
+  [[nodiscard]] static index_t weight_rows(const Tree& tree);
+
+  [[nodiscard]] const Tree& tree() const { return tree_; }
+  [[nodiscard]] index_t num_classes() const { return tree_.num_classes(); }
+  [[nodiscard]] index_t dim() const { return store_.cols(); }
+  [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
+  [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
+  [[nodiscard]] storage_type* bias() const { return store_.bias(); }
+
+  /// Runs at least this long go through a GEMM; shorter ones through gather-dot (default 16).
+  void set_gemm_min_run(index_t rows) { gemm_min_run_ = rows < 1 ? 1 : rows; }
+
+  /// Per-sample negative log-likelihood (the sum over the path of -log p(child | node)), reduced per
+  /// `options`; see `full_softmax::forward` for `per_sample` and `reduction::none`.
+  template <class H>
+  float forward(matrix_view<const H> hidden, vector_view<const index_t> targets, loss_options options = {},
+                vector_view<float> per_sample = {}) const;
+
+  /// Loss and gradients in one pass over the touched blocks. `grad_hidden` (B x dim) is overwritten;
+  /// `grad_weights` receives the touched rows only (each node block on some target's path).
+  template <class H>
+  float forward_backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                         matrix_view<float> grad_hidden, gradient_type& grad_weights,
+                         loss_options options = {}, vector_view<float> per_sample = {},
+                         vector_view<const float> grad_output = {}) const;
+
+  /// Gradients only; see `forward_backward`.
+  template <class H>
+  void backward(matrix_view<const H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                gradient_type& grad_weights, loss_options options = {},
+                vector_view<const float> grad_output = {}) const;
+
+  /// log p(targets[i] | hidden[i]) into `out` (B entries); every target must be a valid class.
+  template <class H>
+  void log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
+
+  /// The k most probable classes per row, best first, by best-first search over the tree (exact:
+  /// a path's log-probability only falls as it descends), or beam-limited per `options`.
+  /// `classes`, `log_probs`: B x k. Throws `invalid_argument` unless 1 <= k <= num_classes.
+  template <class H>
+  void topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
+            search_options options = {}) const;
+
+  /// log p(c | hidden[i]) for c in [class_begin, class_end) into `out` (B x range), for evaluation.
+  template <class H>
+  void log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                        matrix_view<float> out) const;
+
+  /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first.
+  void apply_sgd(const gradient_type& grad, float lr) {
+    store_.apply_sgd("hierarchical_softmax::apply_sgd", grad, lr);
+  }
+
+ private:
+  struct run_range;
+  template <class H>
+  float run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+            loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+            gradient_type* grad_weights, vector_view<const float> grad_output) const;
+  /// Log-probabilities of the children of the node whose block starts at `block_begin`.
+  void child_log_probs(const float* h, index_t block_begin, index_t block_size, float* out) const;
+
+  Tree tree_;
+  detail::weight_store<storage_type, Backend> store_;
+  backend_resources<Backend> resources_;
+  index_t gemm_min_run_ = 16;
+};
+
+}  // namespace xsoftmax
+
+#include <xsoftmax/detail/hierarchical_softmax.inl>
