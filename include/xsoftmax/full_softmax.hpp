@@ -46,6 +46,7 @@ class full_softmax {
   [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
   [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
   [[nodiscard]] storage_type* bias() const { return store_.bias(); }
+  [[nodiscard]] const backend_resources<Backend>& resources() const { return resources_; }
 
   /// Classes scored per chunk (0 = automatic: about 32 MiB of fp32 scores per chunk).
   void set_chunk_size(index_t classes);
@@ -95,6 +96,16 @@ class full_softmax {
   void apply_sgd(const gradient_type& grad, float lr) { store_.apply_sgd("full_softmax::apply_sgd", grad, lr); }
 
  private:
+  template <class H>
+  float run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                 loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                 gradient_type* grad_weights, vector_view<const float> grad_output) const;
+  template <class H>
+  void topk_host(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                 matrix_view<float> log_probs) const;
+  template <class H>
+  void log_distribution_host(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                             matrix_view<float> out) const;
   template <class H>
   float run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
             loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,

@@ -72,6 +72,8 @@ class hierarchical_softmax {
   [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
   [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
   [[nodiscard]] storage_type* bias() const { return store_.bias(); }
+  [[nodiscard]] const backend_resources<Backend>& resources() const { return resources_; }
+  [[nodiscard]] index_t gemm_min_run() const { return gemm_min_run_; }
 
   /// Runs at least this long go through a GEMM; shorter ones through gather-dot (default 16).
   void set_gemm_min_run(index_t rows) { gemm_min_run_ = rows < 1 ? 1 : rows; }
@@ -119,6 +121,16 @@ class hierarchical_softmax {
 
  private:
   struct run_range;
+  template <class H>
+  float run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                 loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                 gradient_type* grad_weights, vector_view<const float> grad_output) const;
+  template <class H>
+  void topk_host(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                 matrix_view<float> log_probs, search_options options) const;
+  template <class H>
+  void log_distribution_host(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                             matrix_view<float> out) const;
   template <class H>
   float run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
             loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,

@@ -127,12 +127,27 @@ float hierarchical_softmax<Tree, P, B, F>::run(const char* where, matrix_view<co
                                                vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                gradient_type* grad_weights,
                                                vector_view<const float> grad_output) const {
+  if constexpr (is_host_backend<B>) {
+    return run_host(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output);
+  } else {
+    return detail::device_heads<B>::hs_run(*this, where, hidden, targets, options, per_sample, grad_hidden,
+                                           grad_weights, grad_output);
+  }
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_view<const H> hidden,
+                                                    vector_view<const index_t> targets, loss_options options,
+                                                    vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                                                    gradient_type* grad_weights,
+                                                    vector_view<const float> grad_output) const {
   const auto policy = backend_traits<B>::policy(resources_);
   const auto tv = tree_.view();
   const index_t d = dim();
   detail::check_hidden(where, hidden, d);
   detail::check_targets(where, targets, hidden.rows, num_classes(), options.ignore_index);
-  if (options.reduce == reduction::none || per_sample.size != 0)
+  if ((options.reduce == reduction::none && !grad_weights) || per_sample.size != 0)  // backward has no per_sample
     detail::check_output(where, "per_sample", per_sample, hidden.rows);
   if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
 
@@ -335,6 +350,18 @@ template <class Tree, class P, class B, class F>
 template <class H>
 void hierarchical_softmax<Tree, P, B, F>::topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                                                matrix_view<float> log_probs, search_options options) const {
+  if constexpr (!is_host_backend<B>) {
+    detail::device_heads<B>::hs_topk(*this, hidden, k, classes, log_probs, options);
+  } else {
+    topk_host(hidden, k, classes, log_probs, options);
+  }
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+void hierarchical_softmax<Tree, P, B, F>::topk_host(matrix_view<const H> hidden, index_t k,
+                                                    matrix_view<index_t> classes, matrix_view<float> log_probs,
+                                                    search_options options) const {
   const char* where = "hierarchical_softmax::topk";
   const auto policy = backend_traits<B>::policy(resources_);
   detail::check_hidden(where, hidden, dim());
@@ -396,6 +423,17 @@ template <class Tree, class P, class B, class F>
 template <class H>
 void hierarchical_softmax<Tree, P, B, F>::log_distribution(matrix_view<const H> hidden, index_t class_begin,
                                                            index_t class_end, matrix_view<float> out) const {
+  if constexpr (!is_host_backend<B>) {
+    detail::device_heads<B>::hs_log_distribution(*this, hidden, class_begin, class_end, out);
+  } else {
+    log_distribution_host(hidden, class_begin, class_end, out);
+  }
+}
+
+template <class Tree, class P, class B, class F>
+template <class H>
+void hierarchical_softmax<Tree, P, B, F>::log_distribution_host(matrix_view<const H> hidden, index_t class_begin,
+                                                                index_t class_end, matrix_view<float> out) const {
   const char* where = "hierarchical_softmax::log_distribution";
   const auto policy = backend_traits<B>::policy(resources_);
   const index_t n_cls = num_classes();

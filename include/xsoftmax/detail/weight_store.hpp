@@ -11,6 +11,8 @@
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <thrust/extrema.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -92,26 +94,41 @@ class weight_store {
     expects<shape_error>(g.bias_values.empty() || static_cast<index_t>(g.bias_values.size()) == n, where,
                          ": gradient has ", g.bias_values.size(), " bias values for ", n, " rows");
     expects(g.bias_values.empty() || has_bias(), where, ": gradient carries bias values but the head has no bias");
-    for (index_t i = 0; i < n; ++i) {
-      const index_t r = g.rows[i];
-      expects<out_of_range>(r >= 0 && r < rows_, where, ": gradient row[", i, "] = ", r,
+    if (n > 0) {
+      const auto policy = backend_traits<Backend>::policy();
+      const auto mm = thrust::minmax_element(policy, g.rows.begin(), g.rows.end());
+      const index_t lo = *mm.first, hi = *mm.second;
+      const index_t bad = lo < 0 ? lo : hi;
+      expects<out_of_range>(lo >= 0 && hi < rows_, where, ": gradient row[",
+                            (lo < 0 ? mm.first : mm.second) - g.rows.begin(), "] = ", bad,
                             " is out of range [0, ", rows_, ")");
+      // Rows are unique, so the updates never race.
+      parallel_for(policy, n,
+                   sgd_row_update<Accum>{weights(), bias_, thrust::raw_pointer_cast(g.rows.data()),
+                                         thrust::raw_pointer_cast(g.values.data()),
+                                         g.bias_values.empty() ? nullptr : thrust::raw_pointer_cast(g.bias_values.data()),
+                                         lr});
     }
-    const index_t* row = thrust::raw_pointer_cast(g.rows.data());
-    const Accum* val = thrust::raw_pointer_cast(g.values.data());
-    const Accum* bval = g.bias_values.empty() ? nullptr : thrust::raw_pointer_cast(g.bias_values.data());
-    const matrix_view<T> w = weights();
-    T* bias = bias_;
-    const index_t d = cols_;
-    // Rows are unique, so the updates never race.
-    parallel_for(backend_traits<Backend>::policy(), n, [=](index_t i) {
-      T* wr = w.row(row[i]);
-      for (index_t j = 0; j < d; ++j) wr[j] = from_float<T>(to_float(wr[j]) - lr * static_cast<float>(val[i * d + j]));
-      if (bval) bias[row[i]] = from_float<T>(to_float(bias[row[i]]) - lr * static_cast<float>(bval[i]));
-    });
   }
 
  private:
+  /// w[rows[i]] -= lr * values[i] for one gradient row i (host and device).
+  template <class Accum>
+  struct sgd_row_update {
+    matrix_view<T> w;
+    T* bias;
+    const index_t* rows;
+    const Accum* values;
+    const Accum* bias_values;
+    float lr;
+    XSOFTMAX_HD void operator()(index_t i) const {
+      T* wr = w.row(rows[i]);
+      const Accum* g = values + i * w.cols;
+      for (index_t j = 0; j < w.cols; ++j) wr[j] = from_float<T>(to_float(wr[j]) - lr * static_cast<float>(g[j]));
+      if (bias_values) bias[rows[i]] = from_float<T>(to_float(bias[rows[i]]) - lr * static_cast<float>(bias_values[i]));
+    }
+  };
+
   void rebind() {
     data_ = thrust::raw_pointer_cast(owned_.data());
     bias_ = owned_bias_.empty() ? nullptr : thrust::raw_pointer_cast(owned_bias_.data());

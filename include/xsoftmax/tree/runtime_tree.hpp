@@ -7,9 +7,9 @@
 /// arrays, or device copies of them).
 ///
 /// Layout (the contract of tree_types.hpp, made concrete): one weight row per non-root node; the
-/// children of an internal node are one contiguous block of rows, in child order; blocks are stacked
-/// in breadth-first order of their internal nodes, so the root's block is rows
-/// [0, root_block_size()). Leaves are ranked in depth-first order (children in child order), so every
+/// children of an internal node are one contiguous block of rows, in child order; blocks are
+/// stacked in breadth-first order of their internal nodes, so the root's block is rows [0,
+/// root_block_size()). Leaves are ranked in depth-first order (children in child order), so every
 /// subtree is a contiguous range of leaf ranks.
 ///
 /// Raw arrays (all `index_t`; N classes, R = num_rows() rows, I = num_internal_nodes() internal
@@ -140,6 +140,8 @@ class runtime_tree_view {
 /// every internal node may have any number (>= 1) of children and classes may sit at any depth in
 /// [1, MaxDepth]. Queries forward to `view()`; pass `view()` (or `view_over` device copies of the
 /// arrays) to kernels. A default-constructed tree is empty (N = 0) and only assignable.
+/// Memory: 8 bytes per path step (sum of depths, about N log2 N for a binary Huffman tree) plus
+/// about 24 bytes per row and 16 per class.
 template <int MaxDepth = 64>
 class runtime_tree {
   static_assert(MaxDepth >= 1, "xsoftmax: runtime_tree<MaxDepth>: MaxDepth must be >= 1");
@@ -152,8 +154,8 @@ class runtime_tree {
   runtime_tree() = default;
 
   /// Tree given as a parent array over M nodes 0..M-1: `parent[i]` is node i's parent, -1 for the
-  /// root; `leaf_class[i]` is the class of node i when i is a leaf, -1 when it is internal. A node's
-  /// children are ordered by node index (that order fixes its block and the leaf order).
+  /// root; `leaf_class[i]` is the class of node i when i is a leaf, -1 when it is internal. A
+  /// node's children are ordered by node index (that order fixes its block and the leaf order).
   /// Throws (message naming the argument and the offending node or value):
   /// `invalid_argument` when num_classes < 1; `shape_error` when the two sizes differ;
   /// `tree_error` for no root or more than one root, a parent outside [-1, M), a root that is a
@@ -176,17 +178,23 @@ class runtime_tree {
   /// Huffman tree of the given arity over N = counts.size() classes: the tree minimising
   /// sum_c counts[c] * depth(c) among trees whose nodes have at most `arity` children. Classes with
   /// larger counts never get longer paths. Every internal node has `arity` children except at most
-  /// one (k-ary padding), and except the root of a 1-class tree, which has one child. Deterministic:
-  /// equal counts are ordered by class id. `Count` is any arithmetic type (integers are summed
-  /// exactly in 64 bits, floating-point in double). O(N log N); N = 1e6 takes a fraction of a second.
-  /// Throws `invalid_argument` for an empty `counts`, `arity < 2`, a negative count, an integer sum
-  /// that overflows 64 bits; `non_finite_error` for a NaN or infinite count (index and value named);
-  /// `tree_error` naming the depth and MaxDepth when some class ends up deeper than MaxDepth.
+  /// one (k-ary padding), and except the root of a 1-class tree, which has one child.
+  /// Deterministic: equal counts are ordered by class id. `Count` is any arithmetic type (integers
+  /// are summed exactly in 64 bits, floating-point in double). O(N log N); N = 1e6 takes a fraction
+  /// of a second. Throws `invalid_argument` for an empty `counts`, `arity < 2`, a negative count,
+  /// an integer sum that overflows 64 bits; `non_finite_error` for a NaN or infinite count (index
+  /// and value named); `tree_error` naming the depth and MaxDepth when some class ends up deeper
+  /// than MaxDepth.
   template <class Count>
   [[nodiscard]] static runtime_tree huffman(const std::vector<Count>& counts, int arity = 2) {
     constexpr const char* who = "runtime_tree::huffman: ";
     auto parent = detail::huffman_parents(counts, arity, who);
     return from_class_parents(std::move(parent), static_cast<index_t>(counts.size()), who);
+  }
+
+  /// `huffman` for a braced list or a `std::vector<double>` of counts.
+  [[nodiscard]] static runtime_tree huffman(const std::vector<double>& counts, int arity = 2) {
+    return huffman<double>(counts, arity);
   }
 
   /// The trivially copyable view over this tree's arrays; valid while the tree lives unmodified.
@@ -251,15 +259,15 @@ class runtime_tree {
     const auto topology = detail::validate_parent_structure(parent, who);
     const auto leaf_node = detail::validate_leaf_classes(topology, leaf_class, num_classes, who);
     const auto depth = detail::validate_depths(topology, parent, leaf_node, MaxDepth, who);
-    return runtime_tree(detail::compile_tree(topology, parent, leaf_class, leaf_node, depth));
+    return runtime_tree(detail::compile_tree(topology, leaf_class, leaf_node, depth));
   }
 
   [[nodiscard]] static runtime_tree from_class_parents(std::vector<index_t> parent,
                                                        index_t num_classes, const char* who) {
     detail::expects(num_classes >= 1, who, "num_classes = ", num_classes, " must be >= 1");
-    detail::expects<shape_error>(static_cast<index_t>(parent.size()) >= num_classes, who,
-                                 "parent.size() = ", parent.size(), " < num_classes = ",
-                                 num_classes, " (nodes 0..num_classes-1 are the classes)");
+    detail::expects<shape_error>(
+        static_cast<index_t>(parent.size()) >= num_classes, who, "parent.size() = ", parent.size(),
+        " < num_classes = ", num_classes, " (nodes 0..num_classes-1 are the classes)");
     std::vector<index_t> leaf_class(parent.size(), -1);
     for (index_t c = 0; c < num_classes; ++c) leaf_class[static_cast<std::size_t>(c)] = c;
     return compile(parent, leaf_class, num_classes, who);

@@ -3,9 +3,9 @@
 /// \file
 /// Validation of a tree given as a parent array (`parent[i]` = parent node of node `i`, -1 for the
 /// root) plus a class per leaf. Every check runs before anything is built and throws `tree_error`
-/// (or `shape_error` / `invalid_argument` for bad sizes) naming the argument and the offending node.
-/// All passes are O(M) in the number of nodes and iterative, so deep or huge trees cannot overflow
-/// the stack.
+/// (or `shape_error` / `invalid_argument` for bad sizes) naming the argument and the offending
+/// node. All passes are O(M) in the number of nodes and iterative, so deep or huge trees cannot
+/// overflow the stack.
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/error.hpp>
@@ -27,7 +27,8 @@ struct parent_topology {
 
   [[nodiscard]] index_t num_nodes() const { return static_cast<index_t>(bfs_order.size()); }
   [[nodiscard]] index_t num_children(index_t v) const {
-    return child_offset[static_cast<std::size_t>(v) + 1] - child_offset[static_cast<std::size_t>(v)];
+    return child_offset[static_cast<std::size_t>(v) + 1] -
+           child_offset[static_cast<std::size_t>(v)];
   }
 };
 
@@ -38,14 +39,15 @@ struct parent_topology {
 [[nodiscard]] inline parent_topology validate_parent_structure(const std::vector<index_t>& parent,
                                                                const char* who) {
   const auto m = static_cast<index_t>(parent.size());
-  expects<tree_error>(m >= 1, who, "parent is empty: no root (a tree needs a root node whose parent "
-                                   "is -1)");
+  expects<tree_error>(m >= 1, who,
+                      "parent is empty: no root (a tree needs a root node whose parent "
+                      "is -1)");
   parent_topology t;
   index_t root = -1;
   for (index_t i = 0; i < m; ++i) {
     const index_t p = parent[static_cast<std::size_t>(i)];
-    expects<tree_error>(p >= -1 && p < m, who, "parent[", i, "] = ", p, " is out of range [-1, ",
-                        m, ")");
+    expects<tree_error>(p >= -1 && p < m, who, "parent[", i, "] = ", p, " is out of range [-1, ", m,
+                        ")");
     if (p == -1) {
       expects<tree_error>(root < 0, who, "more than one root: parent[", root, "] = parent[", i,
                           "] = -1");
@@ -103,9 +105,10 @@ struct parent_topology {
     } while (x != on_cycle);
     expects<tree_error>(!orphan_on_cycle, who, "parent has a cycle through node ", orphan,
                         " (node ", orphan, " is its own ancestor)");
-    expects<tree_error>(false, who, "node ", orphan, " is an orphan: it is not reachable from the "
-                        "root (node ", t.root, "); its ancestors form a cycle through node ",
-                        on_cycle);
+    expects<tree_error>(false, who, "node ", orphan,
+                        " is an orphan: it is not reachable from the "
+                        "root (node ",
+                        t.root, "); its ancestors form a cycle through node ", on_cycle);
   }
   return t;
 }
@@ -116,8 +119,9 @@ inline void validate_parent_sizes(const std::vector<index_t>& parent,
                                   const std::vector<index_t>& leaf_class, index_t num_classes,
                                   const char* who) {
   expects(num_classes >= 1, who, "num_classes = ", num_classes, " must be >= 1");
-  expects<shape_error>(leaf_class.size() == parent.size(), who, "leaf_class.size() = ",
-                       leaf_class.size(), " differs from parent.size() = ", parent.size());
+  expects<shape_error>(leaf_class.size() == parent.size(), who,
+                       "leaf_class.size() = ", leaf_class.size(),
+                       " differs from parent.size() = ", parent.size());
 }
 
 /// Checks the class of every node of a validated tree and returns, for each class, the node that
@@ -125,9 +129,9 @@ inline void validate_parent_sizes(const std::vector<index_t>& parent,
 /// `tree_error` for: a class id outside [0, num_classes) (-1 marks internal nodes), an internal
 /// node that carries a class, a leaf that is not a class, a class on two leaves, a class on no
 /// leaf.
-[[nodiscard]] inline std::vector<index_t> validate_leaf_classes(const parent_topology& t,
-                                                                const std::vector<index_t>& leaf_class,
-                                                                index_t num_classes, const char* who) {
+[[nodiscard]] inline std::vector<index_t> validate_leaf_classes(
+    const parent_topology& t, const std::vector<index_t>& leaf_class, index_t num_classes,
+    const char* who) {
   const index_t m = t.num_nodes();
   std::vector<index_t> leaf_node(static_cast<std::size_t>(num_classes), -1);
   index_t covered = 0;
@@ -159,8 +163,8 @@ inline void validate_parent_sizes(const std::vector<index_t>& parent,
 }
 
 /// Depth (number of internal nodes above) of every node of a validated tree, saturated at
-/// `max_depth + 1` so a degenerate chain cannot overflow. Throws `tree_error` naming the first class
-/// whose depth exceeds `max_depth`, with its exact depth.
+/// `max_depth + 1` so a degenerate chain cannot overflow. Throws `tree_error` naming the first
+/// class whose depth exceeds `max_depth`, with its exact depth.
 [[nodiscard]] inline std::vector<int> validate_depths(const parent_topology& t,
                                                       const std::vector<index_t>& parent,
                                                       const std::vector<index_t>& leaf_node,

@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Umbrella header: every host-usable public header of xsoftmax. CUDA code additionally includes
+/// `<xsoftmax/cuda.cuh>` (nvcc only).
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/config.hpp>
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/hierarchical_softmax.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/tree/runtime_tree.hpp>
+#include <xsoftmax/tree/tree_types.hpp>
+#include <xsoftmax/tree/uniform_tree.hpp>
+#include <xsoftmax/types.hpp>
