@@ -177,8 +177,13 @@ void full_softmax<P, B>::log_prob(matrix_view<const H> hidden, vector_view<const
   loss_options o;
   o.reduce = reduction::none;
   o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
+  detail::check_output("full_softmax::log_prob", "out", out, hidden.rows);
   run("full_softmax::log_prob", hidden, targets, o, out, nullptr, nullptr, {});
-  for (index_t i = 0; i < out.size; ++i) out[i] = -out[i];
+  if constexpr (is_host_backend<B>) {
+    for (index_t i = 0; i < out.size; ++i) out[i] = -out[i];
+  } else {
+    detail::device_heads<B>::negate(resources_, out);  // `out` is device memory
+  }
 }
 
 template <class P, class B>

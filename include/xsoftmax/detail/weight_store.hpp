@@ -12,6 +12,10 @@
 #include <xsoftmax/types.hpp>
 
 #include <thrust/extrema.h>
+#include <thrust/sort.h>
+#include <thrust/unique.h>
+
+#include <algorithm>
 
 #include <cmath>
 #include <random>
@@ -102,7 +106,15 @@ class weight_store {
       expects<out_of_range>(lo >= 0 && hi < rows_, where, ": gradient row[",
                             (lo < 0 ? mm.first : mm.second) - g.rows.begin(), "] = ", bad,
                             " is out of range [0, ", rows_, ")");
-      // Rows are unique, so the updates never race.
+      // Unique rows make the row updates independent (no races, no lost updates): checked on a
+      // sorted copy, O(n log n) against the update's O(n * dim).
+      backend_vector<Backend, index_t> sorted(g.rows);
+      thrust::sort(policy, sorted.begin(), sorted.end());
+      if (thrust::unique_count(policy, sorted.begin(), sorted.end()) != n) {
+        const thrust::host_vector<index_t> host(sorted);  // error path only
+        const auto dup = std::adjacent_find(host.begin(), host.end());
+        expects(false, where, ": gradient rows are not unique (row ", *dup, " appears more than once)");
+      }
       parallel_for(policy, n,
                    sgd_row_update<Accum>{weights(), bias_, thrust::raw_pointer_cast(g.rows.data()),
                                          thrust::raw_pointer_cast(g.values.data()),
@@ -111,8 +123,8 @@ class weight_store {
     }
   }
 
- private:
-  /// w[rows[i]] -= lr * values[i] for one gradient row i (host and device).
+  /// w[rows[i]] -= lr * values[i] for one gradient row i (host and device). Public because nvcc
+  /// rejects a private member type as a template argument of a kernel (the cuda backend's for_each).
   template <class Accum>
   struct sgd_row_update {
     matrix_view<T> w;
@@ -129,6 +141,7 @@ class weight_store {
     }
   };
 
+ private:
   void rebind() {
     data_ = thrust::raw_pointer_cast(owned_.data());
     bias_ = owned_bias_.empty() ? nullptr : thrust::raw_pointer_cast(owned_bias_.data());

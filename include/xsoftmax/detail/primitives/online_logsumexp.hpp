@@ -28,7 +28,8 @@ struct online_lse_state {
 };
 
 /// Folds scores `s` (rows x cols, leading dimension `lds`) for classes [col_offset, col_offset + cols)
-/// into `state`. `targets` may be null (no target capture).
+/// into `state`. `targets` may be null (no target capture). Scores may be -inf (a masked class
+/// contributes nothing), as long as every row sees one finite score before `lse` is read.
 template <class Policy>
 void online_lse_update(const Policy& policy, const float* s, index_t rows, index_t cols, index_t lds,
                        index_t col_offset, const index_t* targets, online_lse_state& state) {
@@ -39,10 +40,14 @@ void online_lse_update(const Policy& policy, const float* s, index_t rows, index
     const float* row = s + r * lds;
     float m = mx[r];
     for (index_t j = 0; j < cols; ++j) m = row[j] > m ? row[j] : m;
-    float acc = sm[r] * std::exp(mx[r] - m);  // rescale what came before to the new max
-    for (index_t j = 0; j < cols; ++j) acc += std::exp(row[j] - m);
-    mx[r] = m;
-    sm[r] = acc;
+    // Masked scores are -inf (selective softmax). While a row has seen nothing finite, its state
+    // stays (max -inf, sum 0): -inf - -inf would be NaN. Finite inputs never take this branch.
+    if (m != -std::numeric_limits<float>::infinity()) {
+      float acc = sm[r] * std::exp(mx[r] - m);  // rescale what came before to the new max
+      for (index_t j = 0; j < cols; ++j) acc += std::exp(row[j] - m);
+      mx[r] = m;
+      sm[r] = acc;
+    }
     if (targets) {
       const index_t t = targets[r] - col_offset;
       if (t >= 0 && t < cols) tl[r] = row[t];

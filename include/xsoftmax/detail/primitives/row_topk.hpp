@@ -30,10 +30,11 @@ inline bool topk_better(float sa, index_t ia, float sb, index_t ib) {
   return sa > sb || (sa == sb && ia < ib);
 }
 
-/// Offers scores `s` (rows x cols, leading dimension `lds`) of columns [col_offset, +cols).
-template <class Policy>
-void row_topk_update(const Policy& policy, const float* s, index_t rows, index_t cols, index_t lds,
-                     index_t col_offset, row_topk_state& st) {
+/// Offers scores `s` (rows x cols, leading dimension `lds`) whose column j is candidate `id_of(j)`
+/// (any ids, in any order: ties are broken by id, so the kept set does not depend on the order).
+template <class Policy, class IdOf>
+void row_topk_update_by(const Policy& policy, const float* s, index_t rows, index_t cols, index_t lds,
+                        IdOf id_of, row_topk_state& st) {
   float* sc = st.score.data();
   index_t* ix = st.index.data();
   index_t* sz = st.size.data();
@@ -58,7 +59,7 @@ void row_topk_update(const Policy& policy, const float* s, index_t rows, index_t
     const float* row = s + r * lds;
     for (index_t j = 0; j < cols; ++j) {
       const float v = row[j];
-      const index_t c = col_offset + j;
+      const index_t c = id_of(j);
       if (n < k) {
         index_t p = n++;
         hs[p] = v;
@@ -76,6 +77,21 @@ void row_topk_update(const Policy& policy, const float* s, index_t rows, index_t
     }
     sz[r] = n;
   });
+}
+
+/// Offers scores `s` (rows x cols, leading dimension `lds`) of columns [col_offset, +cols).
+template <class Policy>
+void row_topk_update(const Policy& policy, const float* s, index_t rows, index_t cols, index_t lds,
+                     index_t col_offset, row_topk_state& st) {
+  row_topk_update_by(policy, s, rows, cols, lds, [=](index_t j) { return col_offset + j; }, st);
+}
+
+/// Offers scores `s` (rows x cols, leading dimension `lds`) whose column j is candidate `col_ids[j]`
+/// (a gathered, non-contiguous set of classes: IVF lists, active sets).
+template <class Policy>
+void row_topk_update_ids(const Policy& policy, const float* s, index_t rows, index_t cols, index_t lds,
+                         const index_t* col_ids, row_topk_state& st) {
+  row_topk_update_by(policy, s, rows, cols, lds, [=](index_t j) { return col_ids[j]; }, st);
 }
 
 /// Sorts every row's kept entries best first.
