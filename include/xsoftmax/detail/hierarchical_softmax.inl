@@ -208,7 +208,7 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
   // One run: scores of its samples against the node's block, loss, and (optionally) gradients.
   // Runs of one level touch disjoint samples and disjoint gradient rows, so they run in parallel.
   auto process = [=](const auto& inner_policy, const run_range& run) {
-    const index_t len = run.end - run.begin, bs = run.block_size;
+    const index_t len = run.end - run.begin;
     const float* h = hs + run.begin * d;
     if constexpr (sigmoid_form) {
       const index_t node = run.block_begin / 2;
@@ -232,6 +232,7 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
       }
       if (gb) gb[run.grad_offset] = bias_acc;
     } else {
+      const index_t bs = run.block_size;
       std::vector<float> s(static_cast<std::size_t>(len * bs)), scratch;
       const bool use_gemm = len >= gemm_min_run;
       matrix_view<const float> wf;

@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU benchmark of the cuda heads: forward, forward_backward and top-k time, and the memory the
+// calls use, for the configurations of the CUDA issue. A plain program (no Google Benchmark):
+// CUDA events around `reps` calls after one warm-up call; prints one line per configuration.
+//
+//   heads_cuda_bench            all configurations
+//   heads_cuda_bench --quick    small sizes only (a smoke run)
+//   heads_cuda_bench --filter full_bf16   configurations whose name contains the string
+//
+// Compare the first line with bench/cuda/torch_peer.py (PyTorch F.cross_entropy(F.linear(h, W))
+// in bf16 at the same shape). Memory columns: `ws` is the head's cached workspace after the calls
+// (its scratch: packed rows, score chunks), `grad` the sparse gradient's bytes, `peak` the largest
+// device memory in use seen by cudaMemGetInfo around the calls minus what was in use before the
+// inputs were allocated (a lower bound on the true peak: it is sampled, not tracked).
+
+#include <xsoftmax/cuda.cuh>
+#include <xsoftmax/tree/runtime_tree.hpp>
+#include <xsoftmax/tree/uniform_tree.hpp>
+
+#include <thrust/device_vector.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace xs = xsoftmax;
+using xs::index_t;
+
+#define BENCH_CUDA(call)                                                                         \
+  do {                                                                                           \
+    const cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+std::size_t used_bytes() {
+  std::size_t free_b = 0, total_b = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  return total_b - free_b;
+}
+
+/// Milliseconds per call of f over `reps` calls, after one warm-up call.
+double time_ms(const std::function<void()>& f, int reps, std::size_t& peak) {
+  f();
+  peak = std::max(peak, used_bytes());
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  BENCH_CUDA(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) f();
+  BENCH_CUDA(cudaEventRecord(stop));
+  BENCH_CUDA(cudaEventSynchronize(stop));
+  peak = std::max(peak, used_bytes());
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CUDA(cudaEventDestroy(start));
+  BENCH_CUDA(cudaEventDestroy(stop));
+  return ms / reps;
+}
+
+/// Random bf16 hidden rows (uniform in [-1, 1]) and targets drawn from `target_of(u)`.
+struct inputs {
+  thrust::device_vector<__nv_bfloat16> h;
+  thrust::device_vector<index_t> t;
+  thrust::device_vector<float> grad_h;
+  index_t rows, dim;
+  inputs(index_t rows_, index_t dim_, index_t num_classes, bool zipf, unsigned seed) : rows(rows_), dim(dim_) {
+    std::mt19937_64 g(seed);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    std::vector<__nv_bfloat16> hh(static_cast<std::size_t>(rows * dim));
+    for (auto& x : hh) x = __float2bfloat16(u(g));
+    std::vector<index_t> tt(static_cast<std::size_t>(rows));
+    // Zipf-like targets (frequent classes first, as a Huffman tree over these counts expects).
+    std::uniform_real_distribution<double> u01(0.0, 1.0);
+    for (auto& x : tt)
+      x = zipf ? std::min<index_t>(num_classes - 1, static_cast<index_t>(std::pow(static_cast<double>(num_classes), u01(g))) - 1)
+               : static_cast<index_t>(u01(g) * static_cast<double>(num_classes)) % num_classes;
+    h.assign(hh.begin(), hh.end());
+    t.assign(tt.begin(), tt.end());
+    grad_h.resize(static_cast<std::size_t>(rows * dim));
+  }
+  xs::matrix_view<const __nv_bfloat16> hv() const { return {thrust::raw_pointer_cast(h.data()), rows, dim}; }
+  xs::vector_view<const index_t> tv() const { return {thrust::raw_pointer_cast(t.data()), rows}; }
+  xs::matrix_view<float> ghv() { return {thrust::raw_pointer_cast(grad_h.data()), rows, dim}; }
+};
+
+template <class Head, class... TopkExtra>
+void run_head(const std::string& name, Head& head, index_t rows, index_t num_classes, bool zipf, int reps,
+              std::size_t base, TopkExtra... topk_extra) {
+  inputs in(rows, head.dim(), num_classes, zipf, 1);
+  typename Head::gradient_type g;
+  std::size_t peak = used_bytes();
+  float loss = 0;
+  const double fwd = time_ms([&] { loss = head.forward(in.hv(), in.tv()); }, reps, peak);
+  const double fb = time_ms([&] { loss = head.forward_backward(in.hv(), in.tv(), in.ghv(), g); }, reps, peak);
+  const index_t k = 10;
+  thrust::device_vector<index_t> cls(static_cast<std::size_t>(rows * k));
+  thrust::device_vector<float> lp(static_cast<std::size_t>(rows * k));
+  const double tk = time_ms(
+      [&] {
+        head.topk(in.hv(), k, xs::matrix_view<index_t>(thrust::raw_pointer_cast(cls.data()), rows, k),
+                  xs::matrix_view<float>(thrust::raw_pointer_cast(lp.data()), rows, k), topk_extra...);
+      },
+      std::max(1, reps / 2), peak);
+  const double grad_mb = (static_cast<double>(g.values.size()) * 4 + static_cast<double>(g.rows.size()) * 8) / 1e6;
+  std::printf("%-34s B=%-6lld d=%-5lld N=%-10lld fwd %9.3f ms  fwd+bwd %9.3f ms  top10 %9.3f ms  "
+              "ws %8.1f MB  grad %9.1f MB (%lld rows)  peak %9.1f MB  loss %.4f\n",
+              name.c_str(), static_cast<long long>(rows), static_cast<long long>(head.dim()),
+              static_cast<long long>(num_classes), fwd, fb, tk, head.resources().workspace_bytes() / 1e6, grad_mb,
+              static_cast<long long>(g.num_rows()), (peak - base) / 1e6, loss);
+  std::fflush(stdout);
+}
+
+std::vector<double> zipf_counts(index_t n) {
+  std::vector<double> c(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) c[static_cast<std::size_t>(i)] = 1e9 / static_cast<double>(i + 1);
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string filter;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("heads_cuda_bench: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("heads_cuda_bench on %s (%.1f GiB), bf16 weights and hidden rows, k = 10%s\n", prop.name,
+              prop.totalGlobalMem / double(1 << 30), quick ? ", --quick sizes" : "");
+  const int reps = quick ? 3 : 10;
+  const auto want = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
+
+  using full = xs::full_softmax<xs::bf16, xs::cuda>;
+  // The PyTorch peer's shape (bench/cuda/torch_peer.py): 8192 x 2304 x 256K.
+  if (want("full_bf16_256k")) {
+    const std::size_t base = used_bytes();
+    const index_t n = quick ? 32768 : 262144;
+    full head(n, 2304);
+    run_head("full_bf16_256k", head, quick ? 1024 : 8192, n, false, reps, base);
+  }
+  if (want("full_bf16_1m")) {
+    const std::size_t base = used_bytes();
+    const index_t n = quick ? 65536 : 1 << 20;
+    full head(n, 512);
+    run_head("full_bf16_1m", head, quick ? 512 : 4096, n, false, reps, base);
+  }
+  // Two-level sqrt(N) tree over 1M classes (1024 x 1024): top level one GEMM, second level runs.
+  if (want("hs_uniform2_1m")) {
+    using T = xs::uniform_tree<2, 1024>;
+    const index_t n = quick ? 65536 : 1 << 20;
+    const std::size_t base = used_bytes();
+    xs::hierarchical_softmax<T, xs::bf16, xs::cuda> head(T(n), 512);
+    run_head("hs_uniform2_1m", head, quick ? 1024 : 8192, n, true, reps, base);
+  }
+  // Three levels of 100 (1M classes): more, smaller runs.
+  if (want("hs_uniform3_1m")) {
+    using T = xs::uniform_tree<3, 100>;
+    const index_t n = quick ? 100000 : 1000000;
+    const std::size_t base = used_bytes();
+    xs::hierarchical_softmax<T, xs::bf16, xs::cuda> head(T(n), 512);
+    run_head("hs_uniform3_1m", head, quick ? 1024 : 8192, n, true, reps, base);
+  }
+  // word2vec: binary Huffman tree over Zipf counts, sigmoid nodes (gather-dot path), d = 300.
+  if (want("hs_huffman_sigmoid_1m")) {
+    using R = xs::runtime_tree<>;
+    const index_t n = quick ? 100000 : 1000000;
+    const R tree = R::huffman(zipf_counts(n), 2);
+    const std::size_t base = used_bytes();
+    xs::hierarchical_softmax<R, xs::bf16, xs::cuda, xs::sigmoid_nodes> head(tree, 300);
+    run_head("hs_huffman_sigmoid_1m", head, quick ? 1024 : 8192, n, true, reps, base, xs::search_options{64});
+  }
+  // 10M classes, two levels of ~3163 (the seed question's setting), d = 300.
+  if (!quick && want("hs_uniform2_10m")) {
+    using T = xs::uniform_tree<2, 3163>;
+    const index_t n = 10000000;
+    const std::size_t base = used_bytes();
+    xs::hierarchical_softmax<T, xs::bf16, xs::cuda> head(T(n), 300);
+    run_head("hs_uniform2_10m", head, 8192, n, true, reps, base);
+  }
+  return 0;
+}

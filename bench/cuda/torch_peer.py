@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch peers of bench/cuda/heads_cuda_bench.cu, on the same GPU.
+
+1. Full softmax, bf16, B x d x N = 8192 x 2304 x 256K (the heads_cuda_bench line full_bf16_256k):
+   loss = F.cross_entropy(F.linear(h, W), t); forward, and forward + backward, time per call and
+   torch.cuda.max_memory_allocated (PyTorch materialises the B x N logits, and their gradient).
+2. torch.nn.AdaptiveLogSoftmaxWithLoss over N = 1M classes (cutoffs 20K / 200K, div_value 4),
+   bf16, d = 512, B = 8192, Zipf-like targets: the closest built-in peer of a hierarchical softmax.
+
+Usage: python3 bench/cuda/torch_peer.py [--quick] [--reps 10]
+Prints one line per configuration. Needs torch with CUDA; nothing else.
+"""
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def time_ms(fn, reps):
+    fn()  # warm-up (cuBLAS heuristics, allocator)
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / reps
+
+
+def zipf_targets(batch, n, device):
+    # Same law as heads_cuda_bench: t = floor(n^u) - 1, u uniform in [0, 1).
+    u = torch.rand(batch, device=device, dtype=torch.float64)
+    return torch.clamp(torch.floor(torch.pow(float(n), u)).long() - 1, 0, n - 1)
+
+
+def full_softmax(batch, dim, n, reps, device):
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    w = (torch.rand(n, dim, device=device, dtype=torch.bfloat16) * 2 - 1) / math.sqrt(dim)
+    w.requires_grad_(True)
+    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
+    t = torch.randint(0, n, (batch,), device=device)
+    base = torch.cuda.memory_allocated()
+
+    def fwd():
+        with torch.no_grad():
+            return F.cross_entropy(F.linear(h, w), t)
+
+    def fwd_bwd():
+        w.grad = None
+        h.grad = None
+        loss = F.cross_entropy(F.linear(h, w), t)
+        loss.backward()
+        return loss
+
+    torch.cuda.reset_peak_memory_stats()
+    f_ms = time_ms(fwd, reps)
+    f_peak = torch.cuda.max_memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    fb_ms = time_ms(fwd_bwd, reps)
+    fb_peak = torch.cuda.max_memory_allocated() - base
+    print(f"torch full_bf16        B={batch:<6} d={dim:<5} N={n:<10} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
+          f"peak extra fwd {f_peak / 1e6:9.1f} MB  fwd+bwd {fb_peak / 1e6:9.1f} MB  "
+          f"(max_memory_allocated {torch.cuda.max_memory_allocated() / 1e6:.1f} MB)", flush=True)
+
+
+def adaptive(batch, dim, n, reps, device):
+    torch.cuda.empty_cache()
+    cutoffs = [min(20000, n // 50), min(200000, n // 5)]
+    head = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, n, cutoffs=cutoffs, div_value=4.0).to(device, torch.bfloat16)
+    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
+    t = zipf_targets(batch, n, device)
+    base = torch.cuda.memory_allocated()
+
+    def fwd():
+        with torch.no_grad():
+            return head(h, t).loss
+
+    def fwd_bwd():
+        head.zero_grad(set_to_none=True)
+        h.grad = None
+        out = head(h, t)
+        out.loss.backward()
+        return out.loss
+
+    torch.cuda.reset_peak_memory_stats()
+    f_ms = time_ms(fwd, reps)
+    torch.cuda.reset_peak_memory_stats()
+    fb_ms = time_ms(fwd_bwd, reps)
+    fb_peak = torch.cuda.max_memory_allocated() - base
+    print(f"torch adaptive_bf16    B={batch:<6} d={dim:<5} N={n:<10} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
+          f"peak extra fwd+bwd {fb_peak / 1e6:9.1f} MB  cutoffs {cutoffs}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    p.add_argument("--reps", type=int, default=10)
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("torch_peer.py: no CUDA device")
+        return 77
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+    if a.quick:
+        full_softmax(1024, 2304, 32768, a.reps, device)
+        adaptive(1024, 512, 100000, a.reps, device)
+    else:
+        full_softmax(8192, 2304, 262144, a.reps, device)
+        adaptive(8192, 512, 1 << 20, a.reps, device)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

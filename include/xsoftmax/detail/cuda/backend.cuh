@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `backend_traits<cuda>`: device vectors, `cuda_resources`, and Thrust's CUDA system on the
+/// resources' stream.
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/cuda/resources.cuh>
+
+#include <thrust/device_vector.h>
+#include <thrust/system/cuda/execution_policy.h>
+
+namespace xsoftmax {
+
+template <>
+struct backend_traits<cuda> {
+  template <class T>
+  using vector = thrust::device_vector<T>;
+  using resources = cuda_resources;
+  static constexpr bool is_host = false;
+  static constexpr const char* name = "cuda";
+
+  /// Thrust's CUDA system on the resources' stream, without the synchronisation Thrust's `par` does
+  /// after every algorithm: work queued on one stream runs in order, and the verbs synchronise the
+  /// stream once, before they read a result on the host and before they return. (Algorithms that
+  /// return a value, such as `find_if` or `copy_if`'s end iterator, still wait for that value.)
+  [[nodiscard]] static auto policy(const resources& r) { return thrust::cuda::par_nosync.on(r.stream()); }
+
+  /// Without resources (as `weight_store::apply_sgd` calls it): the default stream, and *blocking*
+  /// (Thrust's `par` synchronises after each algorithm), so an update is complete when the call
+  /// returns and whatever stream the next verb runs on sees the new weights.
+  [[nodiscard]] static auto policy() { return thrust::cuda::par.on(cudaStream_t{}); }
+};
+
+}  // namespace xsoftmax
