@@ -10,15 +10,29 @@
 
 namespace xsoftmax::detail {
 
+/// h . w over `d` elements with 16 independent partial sums: a single running sum is a chain of
+/// dependent adds the compiler may not reorder (no -ffast-math), i.e. one add per FP-add latency;
+/// 16 lanes let it use one SIMD register (and stay deterministic: the order is fixed).
+template <class T>
+inline float dot_row(const float* h, const T* w, index_t d) {
+  constexpr index_t lanes = 16;
+  float acc[lanes] = {};
+  index_t p = 0;
+  for (; p + lanes <= d; p += lanes)
+    for (index_t k = 0; k < lanes; ++k) acc[k] += h[p + k] * to_float(w[p + k]);
+  for (index_t k = 0; p < d; ++p, ++k) acc[k] += h[p] * to_float(w[p]);
+  for (index_t width = lanes / 2; width > 0; width /= 2)
+    for (index_t k = 0; k < width; ++k) acc[k] += acc[k + width];
+  return acc[0];
+}
+
 /// out[j] = h . w[first + j] + bias[first + j] for j in [0, count).
 template <class T>
 void gather_dot(const float* h, matrix_view<const T> w, const T* bias, index_t first, index_t count,
                 float* out) {
   const index_t d = w.cols;
   for (index_t j = 0; j < count; ++j) {
-    const T* wr = w.row(first + j);
-    float acc = 0.f;
-    for (index_t p = 0; p < d; ++p) acc += h[p] * to_float(wr[p]);
+    const float acc = dot_row(h, w.row(first + j), d);
     out[j] = bias ? acc + to_float(bias[first + j]) : acc;
   }
 }
