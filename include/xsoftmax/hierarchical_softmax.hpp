@@ -11,6 +11,7 @@
 /// per-sample gather-dot path, which reads rows in place.
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/host/gemm.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/tree/tree_types.hpp>
@@ -75,7 +76,9 @@ class hierarchical_softmax {
   [[nodiscard]] const backend_resources<Backend>& resources() const { return resources_; }
   [[nodiscard]] index_t gemm_min_run() const { return gemm_min_run_; }
 
-  /// Runs at least this long go through a GEMM; shorter ones through gather-dot (default 16).
+  /// Runs at least this long go through the chunked GEMM path; shorter ones through gather-dot.
+  /// Default: 1 (always GEMM) on a host backend with a CBLAS, whose kernels beat the per-sample
+  /// loop even for one row; 16 with the built-in blocked GEMM and on the GPU.
   void set_gemm_min_run(index_t rows) { gemm_min_run_ = rows < 1 ? 1 : rows; }
 
   /// Per-sample negative log-likelihood (the sum over the path of -log p(child | node)), reduced per
@@ -141,7 +144,14 @@ class hierarchical_softmax {
   Tree tree_;
   detail::weight_store<storage_type, Backend> store_;
   backend_resources<Backend> resources_;
-  index_t gemm_min_run_ = 16;
+  /// 1 on a host backend with a CBLAS; 16 otherwise (the built-in blocked GEMM, or a GPU, where a
+  /// GEMM launch per short run costs more than a warp per sample).
+  [[nodiscard]] static constexpr index_t default_gemm_min_run() {
+    if constexpr (is_host_backend<Backend>) return detail::host::has_cblas() ? 1 : 16;
+    else return 16;
+  }
+
+  index_t gemm_min_run_ = default_gemm_min_run();
 };
 
 }  // namespace xsoftmax

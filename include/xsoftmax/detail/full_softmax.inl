@@ -5,9 +5,12 @@
 
 #include <xsoftmax/detail/batch.hpp>
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/validation.hpp>
+
+#include <thrust/sequence.h>
 
 #include <algorithm>
 #include <cmath>
@@ -38,8 +41,7 @@ index_t full_softmax<P, B>::chunk_size_for(index_t batch_rows) const {
   if (c == 0) {
     // ~32 MiB of fp32 scores: large enough that the GEMM runs near peak, small enough for L3-ish
     // reuse of the chunk between the score and gradient GEMMs.
-    c = (index_t(8) << 20) / std::max<index_t>(batch_rows, 1);
-    c = std::clamp<index_t>(c, 256, 16384);
+    c = detail::default_chunk_columns(batch_rows);
   }
   return std::min(c, num_classes());
 }
@@ -77,70 +79,32 @@ float full_softmax<P, B>::run_host(const char* where, matrix_view<const H> hidde
   if (grad_weights)
     upstream = detail::upstream_gradients(where, batch, hidden.rows, options.reduce, grad_output);
   const index_t rows = batch.rows();
-  const auto w = matrix_view<const storage_type>(weights());
   const storage_type* bias = store_.bias();
-  const index_t chunk = chunk_size_for(rows);
-  std::vector<float> scores(static_cast<std::size_t>(rows * chunk));
-  std::vector<float> scratch;
+  std::vector<float> losses(static_cast<std::size_t>(rows), 0.f);
+  std::vector<float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
 
-  // Pass 1: online log-sum-exp over all classes, chunk by chunk.
-  detail::online_lse_state lse(rows);
-  if (rows > 0)
-    for (index_t c0 = 0; c0 < n_cls; c0 += chunk) {
-      const index_t cn = std::min(chunk, n_cls - c0);
-      detail::dense_scores(policy, batch.hidden_view(), w, bias, c0, cn, scores.data(), cn, scratch);
-      detail::online_lse_update(policy, scores.data(), rows, cn, cn, c0, batch.target.data(), lse);
-    }
-  std::vector<float> losses(static_cast<std::size_t>(rows));
-  for (index_t r = 0; r < rows; ++r) losses[r] = lse.lse(r) - lse.target_logit[r];
-
+  // The exact softmax is one dense block: every packed row against every class.
+  detail::dense_softmax_args a;
+  a.h = batch.hidden_view();
+  a.target = batch.target.data();
+  a.n = n_cls;
+  a.chunk = chunk_size_for(rows);
+  a.loss = losses.data();
   if (grad_weights) {
-    // Pass 2: recompute each chunk's scores, turn them into dLoss/dscore in place, and produce the
-    // hidden gradient (accumulated over chunks) and the chunk's weight gradient (written once).
     gradient_type& g = *grad_weights;
     g.dim = d;
-    const index_t touched = rows > 0 ? n_cls : 0;
+    const index_t touched = rows > 0 ? n_cls : 0;  // every class, unless no row counts
     g.rows.resize(static_cast<std::size_t>(touched));
-    for (index_t i = 0; i < touched; ++i) g.rows[i] = i;
+    thrust::sequence(policy, g.rows.begin(), g.rows.end());
     g.values.resize(static_cast<std::size_t>(touched * d));
     g.bias_values.resize(bias && touched ? static_cast<std::size_t>(touched) : 0);
-    std::vector<float> grad_packed(static_cast<std::size_t>(rows * d), 0.f);
-    std::vector<float> row_lse(static_cast<std::size_t>(rows));
-    for (index_t r = 0; r < rows; ++r) row_lse[r] = lse.lse(r);
-    for (index_t c0 = 0; c0 < touched; c0 += chunk) {
-      const index_t cn = std::min(chunk, n_cls - c0);
-      float* s = scores.data();
-      const matrix_view<const float> wf =
-          detail::dense_scores(policy, batch.hidden_view(), w, bias, c0, cn, s, cn, scratch);
-      const float* l = row_lse.data();
-      const float* u = upstream.data();
-      const index_t* t = batch.target.data();
-      detail::parallel_for(policy, rows, [=](index_t r) {
-        float* sr = s + r * cn;
-        for (index_t j = 0; j < cn; ++j) sr[j] = std::exp(sr[j] - l[r]) * u[r];
-        const index_t tj = t[r] - c0;
-        if (tj >= 0 && tj < cn) sr[tj] -= u[r];
-      });
-      detail::host::gemm_args dh;  // grad_hidden += G(rows x cn) * W(cn x d)
-      dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
-      dh.beta = 1.f, dh.c = grad_packed.data(), dh.ldc = d;
-      detail::gemm_parallel(policy, dh);
-      detail::host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
-      dw.op_a = detail::host::op::transpose;
-      dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = batch.hidden.data(), dw.ldb = d;
-      dw.c = thrust::raw_pointer_cast(g.values.data()) + c0 * d, dw.ldc = d;
-      detail::gemm_parallel(policy, dw);
-      if (bias) {
-        float* gb = thrust::raw_pointer_cast(g.bias_values.data()) + c0;
-        detail::parallel_for(policy, cn, [=](index_t j) {
-          float acc = 0.f;  // rows in fixed order: deterministic
-          for (index_t r = 0; r < rows; ++r) acc += s[r * cn + j];
-          gb[j] = acc;
-        });
-      }
-    }
-    if (grad_hidden) detail::scatter_rows(policy, batch, grad_packed, *grad_hidden);
+    a.upstream = upstream.data();
+    a.grad_h = grad_packed.data();
+    a.grad_w = thrust::raw_pointer_cast(g.values.data());
+    a.grad_b = g.bias_values.empty() ? nullptr : thrust::raw_pointer_cast(g.bias_values.data());
   }
+  detail::dense_softmax(policy, matrix_view<const storage_type>(weights()), bias, a);
+  if (grad_hidden) detail::scatter_rows(policy, batch, grad_packed, *grad_hidden);
   if (per_sample.size != 0) detail::scatter_losses(batch, losses, per_sample);
   return detail::reduce_losses(losses, options.reduce);
 }

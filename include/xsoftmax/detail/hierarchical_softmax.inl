@@ -4,7 +4,7 @@
 /// Host implementation of `hierarchical_softmax` (serial and omp backends).
 
 #include <xsoftmax/detail/batch.hpp>
-#include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/validation.hpp>
@@ -231,56 +231,56 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
         bias_acc += gs;
       }
       if (gb) gb[run.grad_offset] = bias_acc;
-    } else {
-      const index_t bs = run.block_size;
-      std::vector<float> s(static_cast<std::size_t>(len * bs)), scratch;
-      const bool use_gemm = len >= gemm_min_run;
-      matrix_view<const float> wf;
-      if (use_gemm) {
-        wf = detail::dense_scores(inner_policy, matrix_view<const float>(h, len, d), w, bias, run.block_begin, bs,
-                                  s.data(), bs, scratch);
-      } else {
-        for (index_t i = 0; i < len; ++i) detail::gather_dot(h + i * d, w, bias, run.block_begin, bs, s.data() + i * bs);
+    } else if (len >= gemm_min_run) {
+      // A dense softmax of the run's rows over the node's block, chunked over the block's columns,
+      // so a wide node (the root of a shallow tree) never holds more than len x chunk scores.
+      std::vector<index_t> child(static_cast<std::size_t>(len));
+      for (index_t i = 0; i < len; ++i) child[i] = tv.step(tgt[run.begin + i], run.level).child;
+      detail::dense_softmax_args a;
+      a.h = matrix_view<const float>(h, len, d);
+      a.target = child.data();
+      a.first = run.block_begin;
+      a.n = run.block_size;
+      a.chunk = detail::default_chunk_columns(len);
+      a.loss = loss + run.begin;
+      if (gw) {
+        a.upstream = up + run.begin;
+        a.grad_h = gh + run.begin * d;
+        a.grad_w = gw + run.grad_offset * d;
+        a.grad_b = gb ? gb + run.grad_offset : nullptr;
       }
+      detail::dense_softmax(inner_policy, w, bias, a);
+    } else {
+      // Gather-dot: each sample against the node's rows, read in place in their storage type.
+      const index_t bs = run.block_size;
+      std::vector<float> s(static_cast<std::size_t>(len * bs));
       float* sp = s.data();
-      const int level = run.level;
-      const index_t first_row = run.begin;
-      detail::parallel_for(inner_policy, len, [=](index_t i) {
-        const index_t r = first_row + i;
+      for (index_t i = 0; i < len; ++i) detail::gather_dot(h + i * d, w, bias, run.block_begin, bs, sp + i * bs);
+      for (index_t i = 0; i < len; ++i) {
+        const index_t r = run.begin + i;
         float* si = sp + i * bs;
-        const index_t child = tv.step(tgt[r], level).child;
+        const index_t child = tv.step(tgt[r], run.level).child;
         const float lse = detail::row_logsumexp(si, bs);
         loss[r] += lse - si[child];
         if (gw) {
           for (index_t j = 0; j < bs; ++j) si[j] = std::exp(si[j] - lse) * up[r];
           si[child] -= up[r];
         }
-      });
+      }
       if (!gw) return;
       float* gwb = gw + run.grad_offset * d;
       float* ghr = gh + run.begin * d;
-      if (use_gemm) {
-        detail::host::gemm_args dh;  // grad_h(run) += G(len x bs) * W_block(bs x d)
-        dh.m = len, dh.n = d, dh.k = bs, dh.a = sp, dh.lda = bs, dh.b = wf.data, dh.ldb = wf.stride;
-        dh.beta = 1.f, dh.c = ghr, dh.ldc = d;
-        detail::gemm_parallel(inner_policy, dh);
-        detail::host::gemm_args dw;  // grad_W(block) = G^T(bs x len) * H(run)(len x d)
-        dw.op_a = detail::host::op::transpose;
-        dw.m = bs, dw.n = d, dw.k = len, dw.a = sp, dw.lda = bs, dw.b = h, dw.ldb = d, dw.c = gwb, dw.ldc = d;
-        detail::gemm_parallel(inner_policy, dw);
-      } else {
-        std::fill(gwb, gwb + bs * d, 0.f);
-        for (index_t i = 0; i < len; ++i)
-          for (index_t j = 0; j < bs; ++j) {
-            const float gij = sp[i * bs + j];
-            const storage_type* wr = w.row(run.block_begin + j);
-            float* gwr = gwb + j * d;
-            for (index_t p = 0; p < d; ++p) {
-              ghr[i * d + p] += gij * to_float(wr[p]);
-              gwr[p] += gij * h[i * d + p];
-            }
+      std::fill(gwb, gwb + bs * d, 0.f);
+      for (index_t i = 0; i < len; ++i)
+        for (index_t j = 0; j < bs; ++j) {
+          const float gij = sp[i * bs + j];
+          const storage_type* wr = w.row(run.block_begin + j);
+          float* gwr = gwb + j * d;
+          for (index_t p = 0; p < d; ++p) {
+            ghr[i * d + p] += gij * to_float(wr[p]);
+            gwr[p] += gij * h[i * d + p];
           }
-      }
+        }
       if (gb)
         for (index_t j = 0; j < bs; ++j) {
           float acc = 0.f;

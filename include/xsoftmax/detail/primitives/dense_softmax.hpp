@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Softmax cross-entropy of packed rows over one contiguous block of weight rows, with its
+/// gradients, never holding more than rows x chunk scores: pass 1 folds score chunks into an online
+/// log-sum-exp; pass 2 recomputes each chunk, turns it into dLoss/dscore in place and produces the
+/// chunk's hidden- and weight-gradient contributions. The exact full softmax is this primitive over
+/// all classes; the hierarchical softmax uses it for every node run scored through a GEMM.
+
+#include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// One dense softmax problem: rows of `h` against weight rows [first, first + n).
+struct dense_softmax_args {
+  matrix_view<const float> h;        ///< rows x d, packed fp32
+  const index_t* target = nullptr;   ///< rows; column of each row's target in [0, n)
+  index_t first = 0;                 ///< first weight row of the block
+  index_t n = 0;                     ///< weight rows in the block
+  index_t chunk = 0;                 ///< columns scored at a time (> 0)
+  float* loss = nullptr;             ///< rows; receives += logsumexp - target score
+  const float* upstream = nullptr;   ///< rows; dLoss/dloss_r. Null: forward only
+  float* grad_h = nullptr;           ///< rows x d (stride d); receives += G * W_block
+  float* grad_w = nullptr;           ///< n x d (stride d); overwritten with G^T * H
+  float* grad_b = nullptr;           ///< n; overwritten with the column sums of G (may be null)
+};
+
+/// Default columns per chunk for `rows` rows: about 32 MiB of fp32 scores, large enough for the
+/// GEMM to run near its peak, small enough to stay cache-friendly between the score and gradient GEMMs.
+[[nodiscard]] inline index_t default_chunk_columns(index_t rows) {
+  return std::clamp<index_t>((index_t(8) << 20) / std::max<index_t>(rows, 1), 256, 16384);
+}
+
+/// Solves `a` (see `dense_softmax_args`). `w`/`bias` hold the weights in storage type `T`.
+template <class Policy, class T>
+void dense_softmax(const Policy& policy, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+  const index_t rows = a.h.rows, d = a.h.cols;
+  if (rows == 0 || a.n == 0) return;
+  const index_t chunk = std::min(a.chunk, a.n);
+  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch;
+  float* s = scores.data();
+
+  online_lse_state lse(rows);
+  for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
+    const index_t cn = std::min(chunk, a.n - c0);
+    dense_scores(policy, a.h, w, bias, a.first + c0, cn, s, cn, scratch);
+    online_lse_update(policy, s, rows, cn, cn, c0, a.target, lse);
+  }
+  std::vector<float> row_lse(static_cast<std::size_t>(rows));
+  for (index_t r = 0; r < rows; ++r) {
+    row_lse[r] = lse.lse(r);
+    a.loss[r] += row_lse[r] - lse.target_logit[r];
+  }
+  if (!a.upstream) return;
+
+  for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
+    const index_t cn = std::min(chunk, a.n - c0);
+    const matrix_view<const float> wf = dense_scores(policy, a.h, w, bias, a.first + c0, cn, s, cn, scratch);
+    const float* l = row_lse.data();
+    const float* u = a.upstream;
+    const index_t* t = a.target;
+    parallel_for(policy, rows, [=](index_t r) {
+      float* sr = s + r * cn;
+      for (index_t j = 0; j < cn; ++j) sr[j] = std::exp(sr[j] - l[r]) * u[r];
+      const index_t tj = t[r] - c0;
+      if (tj >= 0 && tj < cn) sr[tj] -= u[r];
+    });
+    host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)
+    dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
+    dh.beta = 1.f, dh.c = a.grad_h, dh.ldc = d;
+    gemm_parallel(policy, dh);
+    host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
+    dw.op_a = host::op::transpose;
+    dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = a.h.data, dw.ldb = a.h.stride;
+    dw.c = a.grad_w + c0 * d, dw.ldc = d;
+    gemm_parallel(policy, dw);
+    if (a.grad_b) {
+      float* gb = a.grad_b + c0;
+      parallel_for(policy, cn, [=](index_t j) {
+        float acc = 0.f;  // rows in fixed order: deterministic
+        for (index_t r = 0; r < rows; ++r) acc += s[r * cn + j];
+        gb[j] = acc;
+      });
+    }
+  }
+}
+
+}  // namespace xsoftmax::detail
