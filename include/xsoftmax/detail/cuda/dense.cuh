@@ -12,6 +12,7 @@
 
 #include <xsoftmax/detail/cuda/common.cuh>
 #include <xsoftmax/detail/cuda/gemm.cuh>
+#include <xsoftmax/detail/primitives/dense_softmax.hpp>
 
 #include <cub/block/block_reduce.cuh>
 
@@ -42,14 +43,27 @@ struct dense_scratch {
   float* run_sum = nullptr;
   float* target_logit = nullptr;
   float* lse = nullptr;
+
+  /// Carves the per-row arrays for `rows` rows, and `rows x chunk` scores when `chunk` > 0 (plus
+  /// their storage-type copy when `with_grad` and T is not fp32), out of an arena.
+  template <class Alloc>
+  static dense_scratch take(Alloc& a, index_t rows, index_t chunk, bool with_grad) {
+    dense_scratch sc;
+    sc.chunk = chunk;
+    if (chunk > 0) sc.scores = a.template take<float>(rows * chunk);
+    if (chunk > 0 && with_grad && !std::is_same_v<T, float>) sc.grad = a.template take<T>(rows * chunk);
+    sc.run_max = a.template take<float>(rows);
+    sc.run_sum = a.template take<float>(rows);
+    sc.target_logit = a.template take<float>(rows);
+    sc.lse = a.template take<float>(rows);
+    return sc;
+  }
 };
 
 /// Columns per chunk for `rows` rows when nothing is configured: about 32 MiB of fp32 scores (as
 /// full_softmax::chunk_size_for), at most `n`.
 [[nodiscard]] inline index_t default_chunk(index_t rows, index_t n) {
-  index_t c = (index_t(8) << 20) / std::max<index_t>(rows, 1);
-  c = std::clamp<index_t>(c, 256, 16384);
-  return std::min(c, n);
+  return std::min(default_chunk_columns(rows), n);
 }
 
 struct max_op {

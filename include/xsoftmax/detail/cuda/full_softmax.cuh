@@ -43,16 +43,10 @@ struct full_run_buffers {
     f.target = a.template take<index_t>(batch_rows);
     f.hidden = a.template take<T>(batch_rows * dim);
     f.loss = a.template take<float>(batch_rows);
-    f.sc.chunk = chunk;
-    f.sc.scores = a.template take<float>(batch_rows * chunk);
-    f.sc.run_max = a.template take<float>(batch_rows);
-    f.sc.run_sum = a.template take<float>(batch_rows);
-    f.sc.target_logit = a.template take<float>(batch_rows);
-    f.sc.lse = a.template take<float>(batch_rows);
+    f.sc = dense_scratch<T>::take(a, batch_rows, chunk, backward);
     if (backward) {
       f.upstream = a.template take<float>(batch_rows);
       f.grad_h = a.template take<float>(batch_rows * dim);
-      if (!std::is_same_v<T, float>) f.sc.grad = a.template take<T>(batch_rows * chunk);
     }
     return f;
   }
@@ -220,13 +214,7 @@ void full_topk(const Head& head, matrix_view<const H> hidden, index_t k, matrix_
   const cudaStream_t stream = res.stream();
   arena a(res.workspace(), stream);
   T* hs = a.take<T>(rows * d);
-  dense_scratch<T> sc;
-  sc.chunk = chunk;
-  sc.scores = a.take<float>(rows * chunk);
-  sc.run_max = a.take<float>(rows);
-  sc.run_sum = a.take<float>(rows);
-  sc.target_logit = a.take<float>(rows);
-  sc.lse = a.take<float>(rows);
+  const dense_scratch<T> sc = dense_scratch<T>::take(a, rows, chunk, /*with_grad=*/false);
   float* kept_score = a.take<float>(rows * k);
   index_t* kept_index = a.take<index_t>(rows * k);
   float* cand_score = a.take<float>(rows * len);
@@ -306,13 +294,7 @@ void full_log_distribution(const Head& head, matrix_view<const H> hidden, index_
   const cudaStream_t stream = res.stream();
   arena a(res.workspace(), stream);
   T* hs = a.take<T>(rows * d);
-  dense_scratch<T> sc;
-  sc.chunk = chunk;
-  sc.scores = a.take<float>(rows * chunk);
-  sc.run_max = a.take<float>(rows);
-  sc.run_sum = a.take<float>(rows);
-  sc.target_logit = a.take<float>(rows);
-  sc.lse = a.take<float>(rows);
+  const dense_scratch<T> sc = dense_scratch<T>::take(a, rows, chunk, /*with_grad=*/false);
 
   pack_rows(res, hidden, static_cast<const index_t*>(nullptr), rows, hs);
   dense_block<T> block;

@@ -251,11 +251,8 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
   T* hs = a.take<T>(batch * d);
   float* loss = a.take<float>(batch);
   float* grad_h = want_grad ? a.take<float>(batch * d) : nullptr;
-  dense_scratch<T> sc;  // per-row arrays; scores / grad come after planning
-  sc.run_max = a.take<float>(batch);
-  sc.run_sum = a.take<float>(batch);
-  sc.target_logit = a.take<float>(batch);
-  sc.lse = a.take<float>(batch);
+  // Per-row arrays now; scores / grad come after planning, once the widest dense run is known.
+  dense_scratch<T> sc = dense_scratch<T>::take(a, batch, /*chunk=*/0, /*with_grad=*/false);
 
   // 1. Pack, upstream gradients (packed order, as the host checks them).
   const index_t rows = select_rows(res, targets, options.ignore_index, packed_sample);
