@@ -14,3 +14,12 @@
 #include <xsoftmax/tree/tree_types.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
 #include <xsoftmax/types.hpp>
+#include <xsoftmax/selective_softmax.hpp>
+#include <xsoftmax/knn_softmax.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+#include <xsoftmax/selection/explicit_candidates.hpp>
+#include <xsoftmax/selection/sampled_negatives.hpp>
+#include <xsoftmax/selection/ivf_index.hpp>
+#include <xsoftmax/selection/knn_graph.hpp>
+#include <xsoftmax/selection/knn_selector.hpp>
+#include <xsoftmax/selection/feature_query.hpp>

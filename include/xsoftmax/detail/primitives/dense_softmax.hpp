@@ -5,7 +5,8 @@
 /// gradients, never holding more than rows x chunk scores: pass 1 folds score chunks into an online
 /// log-sum-exp; pass 2 recomputes each chunk, turns it into dLoss/dscore in place and produces the
 /// chunk's hidden- and weight-gradient contributions. The exact full softmax is this primitive over
-/// all classes; the hierarchical softmax uses it for every node run scored through a GEMM.
+/// all classes; the hierarchical softmax uses it for every node run scored through a GEMM; the
+/// selective softmax uses it over a gathered set of classes with per-column logit offsets.
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
@@ -28,6 +29,13 @@ struct dense_softmax_args {
   float* grad_h = nullptr;           ///< rows x d (stride d); receives += G * W_block
   float* grad_w = nullptr;           ///< n x d (stride d); overwritten with G^T * H
   float* grad_b = nullptr;           ///< n; overwritten with the column sums of G (may be null)
+  /// Optional: column j is weight row `columns[j]` instead of `first + j` (strictly ascending; a
+  /// chunk whose rows are contiguous is read in place, any other is gathered into fp32 first).
+  const index_t* columns = nullptr;
+  /// Optional, n entries each: added to column j's score when it is not / is the row's target
+  /// (-inf removes the column from that row's softmax; every row's target offset must be finite).
+  const float* negative_offset = nullptr;
+  const float* target_offset = nullptr;
 };
 
 /// Default columns per chunk for `rows` rows: about 32 MiB of fp32 scores, large enough for the
@@ -42,13 +50,49 @@ void dense_softmax(const Policy& policy, matrix_view<const T> w, const T* bias, 
   const index_t rows = a.h.rows, d = a.h.cols;
   if (rows == 0 || a.n == 0) return;
   const index_t chunk = std::min(a.chunk, a.n);
-  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch;
+  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch, gathered, gathered_bias;
   float* s = scores.data();
+
+  // Scores of columns [c0, c0 + cn) into `s` (with the optional logit offsets); returns the fp32
+  // weight rows used, for the backward GEMMs.
+  auto score_chunk = [&](index_t c0, index_t cn) {
+    matrix_view<const float> wf;
+    const index_t* col = a.columns;
+    if (!col || col[c0 + cn - 1] - col[c0] == cn - 1) {  // a contiguous block of rows: read in place
+      wf = dense_scores(policy, a.h, w, bias, col ? col[c0] : a.first + c0, cn, s, cn, scratch);
+    } else {  // gather the chunk's rows (widened to fp32) into one block
+      gathered.resize(static_cast<std::size_t>(cn * d));
+      float* g = gathered.data();
+      parallel_for(policy, cn, [=](index_t j) {
+        const T* src = w.row(col[c0 + j]);
+        for (index_t p = 0; p < d; ++p) g[j * d + p] = to_float(src[p]);
+      });
+      if (bias) {
+        gathered_bias.resize(static_cast<std::size_t>(cn));
+        for (index_t j = 0; j < cn; ++j) gathered_bias[j] = to_float(bias[col[c0 + j]]);
+      }
+      wf = dense_scores(policy, a.h, matrix_view<const float>(g, cn, d), bias ? gathered_bias.data() : nullptr, 0, cn,
+                        s, cn, scratch);
+    }
+    if (a.negative_offset || a.target_offset) {
+      const float* no = a.negative_offset;
+      const float* to = a.target_offset;
+      const index_t* t = a.target;
+      parallel_for(policy, rows, [=](index_t r) {
+        float* sr = s + r * cn;
+        for (index_t j = 0; j < cn; ++j) {
+          const float* o = c0 + j == t[r] ? to : no;
+          if (o) sr[j] += o[c0 + j];
+        }
+      });
+    }
+    return wf;
+  };
 
   online_lse_state lse(rows);
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
-    dense_scores(policy, a.h, w, bias, a.first + c0, cn, s, cn, scratch);
+    score_chunk(c0, cn);
     online_lse_update(policy, s, rows, cn, cn, c0, a.target, lse);
   }
   std::vector<float> row_lse(static_cast<std::size_t>(rows));
@@ -60,7 +104,7 @@ void dense_softmax(const Policy& policy, matrix_view<const T> w, const T* bias, 
 
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
-    const matrix_view<const float> wf = dense_scores(policy, a.h, w, bias, a.first + c0, cn, s, cn, scratch);
+    const matrix_view<const float> wf = score_chunk(c0, cn);
     const float* l = row_lse.data();
     const float* u = a.upstream;
     const index_t* t = a.target;

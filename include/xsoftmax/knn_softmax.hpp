@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `knn_softmax`: Alibaba's KNN softmax for 100M classes, a `selective_softmax` whose active set is
+/// the union of the batch targets' K nearest classes in a graph over the class weight vectors,
+/// with the graph built from the head's own weights at construction and rebuilt every
+/// `rebuild_every` training steps (`next_step()`).
+
+#include <xsoftmax/selection/knn_selector.hpp>
+#include <xsoftmax/selective_softmax.hpp>
+
+namespace xsoftmax {
+
+/// KNN softmax over `num_classes` classes of width `dim`. Training step:
+/// `forward_backward`, `apply_sgd` (or the caller's optimiser on `weights()`), `next_step()`.
+/// With graph K = N the active set is every class and the head equals `full_softmax`.
+/// Prediction (`topk`, `log_distribution`) scores every class.
+///
+/// Throws as `selective_softmax` and `knn_selector`; the constructors throw `invalid_argument`
+/// naming the value when graph k is outside [1, num_classes].
+template <class Precision = fp32, class Backend = serial>
+class knn_softmax : public selective_softmax<knn_selector, Precision, Backend> {
+  using base = selective_softmax<knn_selector, Precision, Backend>;
+
+ public:
+  using typename base::storage_type;
+
+  /// Owns weights initialised per `init` (a zero bias when `with_bias`) and builds their graph.
+  knn_softmax(index_t num_classes, index_t dim, knn_options options = {}, bool with_bias = false,
+              init_options init = {}, backend_resources<Backend> resources = {})
+      : base(knn_selector(options), num_classes, dim, with_bias, init, resources), resources_(resources) {
+    rebuild_graph();
+  }
+
+  /// Attaches to a caller's `weights` (num_classes x dim) and optional `bias`, and builds their
+  /// graph (from the weights only; the bias plays no part in the neighbourhoods).
+  explicit knn_softmax(matrix_view<storage_type> weights, knn_options options = {}, storage_type* bias = nullptr,
+                       backend_resources<Backend> resources = {})
+      : base(knn_selector(options), weights, bias, resources), resources_(resources) {
+    rebuild_graph();
+  }
+
+  /// The current graph.
+  [[nodiscard]] const knn_graph& graph() const { return this->selector().graph(); }
+
+  /// Rebuilds the graph from the current weights now (into the same buffers).
+  void rebuild_graph() {
+    this->selector().rebuild(backend_traits<Backend>::policy(resources_),
+                             matrix_view<const storage_type>(this->weights()));
+  }
+
+ private:
+  backend_resources<Backend> resources_;
+};
+
+}  // namespace xsoftmax

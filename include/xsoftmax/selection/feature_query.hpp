@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `feature_query_selector`: each sample's active set is its own top-K classes by logit against
+/// its hidden vector (plus its target): the classes the model currently confuses it with. Exact
+/// (dense scores over every class, chunk by chunk, with a running top-K: the cost of a full forward
+/// pass) or approximate through an IVF index over the class vectors (`nprobe` lists per sample).
+
+#include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/dense_softmax.hpp>
+#include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/selection/checks.hpp>
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/selection/ivf_index.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+namespace xsoftmax {
+
+/// Per-sample active set = sorted unique { t_i } U top-K classes of h_i . w_c + b_c. The IVF form
+/// scans the `nprobe` lists nearest to h_i; its index must be built with `similarity::inner_product`
+/// from the head's weights, and is rebuilt from them every `rebuild_every` steps (0: never).
+///
+/// Throws: `invalid_argument` naming the value when k < 1 (construction) or k > N (select), for
+/// nprobe outside [1, num_lists] or an index built with cosine similarity; `shape_error` when the
+/// index was built for another N or dim than the head's; `invalid_argument` naming both element
+/// types when it was built from weights of another precision.
+class feature_query_selector {
+ public:
+  /// Exact top-K.
+  explicit feature_query_selector(index_t k) : k_(k) {
+    detail::expects(k >= 1, "feature_query_selector: k = ", k, " must be >= 1");
+  }
+  /// Approximate top-K through `index` (built over the head's weights), searching `nprobe` lists.
+  /// `rebuild` options are used when the schedule rebuilds the index.
+  feature_query_selector(index_t k, ivf_index index, index_t nprobe, index_t rebuild_every = 0,
+                         ivf_options rebuild = {})
+      : feature_query_selector(k) {
+    const char* where = "feature_query_selector";
+    detail::expects(!index.empty(), where, ": the IVF index is empty; build it first");
+    detail::expects(index.metric() == similarity::inner_product, where,
+                    ": the IVF index must use similarity::inner_product (logits), not cosine");
+    detail::check_count(where, "nprobe", nprobe, index.num_lists(), "num_lists");
+    detail::expects(rebuild_every >= 0, where, ": rebuild_every = ", rebuild_every, " must be >= 0");
+    index_ = std::move(index);
+    nprobe_ = nprobe;
+    rebuild_every_ = rebuild_every;
+    rebuild_ = rebuild;
+    rebuild_.metric = similarity::inner_product;
+    approximate_ = true;
+  }
+
+  [[nodiscard]] index_t k() const { return k_; }
+  [[nodiscard]] bool approximate() const { return approximate_; }
+  [[nodiscard]] index_t nprobe() const { return nprobe_; }
+  [[nodiscard]] const ivf_index& index() const { return index_; }
+  [[nodiscard]] index_t steps() const { return steps_; }
+
+  /// Step hook: rebuilds the IVF index from `weights` when `rebuild_every` divides the step count.
+  template <class Policy, class T>
+  void next_step(const Policy& policy, matrix_view<const T> weights) {
+    ++steps_;
+    if (approximate_ && rebuild_every_ > 0 && steps_ % rebuild_every_ == 0) {
+      rebuild_.num_lists = index_.num_lists();
+      index_.build_on(policy, weights, rebuild_);
+    }
+  }
+
+  /// Builds the per-sample active set of `req`; see the class comment for what it throws.
+  template <class Policy, class T>
+  void select(const Policy& policy, const selection_request<T>& req, active_set& out) const {
+    detail::check_count(req.where, "k", k_, req.num_classes, "num_classes");
+    const index_t rows = req.rows(), k = k_;
+    std::vector<index_t> top(static_cast<std::size_t>(rows * k));
+    if (approximate_) {
+      detail::check_built_for(req.where, "IVF index", index_.num_vectors(), index_.dim(), index_.element(),
+                              req.num_classes, req.dim, element_name<std::remove_cv_t<T>>());
+      std::vector<float> scores(top.size());
+      index_.search_on(policy, req.hidden, k, nprobe_, matrix_view<index_t>(top.data(), rows, k),
+                       matrix_view<float>(scores.data(), rows, k), req.bias);
+    } else {  // dense scores chunk by chunk, folded into a running top-k (a full forward pass)
+      const index_t n = req.num_classes;
+      const index_t chunk = std::min<index_t>(n, detail::default_chunk_columns(rows));
+      std::vector<float> s(static_cast<std::size_t>(rows * chunk)), scratch;
+      detail::row_topk_state best(rows, k);
+      for (index_t c0 = 0; c0 < n; c0 += chunk) {
+        const index_t cn = std::min(chunk, n - c0);
+        detail::dense_scores(policy, req.hidden, req.weights, req.bias, c0, cn, s.data(), cn, scratch);
+        detail::row_topk_update(policy, s.data(), rows, cn, cn, c0, best);
+      }
+      std::copy(best.index.begin(), best.index.end(), top.begin());
+    }
+    out.reset(active_layout::per_sample);
+    out.offsets.resize(static_cast<std::size_t>(rows + 1));
+    out.offsets[0] = 0;
+    out.ids.reserve(static_cast<std::size_t>(rows * (k + 1)));
+    std::vector<index_t> row;
+    for (index_t r = 0; r < rows; ++r) {
+      row.assign(top.begin() + r * k, top.begin() + (r + 1) * k);
+      row.erase(std::remove(row.begin(), row.end(), index_t(-1)), row.end());
+      row.push_back(req.targets[r]);
+      std::sort(row.begin(), row.end());
+      row.erase(std::unique(row.begin(), row.end()), row.end());
+      out.ids.insert(out.ids.end(), row.begin(), row.end());
+      out.offsets[r + 1] = static_cast<index_t>(out.ids.size());
+    }
+  }
+
+ private:
+  index_t k_ = 1;
+  bool approximate_ = false;
+  ivf_index index_;
+  index_t nprobe_ = 0;
+  index_t rebuild_every_ = 0;
+  ivf_options rebuild_;
+  index_t steps_ = 0;
+};
+
+}  // namespace xsoftmax

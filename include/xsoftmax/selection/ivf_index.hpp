@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `ivf_index`: an inverted-file index over class weight vectors for approximate maximum-similarity
+/// search. k-means splits the N vectors into `num_lists` lists; a query scores the centroids, then
+/// scans only the vectors of its `nprobe` best lists. With `nprobe == num_lists` it scans every
+/// vector and equals exact search. Used by the approximate KNN-graph builder and the approximate
+/// feature-query selector.
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/config.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <vector>
+
+namespace xsoftmax {
+
+/// Options of `ivf_index::build`.
+struct ivf_options {
+  index_t num_lists = 0;         ///< k-means clusters; 0: round(sqrt(N))
+  index_t iterations = 10;       ///< Lloyd iterations
+  index_t train_points = 0;      ///< vectors k-means trains on (a seeded sample); 0: min(N, 64 * num_lists)
+  similarity metric = similarity::cosine;  ///< cosine: spherical k-means over unit vectors; inner product: L2 k-means
+  unsigned long long seed = 0;
+};
+
+/// An IVF index over N vectors of width d. Holds the centroids (num_lists x d), the lists (ids of
+/// each list ascending, concatenated) and an fp32 copy of the vectors in list order (unit length
+/// for cosine): N x d x 4 bytes besides the caller's weights. Build it again after the weights
+/// change (a KNN selector or feature-query selector does so on its schedule).
+class ivf_index {
+ public:
+  ivf_index() = default;
+
+  /// Clusters the rows of `vectors` (N x d, any supported element type) on `Backend`. Throws
+  /// `invalid_argument` naming the value when N or d is not positive, num_lists is outside [1, N],
+  /// iterations < 0 or train_points is outside [0, N]. Reuses this object's buffers.
+  template <class Backend = serial, class T>
+  void build(matrix_view<const T> vectors, const ivf_options& options = {},
+             const backend_resources<Backend>& resources = {}) {
+    build_on(backend_traits<Backend>::policy(resources), vectors, options);
+  }
+  /// `build` on an explicit execution policy.
+  template <class Policy, class T>
+  void build_on(const Policy& policy, matrix_view<const T> vectors, const ivf_options& options);
+
+  /// For each query row (fp32, rows x d), the `k` vectors with the highest score among the lists of
+  /// its `nprobe` best centroids, best first (ties: smaller id), into `ids` and `scores` (rows x k;
+  /// -1 and -inf where the probed lists hold fewer than k vectors). The score is the inner product
+  /// with the stored vector (unit length under cosine), plus `bias[id]` when `bias` is given (the
+  /// logits of a softmax head). Throws `shape_error` / `invalid_argument` naming the value for a
+  /// wrong query width or output shape, k < 1, nprobe outside [1, num_lists], or an empty index.
+  template <class Backend = serial, class T = float>
+  void search(matrix_view<const float> queries, index_t k, index_t nprobe, matrix_view<index_t> ids,
+              matrix_view<float> scores, const T* bias = nullptr,
+              const backend_resources<Backend>& resources = {}) const {
+    search_on(backend_traits<Backend>::policy(resources), queries, k, nprobe, ids, scores, bias);
+  }
+  /// `search` on an explicit execution policy.
+  template <class Policy, class T = float>
+  void search_on(const Policy& policy, matrix_view<const float> queries, index_t k, index_t nprobe,
+                 matrix_view<index_t> ids, matrix_view<float> scores, const T* bias = nullptr) const;
+
+  /// For each query row, its `nprobe` best lists by inner product with the centroids, best first,
+  /// into `lists` (rows x nprobe).
+  template <class Policy>
+  void probe_on(const Policy& policy, matrix_view<const float> queries, index_t nprobe,
+                std::vector<index_t>& lists) const;
+
+  [[nodiscard]] bool empty() const { return n_ == 0; }
+  [[nodiscard]] index_t num_vectors() const { return n_; }
+  [[nodiscard]] index_t dim() const { return d_; }
+  [[nodiscard]] index_t num_lists() const { return static_cast<index_t>(list_offsets_.empty() ? 0 : list_offsets_.size() - 1); }
+  [[nodiscard]] similarity metric() const { return metric_; }
+  /// Element type of the vectors the index was built from ("fp32", "bf16", ...).
+  [[nodiscard]] const char* element() const { return element_; }
+  /// Centroids, num_lists x d.
+  [[nodiscard]] matrix_view<const float> centroids() const { return {centroids_.data(), num_lists(), d_}; }
+  /// List l is `list_ids()[list_offsets()[l] .. list_offsets()[l + 1])`, ids ascending.
+  [[nodiscard]] const std::vector<index_t>& list_offsets() const { return list_offsets_; }
+  [[nodiscard]] const std::vector<index_t>& list_ids() const { return list_ids_; }
+  /// The vectors in list order (N x d, fp32; unit length under cosine).
+  [[nodiscard]] matrix_view<const float> list_vectors() const { return {vectors_.data(), n_, d_}; }
+
+ private:
+  index_t n_ = 0, d_ = 0;
+  similarity metric_ = similarity::cosine;
+  const char* element_ = nullptr;
+  std::vector<float> centroids_;
+  std::vector<index_t> list_offsets_;
+  std::vector<index_t> list_ids_;
+  std::vector<float> vectors_;
+  std::vector<float> scratch_;  // fp32 copy in id order, reused between builds
+};
+
+}  // namespace xsoftmax
+
+#include <xsoftmax/detail/selection/ivf_index.inl>

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `knn_graph`: each class's K nearest classes among the class weight vectors (cosine or inner
+/// product), the structure behind KNN softmax. `knn_graph_builder` builds it exactly (brute force in
+/// tiles: dense scores of a tile of classes against a tile of classes, folded into a running top-K;
+/// never an N x N matrix) or approximately through an IVF index, and rebuilds it into the same
+/// buffers on a schedule. `knn_graph_recall` measures an approximate graph against the exact one.
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/config.hpp>
+#include <xsoftmax/selection/ivf_index.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <vector>
+
+namespace xsoftmax {
+
+/// How `knn_graph_builder` finds neighbours.
+enum class knn_build_method {
+  exact,  ///< brute force over all N classes, in tiles: O(N^2 d) work, O(tile^2 + tile K) memory
+  ivf,    ///< the members of each IVF list search the `nprobe` lists nearest to the list's centroid
+};
+
+/// Options of `knn_graph_builder`.
+struct knn_build_options {
+  index_t k = 50;                                  ///< neighbours per class, in [1, N]
+  similarity metric = similarity::cosine;
+  knn_build_method method = knn_build_method::exact;
+  ivf_options ivf;                                 ///< method ivf: the index (its metric is set to `metric`)
+  index_t nprobe = 8;                              ///< method ivf: lists searched per list, in [1, num_lists]
+  index_t query_tile = 1024;                       ///< method exact: classes whose neighbours one pass finds
+  index_t class_tile = 4096;                       ///< method exact: classes scored per GEMM
+};
+
+/// Neighbour lists of N classes: row c holds the K classes most similar to class c, best first
+/// (ties: smaller id), c itself included when it ranks (it always does under cosine unless its
+/// vector is zero). Entries are -1 (similarity -inf) only when an approximate search found fewer
+/// than K candidates. Memory: N x K x (8 + 4) bytes (ids and similarities).
+class knn_graph {
+ public:
+  knn_graph() = default;
+
+  /// A graph from caller-given lists (N x K ids, row-major; -1 marks an empty slot) for a head of
+  /// `num_classes` classes of width `dim`; usable with a head of any precision. Throws
+  /// `invalid_argument` / `shape_error` / `out_of_range` naming the value for K outside [1, N], a
+  /// wrong number of ids, or an id outside [-1, N).
+  [[nodiscard]] static knn_graph from_lists(index_t num_classes, index_t dim, index_t k, std::vector<index_t> ids);
+
+  [[nodiscard]] bool empty() const { return n_ == 0; }
+  [[nodiscard]] index_t num_classes() const { return n_; }
+  [[nodiscard]] index_t dim() const { return d_; }
+  [[nodiscard]] index_t k() const { return k_; }
+  [[nodiscard]] similarity metric() const { return metric_; }
+  /// Element type of the weights the graph was built from ("fp32", "bf16", ...); null for
+  /// caller-given lists.
+  [[nodiscard]] const char* element() const { return element_; }
+  /// The K neighbours of class c.
+  [[nodiscard]] const index_t* neighbors(index_t c) const { return ids_.data() + c * k_; }
+  /// All neighbour ids (N x K) and their similarities (N x K; empty for caller-given lists).
+  [[nodiscard]] const std::vector<index_t>& ids() const { return ids_; }
+  [[nodiscard]] const std::vector<float>& similarities() const { return sims_; }
+  /// How many times the graph was (re)built into this object.
+  [[nodiscard]] index_t builds() const { return builds_; }
+
+ private:
+  friend class knn_graph_builder;
+  index_t n_ = 0, d_ = 0, k_ = 0;
+  similarity metric_ = similarity::cosine;
+  const char* element_ = nullptr;
+  std::vector<index_t> ids_;
+  std::vector<float> sims_;
+  index_t builds_ = 0;
+};
+
+/// Builds KNN graphs over class weights, keeping its work buffers (tiles, norms, top-K heaps, the
+/// IVF index) between builds so that periodic rebuilds do not reallocate.
+class knn_graph_builder {
+ public:
+  /// Throws `invalid_argument` naming the value when k < 1, nprobe < 1 or a tile size < 1
+  /// (k > N and nprobe > num_lists are checked at build time, when N is known).
+  explicit knn_graph_builder(knn_build_options options = {});
+
+  [[nodiscard]] const knn_build_options& options() const { return options_; }
+  /// The IVF index of the last approximate build (empty for exact builds).
+  [[nodiscard]] const ivf_index& index() const { return index_; }
+
+  /// Builds the graph of `weights` (N x d, any supported element type) into `out`, reusing its
+  /// storage. Throws `invalid_argument` naming the value when k > N or nprobe > num_lists.
+  template <class Backend = serial, class T>
+  void build(matrix_view<const T> weights, knn_graph& out, const backend_resources<Backend>& resources = {}) {
+    build_on(backend_traits<Backend>::policy(resources), weights, out);
+  }
+  /// `build` on an explicit execution policy.
+  template <class Policy, class T>
+  void build_on(const Policy& policy, matrix_view<const T> weights, knn_graph& out);
+
+ private:
+  template <class Policy, class T>
+  void build_exact(const Policy& policy, matrix_view<const T> weights, knn_graph& out);
+  template <class Policy, class T>
+  void build_ivf(const Policy& policy, matrix_view<const T> weights, knn_graph& out);
+
+  knn_build_options options_;
+  ivf_index index_;
+  std::vector<float> inv_norm_, query_, scores_, scratch_;
+};
+
+/// The graph of `weights` with `options` (a one-off `knn_graph_builder`).
+template <class Backend = serial, class T>
+[[nodiscard]] knn_graph build_knn_graph(matrix_view<const T> weights, const knn_build_options& options = {},
+                                        const backend_resources<Backend>& resources = {}) {
+  knn_graph g;
+  knn_graph_builder(options).build<Backend>(weights, g, resources);
+  return g;
+}
+
+/// Recall of `approx` against `exact`: the mean over classes of |approx row ∩ exact row| / K.
+/// Throws `shape_error` naming both when N or K differ.
+[[nodiscard]] double knn_graph_recall(const knn_graph& approx, const knn_graph& exact);
+
+}  // namespace xsoftmax
+
+#include <xsoftmax/detail/selection/knn_graph.inl>

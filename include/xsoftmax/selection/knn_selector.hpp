@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `knn_selector`: the selector of KNN softmax (Alibaba, "Large-Scale Training System for
+/// 100-Million Classification"): the active set of a batch is the union, over its targets, of each
+/// target's K nearest classes in a graph over the class weight vectors. The classes a target is
+/// most easily confused with are exactly the ones whose gradients matter most, so a softmax over
+/// them approximates the full one. The graph is rebuilt from the current weights every
+/// `rebuild_every` steps.
+
+#include <xsoftmax/detail/selection/checks.hpp>
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/selection/knn_graph.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+namespace xsoftmax {
+
+/// Options of `knn_selector` and `knn_softmax`.
+struct knn_options {
+  knn_build_options graph;     ///< how the graph is built (k, metric, exact or IVF)
+  index_t neighbors_used = 0;  ///< neighbours taken per target, in [1, graph k]; 0: all K
+  index_t rebuild_every = 100; ///< steps between graph rebuilds; 0: never rebuild automatically
+};
+
+/// Shared active set = sorted union over the batch of { t } U neighbours(t)[0 : neighbors_used].
+/// No logit offsets: the loss is the softmax over the active set. Before use the graph must be
+/// built (`rebuild`) or given; `select` throws `invalid_argument` when it is empty, `shape_error`
+/// when it was built for another N or dim than the head's, and `invalid_argument` naming both
+/// element types when it was built from weights of another precision than the head's.
+class knn_selector {
+ public:
+  /// Throws `invalid_argument` naming the value when an option is out of range (see
+  /// `knn_graph_builder`; neighbors_used < 0, rebuild_every < 0).
+  explicit knn_selector(knn_options options = {}) : options_(options), builder_(options.graph) {
+    detail::expects(options.neighbors_used >= 0 && options.neighbors_used <= options.graph.k,
+                    "knn_selector: neighbors_used = ", options.neighbors_used, " must be in [0, k = ",
+                    options.graph.k, "]");
+    detail::expects(options.rebuild_every >= 0, "knn_selector: rebuild_every = ", options.rebuild_every,
+                    " must be >= 0");
+  }
+  /// Uses a prebuilt graph (rebuilt on the schedule of `options` from the head's weights).
+  knn_selector(knn_graph graph, knn_options options) : knn_selector(options) { graph_ = std::move(graph); }
+
+  [[nodiscard]] const knn_options& options() const { return options_; }
+  [[nodiscard]] const knn_graph& graph() const { return graph_; }
+  [[nodiscard]] const knn_graph_builder& builder() const { return builder_; }
+  /// Steps seen by `next_step` since construction.
+  [[nodiscard]] index_t steps() const { return steps_; }
+
+  /// Rebuilds the graph from `weights` into the same buffers.
+  template <class Policy, class T>
+  void rebuild(const Policy& policy, matrix_view<const T> weights) {
+    builder_.build_on(policy, weights, graph_);
+  }
+
+  /// Step hook: counts the step and rebuilds the graph when `rebuild_every` divides the count.
+  template <class Policy, class T>
+  void next_step(const Policy& policy, matrix_view<const T> weights) {
+    ++steps_;
+    if (options_.rebuild_every > 0 && steps_ % options_.rebuild_every == 0) rebuild(policy, weights);
+  }
+
+  /// Builds the shared active set of `req`; see the class comment for what it throws.
+  template <class Policy, class T>
+  void select(const Policy&, const selection_request<T>& req, active_set& out) const {
+    detail::expects(!graph_.empty(), req.where, ": the KNN graph is empty; build it first (knn_selector::rebuild)");
+    detail::check_built_for(req.where, "KNN graph", graph_.num_classes(), graph_.dim(), graph_.element(),
+                            req.num_classes, req.dim, element_name<std::remove_cv_t<T>>());
+    const index_t k = graph_.k();
+    const index_t used = options_.neighbors_used > 0 ? std::min(options_.neighbors_used, k) : k;
+    out.reset(active_layout::shared);
+    out.classes.reserve(static_cast<std::size_t>(req.rows() * (used + 1)));
+    for (index_t r = 0; r < req.rows(); ++r) {
+      const index_t t = req.targets[r];
+      out.classes.push_back(t);
+      const index_t* nb = graph_.neighbors(t);
+      for (index_t j = 0; j < used; ++j)
+        if (nb[j] >= 0) out.classes.push_back(nb[j]);
+    }
+    std::sort(out.classes.begin(), out.classes.end());
+    out.classes.erase(std::unique(out.classes.begin(), out.classes.end()), out.classes.end());
+  }
+
+ private:
+  knn_options options_;
+  knn_graph_builder builder_;
+  knn_graph graph_;
+  index_t steps_ = 0;
+};
+
+}  // namespace xsoftmax

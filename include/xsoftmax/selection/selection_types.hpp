@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Plain types shared by `selective_softmax` and its selectors: the active set a selector produces
+/// for one batch, the request a head hands a selector, and the similarity of class vectors used by
+/// the KNN graph and the IVF index. Host code can use all of them.
+///
+/// A *selector* is any type with
+///
+///     template <class Policy, class T>
+///     void select(const Policy& policy, const selection_request<T>& request, active_set& out) const;
+///
+/// and, optionally, a step hook called by `selective_softmax::next_step()` after each training step:
+///
+///     template <class Policy, class T>
+///     void next_step(const Policy& policy, matrix_view<const T> weights);   // or: void next_step();
+///
+/// `select` must be a pure function of the selector's state and the request, so that a forward
+/// and a backward pass of one step see the same active set; randomness (sampled negatives) comes
+/// from a seed and a step counter held by the selector and advanced by `next_step`.
+
+#include <xsoftmax/config.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <vector>
+
+namespace xsoftmax {
+
+/// Similarity of two class weight vectors (KNN graph, IVF index).
+enum class similarity {
+  inner_product,  ///< u . v
+  cosine,         ///< u . v / (|u| |v|); a zero vector has similarity 0 to everything
+};
+
+/// How an `active_set` is laid out.
+enum class active_layout {
+  shared,      ///< one sorted class list for the whole batch: scored with one GEMM per chunk
+  per_sample,  ///< one class list per row (CSR): scored row by row with gather-dot
+};
+
+/// The classes a selective softmax scores for one batch. Rows are the batch's *packed* rows: the
+/// samples whose target is not `ignore_index`, in their original order (`selection_request::samples`
+/// maps them back).
+///
+/// `shared` layout: `classes` is strictly ascending, in [0, N), and holds every row's target. Row r
+/// scores every class `classes[j]` with logit `h_r . w_c + b_c + offset`, where offset is
+/// `target_offset[j]` when `classes[j]` is row r's target and `negative_offset[j]` otherwise. An
+/// offset of -inf removes the class from that row's softmax (sampled softmax: another row's target
+/// that was not sampled; an accidental hit is handled by the target/negative split). Empty offset
+/// vectors mean 0.
+///
+/// `per_sample` layout: row r scores `ids[offsets[r] .. offsets[r + 1])`, which must include its
+/// target (a class listed twice counts twice), with logit offsets `id_offset` (empty: 0).
+///
+/// Memory: host memory (a device backend copies it). Reusing one object avoids reallocation.
+struct active_set {
+  active_layout layout = active_layout::shared;
+  // shared layout
+  std::vector<index_t> classes;
+  std::vector<float> negative_offset;  ///< empty, or one per class
+  std::vector<float> target_offset;    ///< empty, or one per class
+  // per_sample layout
+  std::vector<index_t> offsets;  ///< rows + 1 entries, offsets[0] = 0, non-decreasing
+  std::vector<index_t> ids;
+  std::vector<float> id_offset;  ///< empty, or one per entry of `ids`
+
+  /// Empties every buffer (keeping capacity) and sets the layout.
+  void reset(active_layout l) {
+    layout = l;
+    classes.clear();
+    negative_offset.clear();
+    target_offset.clear();
+    offsets.clear();
+    ids.clear();
+    id_offset.clear();
+  }
+  /// Classes scored per step: shared, the number of classes; per sample, the number of (row, class)
+  /// pairs.
+  [[nodiscard]] index_t entries() const {
+    return static_cast<index_t>(layout == active_layout::shared ? classes.size() : ids.size());
+  }
+};
+
+/// What a head hands its selector for one batch. Views are valid for the duration of `select`.
+template <class T>
+struct selection_request {
+  const char* where = "";  ///< the head's verb, for error messages
+  index_t num_classes = 0;
+  index_t dim = 0;
+  matrix_view<const T> weights;       ///< num_classes x dim, the head's storage type
+  const T* bias = nullptr;            ///< num_classes entries, or null
+  matrix_view<const float> hidden;    ///< packed rows x dim, fp32
+  vector_view<const index_t> targets; ///< packed rows: each row's target class
+  vector_view<const index_t> samples; ///< packed rows: each row's index in the caller's batch
+  index_t batch_rows = 0;             ///< rows of the caller's batch (ignored rows included)
+
+  [[nodiscard]] index_t rows() const { return targets.size; }
+};
+
+}  // namespace xsoftmax

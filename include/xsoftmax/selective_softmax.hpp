@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `selective_softmax`: a softmax cross-entropy computed over a small *active set* of classes that
+/// a selector chooses for each batch and that always holds the batch's targets. A step reads and
+/// produces gradients for the active rows only. With every class active it is the full softmax.
+///
+/// Selectors (see `selection/selection_types.hpp` for the concept): `explicit_candidates`,
+/// `sampled_negatives` (with the log-Q correction of TensorFlow's `sampled_softmax_loss`),
+/// `knn_selector` (Alibaba's KNN softmax, see `knn_softmax.hpp`), `feature_query_selector` (each
+/// sample's top-K classes, exact or through an IVF index).
+///
+/// A shared active set (one sorted class list per batch) is scored with one GEMM per chunk of
+/// classes against the packed batch, as the full softmax scores its chunks (a chunk whose classes
+/// are a contiguous range is read in place; others are gathered into an fp32 block first). A
+/// per-sample active set is scored row by row with gather-dot, and its weight gradient rows, touched
+/// by many samples, are summed with the deterministic sparse accumulation (no atomics).
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/weight_store.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+#include <xsoftmax/types.hpp>
+
+namespace xsoftmax {
+
+/// Softmax over a per-batch active set of classes of a (B x dim) hidden batch:
+/// loss_i = logsumexp_{c in A_i}(h_i . w_c + b_c + o_ic) - (h_i . w_{t_i} + b_{t_i} + o_it),
+/// where A_i (which contains t_i) and the logit offsets o (e.g. -log Q(c) for sampled negatives)
+/// come from `Selector`.
+///
+/// \tparam Selector  a type satisfying the selector concept of `selection/selection_types.hpp`.
+/// \tparam Precision `fp32`, `bf16` or `fp16` weight storage; arithmetic is fp32.
+/// \tparam Backend   `serial`, `omp` (or `cuda` under nvcc: the loss verbs dispatch to
+///                   `detail::device_heads<cuda>::selective_run`, which the CUDA backend provides; the
+///                   selectors and `active_set` are host-side today).
+///
+/// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
+/// `non_finite_error` or `invalid_argument` naming the argument and value; selectors add their own
+/// checks (k against N, a graph built for another head). Nothing is changed then. A selector that
+/// returns a malformed active set (unsorted, a class out of range, a target missing) makes the verb
+/// throw `invalid_argument` / `out_of_range`.
+template <class Selector, class Precision = fp32, class Backend = serial>
+class selective_softmax {
+ public:
+  using selector_type = Selector;
+  using precision_type = Precision;
+  using storage_type = typename Precision::storage_type;
+  using accum_type = float;
+  using backend_type = Backend;
+  using gradient_type = sparse_gradient<Backend, float>;
+
+  /// Owns `num_classes x dim` weights initialised per `init` (a zero bias when `with_bias`) and
+  /// `selector`. Throws `invalid_argument` when a size is not positive.
+  selective_softmax(Selector selector, index_t num_classes, index_t dim, bool with_bias = false,
+                    init_options init = {}, backend_resources<Backend> resources = {});
+
+  /// Attaches to a caller's `weights` (num_classes x dim) and optional `bias` (num_classes); no copy.
+  selective_softmax(Selector selector, matrix_view<storage_type> weights, storage_type* bias = nullptr,
+                    backend_resources<Backend> resources = {});
+
+  [[nodiscard]] index_t num_classes() const { return store_.rows(); }
+  [[nodiscard]] index_t dim() const { return store_.cols(); }
+  [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
+  [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
+  [[nodiscard]] storage_type* bias() const { return store_.bias(); }
+  /// The selector (mutable: set explicit candidates, swap a graph, set the sampling step).
+  [[nodiscard]] Selector& selector() { return selector_; }
+  [[nodiscard]] const Selector& selector() const { return selector_; }
+
+  /// Classes of a shared active set scored per chunk (0 = automatic, as `full_softmax`).
+  void set_chunk_size(index_t classes);
+  /// The chunk used for `batch_rows` rows and a shared active set of `active` classes.
+  [[nodiscard]] index_t chunk_size_for(index_t batch_rows, index_t active) const;
+
+  /// The active set the selector produces for this batch (rows: the non-ignored samples, packed),
+  /// after the head's checks. For inspection: the other verbs call the selector themselves.
+  template <class H>
+  void select(matrix_view<const H> hidden, vector_view<const index_t> targets, active_set& out,
+              index_t ignore_index = loss_options{}.ignore_index) const;
+
+  /// Per-sample negative log-likelihood over the active set, reduced per `options`; see
+  /// `full_softmax::forward` for `per_sample` and `reduction::none`. Ignored samples have loss 0.
+  template <class H>
+  float forward(matrix_view<const H> hidden, vector_view<const index_t> targets, loss_options options = {},
+                vector_view<float> per_sample = {}) const;
+
+  /// Loss and gradients. `grad_hidden` (B x dim, fp32) is overwritten; `grad_weights` receives the
+  /// active rows only: the shared set's classes in ascending order, or the union of the per-sample
+  /// lists in ascending order. `grad_output` as in `full_softmax::forward_backward`.
+  template <class H>
+  float forward_backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                         matrix_view<float> grad_hidden, gradient_type& grad_weights,
+                         loss_options options = {}, vector_view<float> per_sample = {},
+                         vector_view<const float> grad_output = {}) const;
+
+  /// Gradients only; see `forward_backward`.
+  template <class H>
+  void backward(matrix_view<const H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                gradient_type& grad_weights, loss_options options = {},
+                vector_view<const float> grad_output = {}) const;
+
+  /// log p(targets[i] | hidden[i]) normalised over the active set the selector builds for this
+  /// batch (the training objective's probability) into `out` (B entries). Every target must be a
+  /// valid class.
+  template <class H>
+  void log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
+
+  /// The k most probable classes of each row over **all** classes and their log-probabilities under
+  /// the full softmax (prediction has no targets to build an active set from); as
+  /// `full_softmax::topk`. `classes`, `log_probs`: B x k. Throws `invalid_argument` unless
+  /// 1 <= k <= num_classes.
+  template <class H>
+  void topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+            matrix_view<float> log_probs) const;
+
+  /// log p(c | hidden[i]) under the full softmax for c in [class_begin, class_end), as
+  /// `full_softmax::log_distribution`.
+  template <class H>
+  void log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                        matrix_view<float> out) const;
+
+  /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first.
+  void apply_sgd(const gradient_type& grad, float lr) {
+    store_.apply_sgd("selective_softmax::apply_sgd", grad, lr);
+  }
+
+  /// Ends a training step: calls the selector's step hook (a new draw of sampled negatives, a KNN
+  /// graph or IVF index rebuild when due), if it has one.
+  void next_step();
+
+ private:
+  template <class H>
+  float run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+            loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+            gradient_type* grad_weights, vector_view<const float> grad_output) const;
+  template <class H>
+  float run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                 loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                 gradient_type* grad_weights, vector_view<const float> grad_output) const;
+
+  Selector selector_;
+  detail::weight_store<storage_type, Backend> store_;
+  backend_resources<Backend> resources_;
+  index_t chunk_size_ = 0;
+};
+
+}  // namespace xsoftmax
+
+#include <xsoftmax/detail/selective_softmax.inl>

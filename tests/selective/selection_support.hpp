@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Helpers of the selective / KNN softmax tests: float64 references of a softmax over a subset of
+/// classes (with logit offsets), and bitwise comparison of two heads' outputs.
+
+#include "support/head_checks.hpp"
+
+#include <xsoftmax/selection/selection_types.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+namespace xsoftmax_test {
+
+/// -log p(t | h) over the classes `classes(t)` (which must contain t) with logit offsets
+/// `offset(t, c)`.
+inline sample_loss_fn subset_reference(std::function<std::vector<index_t>(index_t)> classes,
+                                       std::function<double(index_t, index_t)> offset = {}) {
+  return [classes, offset](const ref_params& p, const double* h, index_t t) {
+    const std::vector<index_t> set = classes(t);
+    std::vector<double> s;
+    double target = 0;
+    bool found = false;
+    for (index_t c : set) {
+      const double v = p.score(c, h) + (offset ? offset(t, c) : 0.0);
+      s.push_back(v);
+      if (c == t) target = v, found = true;
+    }
+    REQUIRE(found);
+    return logsumexp(s) - target;
+  };
+}
+
+/// The same class list for every target.
+inline sample_loss_fn shared_reference(const std::vector<index_t>& set) {
+  return subset_reference([set](index_t) { return set; });
+}
+
+/// Sorted unique union of `a` and the targets that are not `ignore_index`.
+inline std::vector<index_t> with_targets(std::vector<index_t> a, const std::vector<index_t>& targets,
+                                         index_t ignore_index = -100) {
+  for (index_t t : targets)
+    if (t != ignore_index) a.push_back(t);
+  std::sort(a.begin(), a.end());
+  a.erase(std::unique(a.begin(), a.end()), a.end());
+  return a;
+}
+
+/// Bitwise equality of the outputs of two heads of different types.
+template <class HeadA, class HeadB>
+bool same_outputs_across(const head_outputs<HeadA>& a, const head_outputs<HeadB>& b) {
+  return bitwise_equal(&a.loss, &b.loss, 1) && bitwise_equal(a.per_sample, b.per_sample) &&
+         bitwise_equal(a.grad_hidden, b.grad_hidden) && a.grad.dim == b.grad.dim &&
+         bitwise_equal(a.grad.rows, b.grad.rows) && bitwise_equal(a.grad.values, b.grad.values) &&
+         bitwise_equal(a.grad.bias_values, b.grad.bias_values);
+}
+
+/// The rows of a sparse gradient as a std::vector.
+template <class Gradient>
+std::vector<index_t> gradient_rows(const Gradient& g) {
+  return std::vector<index_t>(g.rows.begin(), g.rows.end());
+}
+
+}  // namespace xsoftmax_test
