@@ -31,9 +31,9 @@ namespace xsoftmax {
 ///
 /// \tparam Selector  a type satisfying the selector concept of `selection/selection_types.hpp`.
 /// \tparam Precision `fp32`, `bf16` or `fp16` weight storage; arithmetic is fp32.
-/// \tparam Backend   `serial`, `omp` (or `cuda` under nvcc: the loss verbs dispatch to
-///                   `detail::device_heads<cuda>::selective_run`, which the CUDA backend provides; the
-///                   selectors and `active_set` are host-side today).
+/// \tparam Backend   `serial` or `omp`. The CUDA path is not written yet (the selectors and
+///                   `active_set` are host-side); the loss verbs already dispatch to
+///                   `detail::device_heads<Backend>::selective_run` for it.
 ///
 /// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
 /// `non_finite_error` or `invalid_argument` naming the argument and value; selectors add their own
@@ -43,6 +43,9 @@ namespace xsoftmax {
 template <class Selector, class Precision = fp32, class Backend = serial>
 class selective_softmax {
  public:
+  static_assert(is_host_backend<Backend>,
+                "xsoftmax: selective_softmax runs on the serial and omp backends; its CUDA path is not "
+                "written yet");
   using selector_type = Selector;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
