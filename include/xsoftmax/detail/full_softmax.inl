@@ -173,17 +173,15 @@ void full_softmax<P, B>::topk_host(matrix_view<const H> hidden, index_t k, matri
   detail::check_output(where, "classes", classes, hidden.rows, k);
   detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
   const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
-  const index_t rows = batch.rows(), chunk = chunk_size_for(rows);
-  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch;
+  const index_t rows = batch.rows();
   detail::online_lse_state lse(rows);
   detail::row_topk_state best(rows, k);
-  for (index_t c0 = 0; c0 < n_cls; c0 += chunk) {
-    const index_t cn = std::min(chunk, n_cls - c0);
-    detail::dense_scores(policy, batch.hidden_view(), matrix_view<const storage_type>(weights()), store_.bias(),
-                         c0, cn, scores.data(), cn, scratch);
-    detail::online_lse_update(policy, scores.data(), rows, cn, cn, c0, nullptr, lse);
-    detail::row_topk_update(policy, scores.data(), rows, cn, cn, c0, best);
-  }
+  detail::for_each_score_chunk(policy, batch.hidden_view(), matrix_view<const storage_type>(weights()),
+                               store_.bias(), 0, n_cls, chunk_size_for(rows),
+                               [&](index_t c0, index_t cn, const float* s) {
+                                 detail::online_lse_update(policy, s, rows, cn, cn, c0, nullptr, lse);
+                                 detail::row_topk_update(policy, s, rows, cn, cn, c0, best);
+                               });
   detail::row_topk_finish(policy, rows, best);
   for (index_t r = 0; r < rows; ++r)
     for (index_t j = 0; j < k; ++j) {
@@ -218,19 +216,17 @@ void full_softmax<P, B>::log_distribution_host(matrix_view<const H> hidden, inde
   const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
   const index_t rows = batch.rows(), chunk = chunk_size_for(rows);
   const auto w = matrix_view<const storage_type>(weights());
-  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch;
+  // The log-sum-exp needs every class; then only the asked range is scored again.
   detail::online_lse_state lse(rows);
-  for (index_t c0 = 0; c0 < n_cls; c0 += chunk) {
-    const index_t cn = std::min(chunk, n_cls - c0);
-    detail::dense_scores(policy, batch.hidden_view(), w, store_.bias(), c0, cn, scores.data(), cn, scratch);
-    detail::online_lse_update(policy, scores.data(), rows, cn, cn, c0, nullptr, lse);
-  }
-  for (index_t c0 = class_begin; c0 < class_end; c0 += chunk) {
-    const index_t cn = std::min(chunk, class_end - c0);
-    detail::dense_scores(policy, batch.hidden_view(), w, store_.bias(), c0, cn, scores.data(), cn, scratch);
-    for (index_t r = 0; r < rows; ++r)
-      for (index_t j = 0; j < cn; ++j) out(r, c0 - class_begin + j) = scores[r * cn + j] - lse.lse(r);
-  }
+  detail::for_each_score_chunk(policy, batch.hidden_view(), w, store_.bias(), 0, n_cls, chunk,
+                               [&](index_t c0, index_t cn, const float* s) {
+                                 detail::online_lse_update(policy, s, rows, cn, cn, c0, nullptr, lse);
+                               });
+  detail::for_each_score_chunk(policy, batch.hidden_view(), w, store_.bias(), class_begin, class_end - class_begin,
+                               chunk, [&](index_t c0, index_t cn, const float* s) {
+                                 for (index_t r = 0; r < rows; ++r)
+                                   for (index_t j = 0; j < cn; ++j) out(r, c0 + j) = s[r * cn + j] - lse.lse(r);
+                               });
 }
 
 }  // namespace xsoftmax

@@ -83,15 +83,11 @@ class feature_query_selector {
       index_.search_on(policy, req.hidden, k, nprobe_, matrix_view<index_t>(top.data(), rows, k),
                        matrix_view<float>(scores.data(), rows, k), req.bias);
     } else {  // dense scores chunk by chunk, folded into a running top-k (a full forward pass)
-      const index_t n = req.num_classes;
-      const index_t chunk = std::min<index_t>(n, detail::default_chunk_columns(rows));
-      std::vector<float> s(static_cast<std::size_t>(rows * chunk)), scratch;
       detail::row_topk_state best(rows, k);
-      for (index_t c0 = 0; c0 < n; c0 += chunk) {
-        const index_t cn = std::min(chunk, n - c0);
-        detail::dense_scores(policy, req.hidden, req.weights, req.bias, c0, cn, s.data(), cn, scratch);
-        detail::row_topk_update(policy, s.data(), rows, cn, cn, c0, best);
-      }
+      detail::for_each_score_chunk(policy, req.hidden, req.weights, req.bias, 0, req.num_classes,
+                                   detail::default_chunk_columns(rows), [&](index_t c0, index_t cn, const float* s) {
+                                     detail::row_topk_update(policy, s, rows, cn, cn, c0, best);
+                                   });
       std::copy(best.index.begin(), best.index.end(), top.begin());
     }
     out.reset(active_layout::per_sample);

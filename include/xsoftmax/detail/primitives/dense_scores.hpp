@@ -39,4 +39,20 @@ matrix_view<const float> dense_scores(const Policy& policy, matrix_view<const fl
   return wf;
 }
 
+/// Scores of `h` against weight rows [first, first + n), `chunk` columns at a time, handed to
+/// `on_chunk(c0, cn, scores)` (scores: h.rows x cn, relative column c0). The buffer is reused, so the
+/// scores of a chunk are valid only inside its call.
+template <class Policy, class T, class OnChunk>
+void for_each_score_chunk(const Policy& policy, matrix_view<const float> h, matrix_view<const T> w, const T* bias,
+                          index_t first, index_t n, index_t chunk, OnChunk on_chunk) {
+  if (h.rows == 0 || n == 0) return;
+  chunk = chunk < n ? chunk : n;
+  std::vector<float> scores(static_cast<std::size_t>(h.rows * chunk)), scratch;
+  for (index_t c0 = 0; c0 < n; c0 += chunk) {
+    const index_t cn = chunk < n - c0 ? chunk : n - c0;
+    dense_scores(policy, h, w, bias, first + c0, cn, scores.data(), cn, scratch);
+    on_chunk(c0, cn, static_cast<const float*>(scores.data()));
+  }
+}
+
 }  // namespace xsoftmax::detail
