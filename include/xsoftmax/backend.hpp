@@ -6,6 +6,7 @@
 /// be used in one program. `cuda` is usable only in translation units compiled by nvcc.
 
 #include <xsoftmax/config.hpp>
+#include <xsoftmax/detail/async.hpp>
 
 #include <thrust/host_vector.h>
 #include <thrust/system/cpp/execution_policy.h>
@@ -38,7 +39,7 @@ struct backend_traits {
 };
 
 /// Per-head resources of a host backend: nothing to hold (GPU backends hold a stream, a cuBLAS
-/// handle and a workspace allocator).
+/// handle, a workspace, an allocator for Thrust's temporaries and the `_async` verbs' status word).
 struct host_resources {};
 
 template <>
@@ -62,8 +63,9 @@ struct backend_traits<omp> {
 };
 
 namespace detail {
-/// The verbs of every head on a backend whose memory is not host memory. Declared here, defined by
-/// that backend's header (`xsoftmax/cuda.cuh` for `cuda`): the heads dispatch to it by backend.
+/// The verbs of every head on a backend whose memory is not host memory, blocking and `_async`
+/// (queue only, see full_softmax.hpp). Declared here, defined by that backend's header
+/// (`xsoftmax/cuda.cuh` for `cuda`): the heads dispatch to it by backend.
 template <class Backend>
 struct device_heads;
 }  // namespace detail

@@ -92,6 +92,63 @@ class full_softmax {
   void log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                         matrix_view<float> out) const;
 
+  /// \name `_async` verbs
+  /// The same computations as the blocking verbs, for the cuda backend's pipelines; generic code can
+  /// call them on every backend.
+  ///
+  /// Arguments are the blocking verb's; a verb that returns a loss instead writes it to `loss`
+  /// (1 element, in the backend's memory: device memory on cuda). Throws `shape_error` (and the
+  /// other errors that need no data: sizes, null pointers, k, class ranges) at once.
+  ///
+  /// * Host backends (serial, omp): run the blocking verb to completion, then write the loss to
+  ///   `loss[0]`. Everything, including data errors, is thrown from the call.
+  /// * cuda: only queues the work on the head's stream and returns without waiting for it (no
+  ///   stream synchronisation, no blocking device-to-host copy). Outputs are valid once the stream
+  ///   is synchronised (`resources().synchronize()` / `check()`, or any synchronisation of the
+  ///   stream); inputs and outputs must stay alive and unchanged until then. Checks that need the
+  ///   data (finite hidden values, targets in range, finite upstream gradients) run on the device
+  ///   and record the first failure in the resources; `resources().check()`, `synchronize()` and
+  ///   the next blocking verb on those resources throw it with the blocking verb's type and message.
+  ///   Ignored samples are masked (zero hidden row, upstream and loss) rather than packed out, and
+  ///   bf16/fp16 heads fold their gradient scale into the upstream gradients rather than into the
+  ///   GEMMs' alpha, so the values equal the blocking verb's up to the GEMMs' summation order (the
+  ///   same kernels and shapes, hence bit for bit, for an fp32 head when no sample is ignored; the
+  ///   loss reduction and the masking are exact), with one difference: `grad_weights` always
+  ///   holds every class, with zero rows when every sample is ignored (the blocking verbs return
+  ///   no rows then). The calls are free of host
+  ///   synchronisation once their buffers exist: the first call of a batch size may grow the
+  ///   workspace, create the cuBLAS handle and the status word, and resizing `grad_weights` to
+  ///   num_classes x dim allocates synchronously (so from the second step on, reusing the same
+  ///   gradient object, nothing does).
+  /// @{
+  template <class H>
+  void forward_async(matrix_view<const H> hidden, vector_view<const index_t> targets, vector_view<float> loss,
+                     loss_options options = {}, vector_view<float> per_sample = {}) const;
+
+  template <class H>
+  void forward_backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                              matrix_view<float> grad_hidden, gradient_type& grad_weights, vector_view<float> loss,
+                              loss_options options = {}, vector_view<float> per_sample = {},
+                              vector_view<const float> grad_output = {}) const;
+
+  template <class H>
+  void backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                      matrix_view<float> grad_hidden, gradient_type& grad_weights, loss_options options = {},
+                      vector_view<const float> grad_output = {}) const;
+
+  template <class H>
+  void log_prob_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                      vector_view<float> out) const;
+
+  template <class H>
+  void topk_async(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                  matrix_view<float> log_probs) const;
+
+  template <class H>
+  void log_distribution_async(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                              matrix_view<float> out) const;
+  /// @}
+
   /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first.
   void apply_sgd(const gradient_type& grad, float lr) { store_.apply_sgd("full_softmax::apply_sgd", grad, lr); }
 

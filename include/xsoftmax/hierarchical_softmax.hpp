@@ -17,6 +17,8 @@
 #include <xsoftmax/tree/tree_types.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <memory>
+
 namespace xsoftmax {
 
 /// Node form: a softmax over each node's children, one weight row per child (default; any arity).
@@ -25,6 +27,17 @@ struct softmax_nodes {};
 /// p(first child) = sigmoid(h . v), p(second child) = sigmoid(-h . v). Every node must have two
 /// children (a binary Huffman tree does).
 struct sigmoid_nodes {};
+
+/// How a GPU backend issues the dense runs of one tree level (runs of at least `gemm_min_run()`
+/// samples whose node block fits one chunk of scores). Host backends ignore it.
+///  * `per_run`: each run on its own (about six kernel launches and cuBLAS calls per run).
+///  * `grouped`: all of a level's such runs together: one grouped scores GEMM, one segmented
+///    log-sum-exp / loss / dLoss-dscore kernel, grouped gradient GEMMs and one bias-sum kernel,
+///    whatever the number of nodes. Costs memory for every grouped run's scores at once (bounded:
+///    grouped runs are split into batches of a fixed budget).
+///  * `automatic` (default): grouped when a level has at least two such runs.
+/// All three give the same results up to floating-point summation order.
+enum class dense_grouping { automatic, grouped, per_run };
 
 /// Options of `hierarchical_softmax::topk`.
 struct search_options {
@@ -81,6 +94,19 @@ class hierarchical_softmax {
   /// loop even for one row; 16 with the built-in blocked GEMM and on the GPU.
   void set_gemm_min_run(index_t rows) { gemm_min_run_ = rows < 1 ? 1 : rows; }
 
+  /// How the dense runs of a level are issued on a GPU backend (see `xsoftmax::dense_grouping`);
+  /// for benchmarking and tests. Host backends ignore it.
+  [[nodiscard]] xsoftmax::dense_grouping dense_grouping() const { return dense_grouping_; }
+  void set_dense_grouping(xsoftmax::dense_grouping mode) { dense_grouping_ = mode; }
+
+  /// \cond detail
+  /// Backend state derived from the (immutable) tree, filled on first use by a device backend
+  /// (the cuda backend keeps its device copy of a runtime_tree here) and shared by copies of the
+  /// head, whose trees are equal. Not part of the API. Like the head's resources, not safe for
+  /// concurrent use from several host threads.
+  [[nodiscard]] std::shared_ptr<void>& backend_cache() const noexcept { return backend_cache_; }
+  /// \endcond
+
   /// Per-sample negative log-likelihood (the sum over the path of -log p(child | node)), reduced per
   /// `options`; see `full_softmax::forward` for `per_sample` and `reduction::none`.
   template <class H>
@@ -117,6 +143,48 @@ class hierarchical_softmax {
   void log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                         matrix_view<float> out) const;
 
+  /// \name `_async` verbs
+  /// The blocking verbs' computations with the reduced loss written to `loss` (1 element, in the
+  /// backend's memory) instead of returned, as `full_softmax`'s `_async` verbs; generic code can
+  /// call them on every backend. Host backends run the blocking verb, then write `loss[0]`.
+  ///
+  /// On cuda the results are the blocking verb's, bit for bit, and the call does not wait for the
+  /// stream's last kernels (the loss reduction, the scatters, the last level's work); outputs are
+  /// valid once the stream is synchronised. Unlike the full softmax's, the hierarchical softmax's
+  /// `_async` verbs are not free of host synchronisation: the data checks run before the tree walk
+  /// (an out-of-range target would walk outside the tree) and throw from the call, each tree level
+  /// reads its run structure back to plan its GEMMs (one wait per level), and `topk_async` waits for
+  /// its search (the open list's size is known only afterwards): it is `topk`. `log_distribution_async`
+  /// waits only for the hidden rows' check.
+  /// @{
+  template <class H>
+  void forward_async(matrix_view<const H> hidden, vector_view<const index_t> targets, vector_view<float> loss,
+                     loss_options options = {}, vector_view<float> per_sample = {}) const;
+
+  template <class H>
+  void forward_backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                              matrix_view<float> grad_hidden, gradient_type& grad_weights, vector_view<float> loss,
+                              loss_options options = {}, vector_view<float> per_sample = {},
+                              vector_view<const float> grad_output = {}) const;
+
+  template <class H>
+  void backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                      matrix_view<float> grad_hidden, gradient_type& grad_weights, loss_options options = {},
+                      vector_view<const float> grad_output = {}) const;
+
+  template <class H>
+  void log_prob_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                      vector_view<float> out) const;
+
+  template <class H>
+  void topk_async(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                  matrix_view<float> log_probs, search_options options = {}) const;
+
+  template <class H>
+  void log_distribution_async(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                              matrix_view<float> out) const;
+  /// @}
+
   /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first.
   void apply_sgd(const gradient_type& grad, float lr) {
     store_.apply_sgd("hierarchical_softmax::apply_sgd", grad, lr);
@@ -152,6 +220,8 @@ class hierarchical_softmax {
   }
 
   index_t gemm_min_run_ = default_gemm_min_run();
+  xsoftmax::dense_grouping dense_grouping_ = xsoftmax::dense_grouping::automatic;
+  mutable std::shared_ptr<void> backend_cache_;
 };
 
 }  // namespace xsoftmax

@@ -13,7 +13,7 @@
 
 #include <doctest/doctest.h>
 
-#ifdef _OPENMP
+#if defined(_OPENMP) && XSOFTMAX_TEST_HOST_BUILD
 #include <omp.h>
 #endif
 
@@ -28,22 +28,24 @@ using xsoftmax::index_t;
 using xsoftmax::loss_options;
 using xsoftmax::reduction;
 
+// Bitwise equality of omp and serial (host-only: the cuda build of this file skips it).
+#if XSOFTMAX_TEST_HOST_BUILD
 /// Everything a head computes for one batch: forward_backward under each reduction (none with a
 /// per-sample upstream gradient), log_prob, topk and log_distribution.
 struct all_outputs {
-  std::vector<float> losses, per_sample, grad_hidden, grad_values, grad_bias, log_prob, topk_lp, dist;
-  std::vector<index_t> grad_rows, topk_cls;
+  test_vector<float> losses, per_sample, grad_hidden, grad_values, grad_bias, log_prob, topk_lp, dist;
+  test_vector<index_t> grad_rows, topk_cls;
 };
 
 template <class Head>
-all_outputs compute_all(const Head& head, const problem& p, const std::vector<float>& grad_output, index_t k) {
+all_outputs compute_all(const Head& head, const problem& p, const test_vector<float>& grad_output, index_t k) {
   all_outputs o;
   const auto hb = make_hidden<float>(p.h, p.batch, p.dim);
   for (reduction r : {reduction::none, reduction::mean, reduction::sum}) {
     loss_options opt;
     opt.reduce = r;
     const auto out = run_forward_backward(head, hb, p.targets, opt,
-                                          r == reduction::none ? grad_output : std::vector<float>{});
+                                          r == reduction::none ? grad_output : test_vector<float>{});
     o.losses.push_back(out.loss);
     o.per_sample.insert(o.per_sample.end(), out.per_sample.begin(), out.per_sample.end());
     o.grad_hidden.insert(o.grad_hidden.end(), out.grad_hidden.begin(), out.grad_hidden.end());
@@ -51,7 +53,7 @@ all_outputs compute_all(const Head& head, const problem& p, const std::vector<fl
     o.grad_values.insert(o.grad_values.end(), out.grad.values.begin(), out.grad.values.end());
     o.grad_bias.insert(o.grad_bias.end(), out.grad.bias_values.begin(), out.grad.bias_values.end());
   }
-  std::vector<index_t> valid = p.targets;
+  test_vector<index_t> valid = p.targets;
   for (auto& t : valid) t = t < 0 ? 0 : t;
   o.log_prob.resize(static_cast<size_t>(p.batch));
   head.log_prob(hb.view(), cvec(valid), mvec(o.log_prob));
@@ -80,7 +82,7 @@ void check_same(const all_outputs& a, const all_outputs& b, const std::string& w
 /// Runs `make(backend tag)` heads on serial, on omp, and on omp with 1, 2 and 3 threads (twice
 /// each), and checks every output is the same bits.
 template <class MakeHead>
-void check_backends_and_threads(MakeHead make, const problem& p, const std::vector<float>& grad_output, index_t k,
+void check_backends_and_threads(MakeHead make, const problem& p, const test_vector<float>& grad_output, index_t k,
                                 const std::string& what) {
   const auto serial_out = compute_all(make(xsoftmax::serial{}), p, grad_output, k);
   const auto omp_out = compute_all(make(xsoftmax::omp{}), p, grad_output, k);
@@ -99,8 +101,11 @@ void check_backends_and_threads(MakeHead make, const problem& p, const std::vect
 #endif
 }
 
+#endif  // XSOFTMAX_TEST_HOST_BUILD
+
 }  // namespace
 
+#if XSOFTMAX_TEST_HOST_BUILD
 TEST_CASE("equivalence: full_softmax on omp equals serial, bitwise, at every thread count") {
   test_rng rng(201);
   problem p = make_problem(rng, 300, 300, 16, 48, true, 0.1);
@@ -180,8 +185,9 @@ TEST_CASE("equivalence: hierarchical_softmax on omp equals serial, bitwise, at e
   }
 }
 
-TEST_CASE_TEMPLATE("equivalence: hierarchical softmax of depth 1 equals full_softmax", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+#endif  // XSOFTMAX_TEST_HOST_BUILD
+
+TEST_CASE_TEMPLATE("equivalence: hierarchical softmax of depth 1 equals full_softmax", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(203);
   for (index_t n : {index_t(2), index_t(33), index_t(64)}) {
     for (bool bias : {false, true}) {
@@ -201,7 +207,7 @@ TEST_CASE_TEMPLATE("equivalence: hierarchical softmax of depth 1 equals full_sof
                                    std::to_string(min_run) + ", reduction " + reduction_name(r);
           loss_options opt;
           opt.reduce = r;
-          const auto go = r == reduction::none ? grad_output : std::vector<float>{};
+          const auto go = r == reduction::none ? grad_output : test_vector<float>{};
           const auto a = run_forward_backward(full, hb, p.targets, opt, go);
           const auto b = run_forward_backward(hs, hb, p.targets, opt, go);
           check_close(b.loss, a.loss, 1e-6, 1e-6, what + ": loss");
@@ -213,13 +219,13 @@ TEST_CASE_TEMPLATE("equivalence: hierarchical softmax of depth 1 equals full_sof
           check_close(db.b, da.b, 1e-6, 1e-5, what + ": bias gradient");
         }
       }
-      std::vector<float> da(static_cast<size_t>(5 * n)), db(da.size());
+      test_vector<float> da(static_cast<size_t>(5 * n)), db(da.size());
       full.log_distribution(cview(p.h, 5, p.dim), 0, n, mview(da, 5, n));
       hs.log_distribution(cview(p.h, 5, p.dim), 0, n, mview(db, 5, n));
       check_close(db, da, 1e-6, 1e-6, "log_distribution");
       const index_t k = std::min<index_t>(n, 4);
-      std::vector<index_t> ca(static_cast<size_t>(5 * k)), cb(ca.size());
-      std::vector<float> la(ca.size()), lb(ca.size());
+      test_vector<index_t> ca(static_cast<size_t>(5 * k)), cb(ca.size());
+      test_vector<float> la(ca.size()), lb(ca.size());
       full.topk(cview(p.h, 5, p.dim), k, mview(ca, 5, k), mview(la, 5, k));
       hs.topk(cview(p.h, 5, p.dim), k, mview(cb, 5, k), mview(lb, 5, k));
       CHECK(ca == cb);
@@ -229,12 +235,12 @@ TEST_CASE_TEMPLATE("equivalence: hierarchical softmax of depth 1 equals full_sof
 }
 
 TEST_CASE_TEMPLATE("equivalence: an HS over a runtime tree shaped like uniform_tree<2, 7> equals the uniform HS", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   // uniform_tree<2, 7> over N = 40: root with ceil(40 / 7) = 6 children, child k holding classes
   // [7k, min(7k + 7, 40)). As a parent array (node 0 root, nodes 1..6 inner, then the classes in
   // order) its runtime layout (BFS blocks, children by node index) is the uniform layout.
   const index_t n = 40;
-  std::vector<index_t> parent{-1}, leaf_class{-1};
+  std::vector<index_t> parent{-1}, leaf_class{-1};  // host-side tree description
   for (index_t k = 0; k < 6; ++k) {
     parent.push_back(0);
     leaf_class.push_back(-1);
@@ -261,7 +267,8 @@ TEST_CASE_TEMPLATE("equivalence: an HS over a runtime tree shaped like uniform_t
   for (reduction r : {reduction::none, reduction::mean, reduction::sum}) {
     loss_options opt;
     opt.reduce = r;
-    const auto oa = run_forward_backward(a, hb, p.targets, opt), ob = run_forward_backward(b, hb, p.targets, opt);
+    const auto oa = run_forward_backward(a, hb, p.targets, opt);
+    const auto ob = run_forward_backward(b, hb, p.targets, opt);
     check_close(oa.per_sample, ob.per_sample, 1e-6, 1e-6, "per-sample");
     check_close(oa.grad_hidden, ob.grad_hidden, 1e-6, 1e-5, "grad_hidden");
     const auto da = scatter_gradient(oa.grad, p.rows, p.dim, true), db = scatter_gradient(ob.grad, p.rows, p.dim, true);
@@ -270,7 +277,7 @@ TEST_CASE_TEMPLATE("equivalence: an HS over a runtime tree shaped like uniform_t
   }
 }
 
-TEST_CASE_TEMPLATE("equivalence: the HS GEMM path equals the gather-dot path", B, xsoftmax::serial, xsoftmax::omp) {
+TEST_CASE_TEMPLATE("equivalence: the HS GEMM path equals the gather-dot path", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(205);
   const auto tree = xsoftmax::runtime_tree<>::huffman(zipf_counts(rng, 200), 5);
   using head_t = xsoftmax::hierarchical_softmax<xsoftmax::runtime_tree<>, xsoftmax::fp32, B>;

@@ -37,7 +37,7 @@ fs32<B> view_head(problem& p) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("full_softmax: forward matches the float64 reference (reductions, ignore, bias, chunks)", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(11);
   const index_t n = 53, d = 8, batch = 17;
   for (bool bias : {false, true}) {
@@ -70,7 +70,7 @@ TEST_CASE_TEMPLATE("full_softmax: forward matches the float64 reference (reducti
   }
 }
 
-TEST_CASE_TEMPLATE("full_softmax: hidden given as float, double and bf16", B, xsoftmax::serial, xsoftmax::omp) {
+TEST_CASE_TEMPLATE("full_softmax: hidden given as float, double and bf16", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(12);
   const index_t n = 40, d = 12, batch = 9;
   problem p = make_problem(rng, n, n, d, batch, true, 0.1);
@@ -88,7 +88,7 @@ TEST_CASE_TEMPLATE("full_softmax: hidden given as float, double and bf16", B, xs
   check_forward(head, full_reference(), p.params(), make_hidden<__half>(p.h, batch, d), p.targets, opt, "fp16 hidden");
 }
 
-TEST_CASE_TEMPLATE("full_softmax: owned weights and non-owning views agree", B, xsoftmax::serial, xsoftmax::omp) {
+TEST_CASE_TEMPLATE("full_softmax: owned weights and non-owning views agree", B, XSOFTMAX_TEST_BACKENDS) {
   const index_t n = 31, d = 10, batch = 8;
   xsoftmax::init_options init;
   init.seed = 5;
@@ -101,7 +101,8 @@ TEST_CASE_TEMPLATE("full_softmax: owned weights and non-owning views agree", B, 
   const float bound = 1.f / std::sqrt(static_cast<float>(d));
   CHECK(std::all_of(w.begin(), w.end(), [&](float x) { return std::abs(x) <= bound; }));
   CHECK(*std::max_element(w.begin(), w.end()) - *std::min_element(w.begin(), w.end()) > bound);
-  for (index_t c = 0; c < n; ++c) CHECK(owned.bias()[c] == 0.f);
+  const auto b0 = read_back(owned.bias(), n);
+  CHECK(std::all_of(b0.begin(), b0.end(), [](float x) { return x == 0.f; }));
   // Same seed, same weights; zero init gives zeros.
   fs32<B> same(n, d, true, init);
   CHECK(bitwise_equal(w, dense_copy(xsoftmax::matrix_view<const float>(same.weights()))));
@@ -114,10 +115,12 @@ TEST_CASE_TEMPLATE("full_softmax: owned weights and non-owning views agree", B, 
 
   // Give the owned head a non-zero bias, then view the same values through a strided caller buffer.
   test_rng rng(13);
-  for (index_t c = 0; c < n; ++c) owned.bias()[c] = static_cast<float>(rng.uniform(-1, 1));
+  test_vector<float> new_bias(static_cast<size_t>(n));
+  for (auto& x : new_bias) x = static_cast<float>(rng.uniform(-1, 1));
+  write_into(owned.bias(), new_bias);
   const index_t stride = d + 5;
-  std::vector<float> buffer(static_cast<size_t>(n * stride), std::numeric_limits<float>::quiet_NaN());
-  std::vector<float> bias(owned.bias(), owned.bias() + n);
+  test_vector<float> buffer(static_cast<size_t>(n * stride), std::numeric_limits<float>::quiet_NaN());
+  test_vector<float> bias = read_back(owned.bias(), n);
   for (index_t c = 0; c < n; ++c)
     for (index_t j = 0; j < d; ++j) buffer[static_cast<size_t>(c * stride + j)] = w[static_cast<size_t>(c * d + j)];
   fs32<B> view(mview(buffer, n, d, stride), bias.data());
@@ -146,13 +149,14 @@ TEST_CASE_TEMPLATE("full_softmax: owned weights and non-owning views agree", B, 
   // A copy of an owning head owns its own weights; a copy of a view head still views the buffer.
   fs32<B> owned_copy = owned;
   CHECK(owned_copy.weights().data != owned.weights().data);
-  owned_copy.weights()(0, 0) += 1.f;
-  CHECK(owned.weights()(0, 0) == w[0]);
+  write_into(owned_copy.weights().data, test_vector<float>{w[0] + 1.f});
+  CHECK(read_back(owned.weights().data, 1)[0] == w[0]);
+  CHECK(read_back(owned_copy.weights().data, 1)[0] == w[0] + 1.f);
   fs32<B> view_copy = view;
   CHECK(view_copy.weights().data == buffer.data());
 }
 
-TEST_CASE_TEMPLATE("full_softmax: gradients match central finite differences", B, xsoftmax::serial, xsoftmax::omp) {
+TEST_CASE_TEMPLATE("full_softmax: gradients match central finite differences", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(21);
   const index_t n = 23, d = 6, batch = 11;
   for (bool bias : {false, true}) {
@@ -165,15 +169,16 @@ TEST_CASE_TEMPLATE("full_softmax: gradients match central finite differences", B
       opt.reduce = r;
       const std::string what = std::string("bias ") + (bias ? "yes" : "no") + ", reduction " + reduction_name(r);
       // Upstream gradient: none -> one per sample (signed); mean -> a scalar; sum -> default (1).
-      std::vector<float> grad_output;
+      test_vector<float> grad_output;
       if (r == reduction::none) grad_output = random_grad_output(rng, batch);
       if (r == reduction::mean) grad_output = {0.7f};
       const auto out = check_gradients(head, full_reference(), p.params(), make_hidden<float>(p.h, batch, d, 2),
                                        p.targets, opt, grad_output, what);
       // The exact softmax touches every class: rows 0..N-1 in order.
-      std::vector<index_t> all(static_cast<size_t>(n));
+      test_vector<index_t> all(static_cast<size_t>(n));
       std::iota(all.begin(), all.end(), index_t(0));
-      CHECK(std::vector<index_t>(out.grad.rows.begin(), out.grad.rows.end()) == all);
+      const auto rows_listed = on_host(out.grad.rows);
+    CHECK(test_vector<index_t>(rows_listed.begin(), rows_listed.end()) == all);
       // Ignored samples get a zero hidden gradient and loss.
       for (index_t j = 0; j < d; ++j) CHECK(out.grad_hidden[static_cast<size_t>(1 * d + j)] == 0.f);
       CHECK(out.per_sample[1] == 0.f);
@@ -188,12 +193,11 @@ TEST_CASE_TEMPLATE("full_softmax: gradients match central finite differences", B
   }
 }
 
-TEST_CASE_TEMPLATE("full_softmax: every sample ignored gives zero loss and zero gradients", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("full_softmax: every sample ignored gives zero loss and zero gradients", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(22);
   problem p = make_problem(rng, 12, 12, 4, 5, true);
   auto head = view_head<B>(p);
-  std::vector<index_t> targets(5, -100);
+  test_vector<index_t> targets(5, -100);
   const auto hb = make_hidden<float>(p.h, 5, 4);
   for (reduction r : all_reductions) {
     loss_options opt;
@@ -207,33 +211,33 @@ TEST_CASE_TEMPLATE("full_softmax: every sample ignored gives zero loss and zero 
 }
 
 TEST_CASE_TEMPLATE("full_softmax: a reused gradient object gives the same result as a fresh one", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(23);
   problem p = make_problem(rng, 30, 30, 8, 20, true);
   auto head = view_head<B>(p);
   head.set_chunk_size(7);
   typename fs32<B>::gradient_type g;
-  std::vector<float> gh(static_cast<size_t>(20 * 8));
+  test_vector<float> gh(static_cast<size_t>(20 * 8));
   head.backward(cview(p.h, 20, 8), cvec(p.targets), mview(gh, 20, 8), g);  // fills g for 20 samples
-  const std::vector<index_t> t2 = {3, 3, 29};
-  std::vector<float> h2(p.h.begin(), p.h.begin() + 3 * 8), gh2(3 * 8);
+  const test_vector<index_t> t2 = {3, 3, 29};
+  test_vector<float> h2(p.h.begin(), p.h.begin() + 3 * 8), gh2(3 * 8);
   head.backward(cview(h2, 3, 8), cvec(t2), mview(gh2, 3, 8), g);
   typename fs32<B>::gradient_type fresh;
-  std::vector<float> gh3(3 * 8);
+  test_vector<float> gh3(3 * 8);
   head.backward(cview(h2, 3, 8), cvec(t2), mview(gh3, 3, 8), fresh);
   CHECK(same_gradient(g, fresh));
   CHECK(bitwise_equal(gh2, gh3));
 }
 
 TEST_CASE_TEMPLATE("full_softmax: log_prob equals minus the per-sample forward; log_distribution matches the reference",
-                   B, xsoftmax::serial, xsoftmax::omp) {
+                   B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(31);
   const index_t n = 45, d = 8, batch = 7;
   problem p = make_problem(rng, n, n, d, batch, true);
   auto head = view_head<B>(p);
   head.set_chunk_size(10);
   const auto hb = make_hidden<float>(p.h, batch, d);
-  std::vector<float> lp(static_cast<size_t>(batch)), per(static_cast<size_t>(batch));
+  test_vector<float> lp(static_cast<size_t>(batch)), per(static_cast<size_t>(batch));
   head.log_prob(hb.view(), cvec(p.targets), mvec(lp));
   loss_options none;
   none.reduce = reduction::none;
@@ -241,7 +245,7 @@ TEST_CASE_TEMPLATE("full_softmax: log_prob equals minus the per-sample forward; 
   for (index_t i = 0; i < batch; ++i) CHECK(lp[static_cast<size_t>(i)] == -per[static_cast<size_t>(i)]);
 
   const auto ref = reference_log_distribution(full_reference(), p.params(), hb.reference(p.targets), n);
-  std::vector<float> dist(static_cast<size_t>(batch * n));
+  test_vector<float> dist(static_cast<size_t>(batch * n));
   head.log_distribution(hb.view(), 0, n, mview(dist, batch, n));
   check_close(dist, ref, loss_atol, loss_rtol, "log_distribution [0, N)");
   for (index_t i = 0; i < batch; ++i) {
@@ -253,7 +257,7 @@ TEST_CASE_TEMPLATE("full_softmax: log_prob equals minus the per-sample forward; 
   }
   // A sub-range, written into a strided output.
   const index_t lo = 13, hi = 38, stride = (hi - lo) + 4;
-  std::vector<float> part(static_cast<size_t>(batch * stride), 123.f);
+  test_vector<float> part(static_cast<size_t>(batch * stride), 123.f);
   head.log_distribution(hb.view(), lo, hi, mview(part, batch, hi - lo, stride));
   for (index_t i = 0; i < batch; ++i) {
     for (index_t c = lo; c < hi; ++c)
@@ -263,7 +267,7 @@ TEST_CASE_TEMPLATE("full_softmax: log_prob equals minus the per-sample forward; 
   }
 }
 
-TEST_CASE_TEMPLATE("full_softmax: topk equals sorting the full distribution", B, xsoftmax::serial, xsoftmax::omp) {
+TEST_CASE_TEMPLATE("full_softmax: topk equals sorting the full distribution", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(41);
   const index_t n = 60, d = 8, batch = 6;
   problem p = make_problem(rng, n, n, d, batch, true);
@@ -273,11 +277,11 @@ TEST_CASE_TEMPLATE("full_softmax: topk equals sorting the full distribution", B,
   for (index_t chunk : {index_t(0), index_t(7)}) {
     head.set_chunk_size(chunk);
     for (index_t k : {index_t(1), index_t(5), n}) {
-      std::vector<index_t> cls(static_cast<size_t>(batch * k));
-      std::vector<float> lps(static_cast<size_t>(batch * k));
+      test_vector<index_t> cls(static_cast<size_t>(batch * k));
+      test_vector<float> lps(static_cast<size_t>(batch * k));
       head.topk(hb.view(), k, mview(cls, batch, k), mview(lps, batch, k));
       for (index_t i = 0; i < batch; ++i) {
-        std::vector<index_t> order(static_cast<size_t>(n));
+        test_vector<index_t> order(static_cast<size_t>(n));
         std::iota(order.begin(), order.end(), index_t(0));
         const double* row = ref.data() + i * n;
         std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return row[a] > row[b]; });
@@ -292,29 +296,28 @@ TEST_CASE_TEMPLATE("full_softmax: topk equals sorting the full distribution", B,
     }
   }
   // Ties: identical class rows tie; the smaller class comes first.
-  std::vector<float> w(static_cast<size_t>(5 * 2), 0.f);
+  test_vector<float> w(static_cast<size_t>(5 * 2), 0.f);
   const float rows[5][2] = {{1, 0}, {2, 0}, {1, 0}, {2, 0}, {0, 1}};
   for (int c = 0; c < 5; ++c)
     for (int j = 0; j < 2; ++j) w[static_cast<size_t>(c * 2 + j)] = rows[c][j];
   fs32<B> tie(mview(w, 5, 2));
   tie.set_chunk_size(2);
-  const std::vector<float> h = {1.f, 0.5f};
-  std::vector<index_t> cls(5);
-  std::vector<float> lps(5);
+  const test_vector<float> h = {1.f, 0.5f};
+  test_vector<index_t> cls(5);
+  test_vector<float> lps(5);
   tie.topk(cview(h, 1, 2), 5, mview(cls, 1, 5), mview(lps, 1, 5));
-  CHECK(cls == std::vector<index_t>{1, 3, 0, 2, 4});
+  CHECK(cls == test_vector<index_t>{1, 3, 0, 2, 4});
   CHECK(lps[0] == lps[1]);
   CHECK(lps[2] == lps[3]);
 }
 
-TEST_CASE_TEMPLATE("full_softmax: apply_sgd updates exactly the gradient rows by -lr * g", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("full_softmax: apply_sgd updates exactly the gradient rows by -lr * g", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(51);
   const index_t n = 19, d = 5, batch = 6;
   problem p = make_problem(rng, n, n, d, batch, true);
   auto head = view_head<B>(p);
   typename fs32<B>::gradient_type g;
-  std::vector<float> gh(static_cast<size_t>(batch * d));
+  test_vector<float> gh(static_cast<size_t>(batch * d));
   head.backward(cview(p.h, batch, d), cvec(p.targets), mview(gh, batch, d), g);
   // Keep only a few rows (a gradient need not cover every row).
   typename fs32<B>::gradient_type part;
@@ -327,7 +330,7 @@ TEST_CASE_TEMPLATE("full_softmax: apply_sgd updates exactly the gradient rows by
   const auto w0 = p.w, b0 = p.b;
   const float lr = 0.37f;
   head.apply_sgd(part, lr);
-  std::vector<char> updated(static_cast<size_t>(n), 0);
+  test_vector<char> updated(static_cast<size_t>(n), 0);
   for (index_t i = 0; i < part.num_rows(); ++i) {
     const index_t r = part.rows[static_cast<size_t>(i)];
     updated[static_cast<size_t>(r)] = 1;
@@ -354,13 +357,13 @@ TEST_CASE_TEMPLATE("full_softmax: apply_sgd updates exactly the gradient rows by
 }
 
 TEST_CASE_TEMPLATE("full_softmax: strided grad_hidden and topk outputs leave their padding alone", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(61);
   const index_t n = 25, d = 6, batch = 5, pad = 2;
   problem p = make_problem(rng, n, n, d, batch, true, 0.2);
   auto head = view_head<B>(p);
   head.set_chunk_size(4);
-  std::vector<float> dense(static_cast<size_t>(batch * d)), strided(static_cast<size_t>(batch * (d + pad)), 9.f);
+  test_vector<float> dense(static_cast<size_t>(batch * d)), strided(static_cast<size_t>(batch * (d + pad)), 9.f);
   typename fs32<B>::gradient_type g1, g2;
   head.backward(cview(p.h, batch, d), cvec(p.targets), mview(dense, batch, d), g1);
   head.backward(cview(p.h, batch, d), cvec(p.targets), mview(strided, batch, d, d + pad), g2);
@@ -370,8 +373,8 @@ TEST_CASE_TEMPLATE("full_softmax: strided grad_hidden and topk outputs leave the
   }
   CHECK(same_gradient(g1, g2));
   const index_t k = 4, ks = k + 3;
-  std::vector<index_t> c1(static_cast<size_t>(batch * k)), c2(static_cast<size_t>(batch * ks), -7);
-  std::vector<float> l1(c1.size()), l2(c2.size(), 4.f);
+  test_vector<index_t> c1(static_cast<size_t>(batch * k)), c2(static_cast<size_t>(batch * ks), -7);
+  test_vector<float> l1(c1.size()), l2(c2.size(), 4.f);
   head.topk(cview(p.h, batch, d), k, mview(c1, batch, k), mview(l1, batch, k));
   head.topk(cview(p.h, batch, d), k, mview(c2, batch, k, ks), mview(l2, batch, k, ks));
   for (index_t i = 0; i < batch; ++i)

@@ -38,8 +38,8 @@ constexpr index_t gemm_min_runs[] = {1, 3, index_t(1) << 40};
 
 /// Targets drawn from a few "popular" classes half of the time, so that runs of samples sharing a
 /// node are long at every level (the GEMM path runs for real).
-std::vector<index_t> clustered_targets(test_rng& rng, index_t batch, index_t n, double ignore_fraction) {
-  std::vector<index_t> popular = {rng.integer(0, n - 1), rng.integer(0, n - 1), n - 1};
+test_vector<index_t> clustered_targets(test_rng& rng, index_t batch, index_t n, double ignore_fraction) {
+  test_vector<index_t> popular = {rng.integer(0, n - 1), rng.integer(0, n - 1), n - 1};
   auto t = random_targets(rng, batch, n, ignore_fraction);
   for (auto& x : t)
     if (x >= 0 && rng.coin(0.5)) x = popular[static_cast<size_t>(rng.integer(0, 2))];
@@ -76,13 +76,14 @@ void check_hs_against_reference(const Tree& tree, test_rng& rng, index_t d, inde
     if (!with_fd) continue;
     loss_options opt;
     opt.reduce = all_reductions[turn++ % 3];
-    std::vector<float> grad_output;
+    test_vector<float> grad_output;
     if (opt.reduce == reduction::none) grad_output = random_grad_output(rng, batch);
     if (opt.reduce == reduction::mean) grad_output = {-1.3f};
     const auto out = check_gradients(head, ref, params, hb, p.targets, opt, grad_output,
                                      w + ", gradients, reduction " + reduction_name(opt.reduce));
     // The sparse gradient holds exactly the blocks on the targets' paths, each row once.
-    std::vector<index_t> got(out.grad.rows.begin(), out.grad.rows.end());
+    const auto listed = on_host(out.grad.rows);
+    test_vector<index_t> got(listed.begin(), listed.end());
     std::sort(got.begin(), got.end());
     CHECK_MESSAGE(std::adjacent_find(got.begin(), got.end()) == got.end(), w, ": a gradient row is listed twice");
     CHECK_MESSAGE(got == expected_touched_rows(tree.view(), p.targets, -100, sigmoid), w,
@@ -100,7 +101,7 @@ void check_hs_distribution(const Tree& tree, test_rng& rng, index_t d, index_t b
   problem p = make_problem(rng, rows, n, d, batch, true);
   auto head = head_t(tree, mview(p.w, rows, d), p.b.data());
   const auto hb = make_hidden<float>(p.h, batch, d);
-  std::vector<float> dist(static_cast<size_t>(batch * n));
+  test_vector<float> dist(static_cast<size_t>(batch * n));
   head.log_distribution(hb.view(), 0, n, mview(dist, batch, n));
   for (index_t i = 0; i < batch; ++i) {
     double total = 0;
@@ -111,15 +112,15 @@ void check_hs_distribution(const Tree& tree, test_rng& rng, index_t d, index_t b
   const auto ref = reference_log_distribution(hs_reference(tree.view(), sigmoid), p.params(), hb.reference(p.targets), n);
   check_close(dist, ref, loss_atol, loss_rtol, what + ": log_distribution vs reference");
 
-  std::vector<float> lp(static_cast<size_t>(batch));
+  test_vector<float> lp(static_cast<size_t>(batch));
   head.log_prob(hb.view(), cvec(p.targets), mvec(lp));
   for (index_t i = 0; i < batch; ++i)
     CHECK(lp[static_cast<size_t>(i)] ==
           doctest::Approx(dist[static_cast<size_t>(i * n + p.targets[static_cast<size_t>(i)])]).epsilon(1e-5));
 
   const index_t k = std::min<index_t>(n, 6);
-  std::vector<index_t> cls(static_cast<size_t>(batch * k));
-  std::vector<float> lps(static_cast<size_t>(batch * k));
+  test_vector<index_t> cls(static_cast<size_t>(batch * k));
+  test_vector<float> lps(static_cast<size_t>(batch * k));
   head.topk(hb.view(), k, mview(cls, batch, k), mview(lps, batch, k));
   for (index_t i = 0; i < batch; ++i)
     check_topk_row(ref.data() + i * n, n, cls.data() + i * k, lps.data() + i * k, k, what + ": exact topk");
@@ -143,7 +144,7 @@ struct uniform_case {
 }  // namespace
 
 TEST_CASE_TEMPLATE("hierarchical_softmax: uniform tree, forward and gradients match the float64 reference", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(101);
   // N = 100 is not 5^3: the last node of each level has masked children.
   const xsoftmax::uniform_tree<3, 5> tree(100);
@@ -156,15 +157,14 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: uniform tree, forward and gradients ma
   check_hs_against_reference<B>(xsoftmax::uniform_tree<1, 64>(37), rng, 5, 10, true, "uniform<1,64> N=37");
 }
 
-TEST_CASE_TEMPLATE("hierarchical_softmax: hidden given as double and bf16, strided views", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("hierarchical_softmax: hidden given as double and bf16, strided views", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(102);
   const xsoftmax::uniform_tree<2, 7> tree(40);
   using head_t = hs32<xsoftmax::uniform_tree<2, 7>, B>;
   const index_t rows = head_t::weight_rows(tree), d = 9, batch = 20, stride = d + 3;
   problem p = make_problem(rng, rows, 40, d, batch, true, 0.1);
   // Weights in a strided caller buffer (padding NaN: must never be read).
-  std::vector<float> buffer(static_cast<size_t>(rows * stride), std::numeric_limits<float>::quiet_NaN());
+  test_vector<float> buffer(static_cast<size_t>(rows * stride), std::numeric_limits<float>::quiet_NaN());
   for (index_t r = 0; r < rows; ++r)
     for (index_t j = 0; j < d; ++j) buffer[static_cast<size_t>(r * stride + j)] = p.w[static_cast<size_t>(r * d + j)];
   head_t head(tree, mview(buffer, rows, d, stride), p.b.data());
@@ -184,8 +184,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: hidden given as double and bf16, strid
   }
 }
 
-TEST_CASE_TEMPLATE("hierarchical_softmax: owned weights equal a view of the same values", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("hierarchical_softmax: owned weights equal a view of the same values", B, XSOFTMAX_TEST_BACKENDS) {
   using tree_t = xsoftmax::uniform_tree<3, 4>;
   using head_t = hs32<tree_t, B>;
   const tree_t tree(50);
@@ -200,8 +199,8 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: owned weights equal a view of the same
   CHECK(std::all_of(w.begin(), w.end(), [](float x) { return std::abs(x) <= 0.5f; }));
   CHECK(*std::max_element(w.begin(), w.end()) > 0.25f);
   test_rng rng(103);
-  std::vector<float> bias = random_floats(rng, rows, 1.0);
-  std::copy(bias.begin(), bias.end(), owned.bias());
+  test_vector<float> bias = random_floats(rng, rows, 1.0);
+  write_into(owned.bias(), bias);
   head_t view(tree, mview(w, rows, d), bias.data());
   const auto h = random_floats(rng, batch * d, 1.0);
   const auto hb = make_hidden<float>(h, batch, d);
@@ -223,7 +222,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: owned weights equal a view of the same
 }
 
 TEST_CASE_TEMPLATE("hierarchical_softmax: random runtime trees, forward and gradients match the reference", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(104);
   for (int i = 0; i < 8; ++i) {
     const int height = 1 + i % 6;
@@ -236,7 +235,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: random runtime trees, forward and grad
 }
 
 TEST_CASE_TEMPLATE("hierarchical_softmax: Huffman trees, forward and gradients match the reference", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(105);
   for (int arity : {2, 3, 8}) {
     const auto tree = xsoftmax::runtime_tree<>::huffman(zipf_counts(rng, 60), arity);
@@ -244,8 +243,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: Huffman trees, forward and gradients m
   }
 }
 
-TEST_CASE_TEMPLATE("hierarchical_softmax: sigmoid nodes on a binary Huffman tree", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("hierarchical_softmax: sigmoid nodes on a binary Huffman tree", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(106);
   const auto tree = xsoftmax::runtime_tree<>::huffman(zipf_counts(rng, 70), 2);
   REQUIRE(tree.is_binary());
@@ -265,21 +263,21 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: probabilities over all classes sum to 
   const typename Case::tree tree(Case::num_classes);
   const std::string what = "uniform<" + std::to_string(Case::tree::depth_value) + "," +
                            std::to_string(Case::tree::branching) + "> N=" + std::to_string(Case::num_classes);
-  check_hs_distribution<xsoftmax::serial>(tree, rng, 8, 4, what + " serial");
-  check_hs_distribution<xsoftmax::omp>(tree, rng, 8, 4, what + " omp");
+  check_hs_distribution<primary_backend>(tree, rng, 8, 4, what + " " + backend_name<primary_backend>());
+  check_hs_distribution<secondary_backend>(tree, rng, 8, 4, what + " " + backend_name<secondary_backend>());
   // N = Branching^Depth exactly (no masking) and N = 1.
   if (Case::tree::depth_value <= 3) {
     index_t full = 1;
     for (int l = 0; l < Case::tree::depth_value; ++l) full *= Case::tree::branching;
-    if (full <= 2000) check_hs_distribution<xsoftmax::serial>(typename Case::tree(full), rng, 8, 3, what + " full");
+    if (full <= 2000) check_hs_distribution<primary_backend>(typename Case::tree(full), rng, 8, 3, what + " full");
   }
-  check_hs_distribution<xsoftmax::serial>(typename Case::tree(1), rng, 4, 2, what + " N=1");
+  check_hs_distribution<primary_backend>(typename Case::tree(1), rng, 4, 2, what + " N=1");
   // Random N up to the capacity (capped to keep the test fast).
   index_t capacity = 1;
   for (int l = 0; l < Case::tree::depth_value; ++l) capacity *= Case::tree::branching;
   for (int i = 0; i < 3; ++i) {
     const index_t n = rng.integer(2, std::min<index_t>(capacity, 1500));
-    check_hs_distribution<xsoftmax::serial>(typename Case::tree(n), rng, 5, 2, what + " random N=" + std::to_string(n));
+    check_hs_distribution<primary_backend>(typename Case::tree(n), rng, 5, 2, what + " random N=" + std::to_string(n));
   }
 }
 
@@ -293,17 +291,17 @@ TEST_CASE("hierarchical_softmax: probabilities over all classes sum to 1 on rand
     const std::string what = "runtime tree #" + std::to_string(i) + " height " + std::to_string(height) +
                              " max branching " + std::to_string(max_branching) + " N " +
                              std::to_string(tree.num_classes());
-    if (i % 2) check_hs_distribution<xsoftmax::omp>(tree, rng, 6, 3, what);
-    else check_hs_distribution<xsoftmax::serial>(tree, rng, 6, 3, what);
+    if (i % 2) check_hs_distribution<secondary_backend>(tree, rng, 6, 3, what);
+    else check_hs_distribution<primary_backend>(tree, rng, 6, 3, what);
   }
   for (int arity : {2, 3, 4, 16, 64}) {
     const auto tree = xsoftmax::runtime_tree<>::huffman(zipf_counts(rng, 300), arity);
-    check_hs_distribution<xsoftmax::serial>(tree, rng, 6, 3, "huffman arity " + std::to_string(arity));
+    check_hs_distribution<primary_backend>(tree, rng, 6, 3, "huffman arity " + std::to_string(arity));
   }
 }
 
 TEST_CASE_TEMPLATE("hierarchical_softmax: log_prob equals minus the per-sample forward; log_distribution ranges", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(109);
   const auto tree = xsoftmax::runtime_tree<>::huffman(zipf_counts(rng, 90), 4);
   using head_t = hs32<xsoftmax::runtime_tree<>, B>;
@@ -312,17 +310,17 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: log_prob equals minus the per-sample f
   head_t head(tree, mview(p.w, rows, d), p.b.data());
   for (index_t min_run : {index_t(1), index_t(16), index_t(1) << 40}) {
     head.set_gemm_min_run(min_run);
-    std::vector<float> lp(static_cast<size_t>(batch)), per(static_cast<size_t>(batch));
+    test_vector<float> lp(static_cast<size_t>(batch)), per(static_cast<size_t>(batch));
     head.log_prob(cview(p.h, batch, d), cvec(p.targets), mvec(lp));
     loss_options none;
     none.reduce = reduction::none;
     head.forward(cview(p.h, batch, d), cvec(p.targets), none, mvec(per));
     for (index_t i = 0; i < batch; ++i) CHECK(lp[static_cast<size_t>(i)] == -per[static_cast<size_t>(i)]);
   }
-  std::vector<float> all(static_cast<size_t>(3 * n));
+  test_vector<float> all(static_cast<size_t>(3 * n));
   head.log_distribution(cview(p.h, 3, d), 0, n, mview(all, 3, n));
   const index_t lo = 17, hi = 61, stride = hi - lo + 2;
-  std::vector<float> part(static_cast<size_t>(3 * stride), 5.f);
+  test_vector<float> part(static_cast<size_t>(3 * stride), 5.f);
   head.log_distribution(cview(p.h, 3, d), lo, hi, mview(part, 3, hi - lo, stride));
   for (index_t i = 0; i < 3; ++i) {
     for (index_t c = lo; c < hi; ++c)
@@ -331,7 +329,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: log_prob equals minus the per-sample f
   }
 }
 
-TEST_CASE_TEMPLATE("hierarchical_softmax: topk, exact search and beam search", B, xsoftmax::serial, xsoftmax::omp) {
+TEST_CASE_TEMPLATE("hierarchical_softmax: topk, exact search and beam search", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(110);
   const auto tree = xsoftmax::runtime_tree<>::huffman(zipf_counts(rng, 150), 3);
   using head_t = hs32<xsoftmax::runtime_tree<>, B>;
@@ -343,16 +341,16 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: topk, exact search and beam search", B
 
   // Exact search, k from 1 to N.
   for (index_t k : {index_t(1), index_t(4), n}) {
-    std::vector<index_t> cls(static_cast<size_t>(batch * k));
-    std::vector<float> lps(static_cast<size_t>(batch * k));
+    test_vector<index_t> cls(static_cast<size_t>(batch * k));
+    test_vector<float> lps(static_cast<size_t>(batch * k));
     head.topk(hb.view(), k, mview(cls, batch, k), mview(lps, batch, k));
     for (index_t i = 0; i < batch; ++i)
       check_topk_row(ref.data() + i * n, n, cls.data() + i * k, lps.data() + i * k, k, "exact k=" + std::to_string(k));
     // A beam wider than the tree has nodes is exact search.
     xsoftmax::search_options wide;
     wide.beam_width = rows + 1;
-    std::vector<index_t> cls2(cls.size());
-    std::vector<float> lps2(lps.size());
+    test_vector<index_t> cls2(cls.size());
+    test_vector<float> lps2(lps.size());
     head.topk(hb.view(), k, mview(cls2, batch, k), mview(lps2, batch, k), wide);
     CHECK(cls2 == cls);
     CHECK(bitwise_equal(lps2, lps));
@@ -364,12 +362,12 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: topk, exact search and beam search", B
     for (index_t k : {index_t(1), index_t(3), index_t(8)}) {
       xsoftmax::search_options so;
       so.beam_width = beam;
-      std::vector<index_t> cls(static_cast<size_t>(batch * k));
-      std::vector<float> lps(static_cast<size_t>(batch * k));
+      test_vector<index_t> cls(static_cast<size_t>(batch * k));
+      test_vector<float> lps(static_cast<size_t>(batch * k));
       head.topk(hb.view(), k, mview(cls, batch, k), mview(lps, batch, k), so);
       for (index_t i = 0; i < batch; ++i) {
         INFO("beam ", beam, " k ", k, " row ", i);
-        std::vector<index_t> valid;
+        test_vector<index_t> valid;
         bool dry = false;
         for (index_t j = 0; j < k; ++j) {
           const index_t c = cls[static_cast<size_t>(i * k + j)];
@@ -387,15 +385,15 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: topk, exact search and beam search", B
           CHECK(std::abs(l - ref[static_cast<size_t>(i * n + c)]) <= 2e-5 * (1 + std::abs(l)));
         }
         CHECK(!valid.empty());
-        std::vector<index_t> s = valid;
+        test_vector<index_t> s = valid;
         std::sort(s.begin(), s.end());
         CHECK(std::adjacent_find(s.begin(), s.end()) == s.end());
         // log_prob of the returned classes gives the returned log-probabilities.
         for (size_t j = 0; j < valid.size(); ++j) {
-          float lp = 0;
+          test_vector<float> lp(1);  // a buffer, not a stack float: on cuda the head writes it from the GPU
           head.log_prob(xsoftmax::matrix_view<const float>(p.h.data() + i * d, 1, d),
-                        xsoftmax::vector_view<const index_t>(&valid[j], 1), xsoftmax::vector_view<float>(&lp, 1));
-          CHECK(lp == doctest::Approx(lps[static_cast<size_t>(i * k) + j]).epsilon(1e-5));
+                        xsoftmax::vector_view<const index_t>(&valid[j], 1), mvec(lp));
+          CHECK(lp[0] == doctest::Approx(lps[static_cast<size_t>(i * k) + j]).epsilon(1e-5));
         }
       }
       if (beam == 1 && k == 1) {
@@ -421,8 +419,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: topk, exact search and beam search", B
   }
 }
 
-TEST_CASE_TEMPLATE("hierarchical_softmax: apply_sgd updates exactly the touched rows", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("hierarchical_softmax: apply_sgd updates exactly the touched rows", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(111);
   using tree_t = xsoftmax::uniform_tree<3, 4>;
   using head_t = hs32<tree_t, B>;
@@ -431,14 +428,14 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: apply_sgd updates exactly the touched 
   problem p = make_problem(rng, rows, 60, d, batch, true);
   head_t head(tree, mview(p.w, rows, d), p.b.data());
   typename head_t::gradient_type g;
-  std::vector<float> gh(static_cast<size_t>(batch * d));
+  test_vector<float> gh(static_cast<size_t>(batch * d));
   head.backward(cview(p.h, batch, d), cvec(p.targets), mview(gh, batch, d), g);
   REQUIRE(g.num_rows() > 0);
   REQUIRE(g.num_rows() < rows);  // 5 samples cannot touch every block
   const auto w0 = p.w, b0 = p.b;
   const float lr = 0.25f;
   head.apply_sgd(g, lr);
-  std::vector<char> updated(static_cast<size_t>(rows), 0);
+  test_vector<char> updated(static_cast<size_t>(rows), 0);
   for (index_t i = 0; i < g.num_rows(); ++i) {
     const index_t r = g.rows[static_cast<size_t>(i)];
     updated[static_cast<size_t>(r)] = 1;
@@ -463,7 +460,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: apply_sgd updates exactly the touched 
 }
 
 TEST_CASE_TEMPLATE("hierarchical_softmax: a reused gradient object gives the same result as a fresh one", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(112);
   using tree_t = xsoftmax::uniform_tree<2, 8>;
   using head_t = hs32<tree_t, B>;
@@ -474,10 +471,10 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: a reused gradient object gives the sam
   for (index_t min_run : {index_t(1), index_t(1) << 40}) {
     head.set_gemm_min_run(min_run);
     typename head_t::gradient_type g;
-    std::vector<float> gh(static_cast<size_t>(40 * d));
+    test_vector<float> gh(static_cast<size_t>(40 * d));
     head.backward(cview(p.h, 40, d), cvec(p.targets), mview(gh, 40, d), g);
-    const std::vector<index_t> t2 = {59, 3, 3};
-    std::vector<float> gh2(static_cast<size_t>(3 * d)), gh3(static_cast<size_t>(3 * d));
+    const test_vector<index_t> t2 = {59, 3, 3};
+    test_vector<float> gh2(static_cast<size_t>(3 * d)), gh3(static_cast<size_t>(3 * d));
     head.backward(cview(p.h, 3, d), cvec(t2), mview(gh2, 3, d), g);
     typename head_t::gradient_type fresh;
     head.backward(cview(p.h, 3, d), cvec(t2), mview(gh3, 3, d), fresh);
@@ -487,14 +484,14 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: a reused gradient object gives the sam
 }
 
 TEST_CASE_TEMPLATE("hierarchical_softmax: every sample ignored gives zero loss and zero gradients", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(113);
   using tree_t = xsoftmax::uniform_tree<2, 4>;
   using head_t = hs32<tree_t, B>;
   const tree_t tree(14);
   problem p = make_problem(rng, tree.num_rows(), 14, 4, 5, true);
   head_t head(tree, mview(p.w, p.rows, 4), p.b.data());
-  std::vector<index_t> targets(5, -100);
+  test_vector<index_t> targets(5, -100);
   const auto hb = make_hidden<float>(p.h, 5, 4);
   for (reduction r : all_reductions) {
     loss_options opt;
@@ -508,7 +505,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: every sample ignored gives zero loss a
 }
 
 TEST_CASE_TEMPLATE("hierarchical_softmax: strided grad_hidden and topk outputs leave their padding alone", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(114);
   using tree_t = xsoftmax::uniform_tree<3, 3>;
   using head_t = hs32<tree_t, B>;
@@ -516,7 +513,7 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: strided grad_hidden and topk outputs l
   const index_t d = 5, batch = 7, pad = 3;
   problem p = make_problem(rng, tree.num_rows(), 20, d, batch, false, 0.2);
   head_t head(tree, mview(p.w, p.rows, d));
-  std::vector<float> dense(static_cast<size_t>(batch * d)), strided(static_cast<size_t>(batch * (d + pad)), 9.f);
+  test_vector<float> dense(static_cast<size_t>(batch * d)), strided(static_cast<size_t>(batch * (d + pad)), 9.f);
   typename head_t::gradient_type g1, g2;
   head.backward(cview(p.h, batch, d), cvec(p.targets), mview(dense, batch, d), g1);
   head.backward(cview(p.h, batch, d), cvec(p.targets), mview(strided, batch, d, d + pad), g2);
@@ -525,8 +522,8 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: strided grad_hidden and topk outputs l
     for (index_t j = d; j < d + pad; ++j) CHECK(strided[static_cast<size_t>(i * (d + pad) + j)] == 9.f);
   }
   const index_t k = 3, ks = k + 2;
-  std::vector<index_t> c1(static_cast<size_t>(batch * k)), c2(static_cast<size_t>(batch * ks), -7);
-  std::vector<float> l1(c1.size()), l2(c2.size(), 4.f);
+  test_vector<index_t> c1(static_cast<size_t>(batch * k)), c2(static_cast<size_t>(batch * ks), -7);
+  test_vector<float> l1(c1.size()), l2(c2.size(), 4.f);
   head.topk(cview(p.h, batch, d), k, mview(c1, batch, k), mview(l1, batch, k));
   head.topk(cview(p.h, batch, d), k, mview(c2, batch, k, ks), mview(l2, batch, k, ks));
   for (index_t i = 0; i < batch; ++i)

@@ -56,8 +56,8 @@ double rounding_error_bound(double x) {
 /// D[i * rows + c]: bound on how much row c's score for sample i moves when weights and bias are
 /// rounded to T.
 template <class T>
-std::vector<double> score_error_bounds(const problem& p) {
-  std::vector<double> bound(static_cast<size_t>(p.batch * p.rows));
+test_vector<double> score_error_bounds(const problem& p) {
+  test_vector<double> bound(static_cast<size_t>(p.batch * p.rows));
   for (index_t i = 0; i < p.batch; ++i)
     for (index_t c = 0; c < p.rows; ++c) {
       double s = p.has_bias() ? rounding_error_bound<T>(p.b[static_cast<size_t>(c)]) : 0.0;
@@ -125,7 +125,7 @@ TEST_CASE_TEMPLATE("precision: full_softmax with bf16 / fp16 weights against fp3
   const auto D = score_error_bounds<T>(p);
   const auto a = run_forward_backward(low, hb, p.targets, sum), b = run_forward_backward(exact, hb, p.targets, sum);
   double max_diff = 0;
-  std::vector<double> delta(static_cast<size_t>(batch), 0.0);  // max_c D_ic per sample
+  test_vector<double> delta(static_cast<size_t>(batch), 0.0);  // max_c D_ic per sample
   for (index_t i = 0; i < batch; ++i) {
     for (index_t c = 0; c < n; ++c) delta[static_cast<size_t>(i)] = std::max(delta[static_cast<size_t>(i)], D[static_cast<size_t>(i * n + c)]);
     const double diff = std::abs(a.per_sample[static_cast<size_t>(i)] - b.per_sample[static_cast<size_t>(i)]);
@@ -259,11 +259,11 @@ TEST_CASE_TEMPLATE("precision: apply_sgd on bf16 / fp16 weights rounds w - lr * 
   const auto w0 = wt, b0 = bt;
   xsoftmax::hierarchical_softmax<tree_t, typename C::precision, B> head(tree, mview(wt, rows, d), bt.data());
   typename decltype(head)::gradient_type g;
-  std::vector<float> gh(static_cast<size_t>(batch * d));
+  test_vector<float> gh(static_cast<size_t>(batch * d));
   head.backward(cview(p.h, batch, d), cvec(p.targets), mview(gh, batch, d), g);
   const float lr = 0.5f;
   head.apply_sgd(g, lr);
-  std::vector<char> updated(static_cast<size_t>(rows), 0);
+  test_vector<char> updated(static_cast<size_t>(rows), 0);
   index_t changed = 0;
   for (index_t i = 0; i < g.num_rows(); ++i) {
     const index_t r = g.rows[static_cast<size_t>(i)];

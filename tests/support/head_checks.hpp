@@ -33,10 +33,10 @@ struct problem {
   index_t dim = 0;
   index_t batch = 0;
   index_t num_classes = 0;
-  std::vector<float> w;    ///< rows x dim
-  std::vector<float> b;    ///< rows entries, or empty
-  std::vector<float> h;    ///< batch x dim
-  std::vector<index_t> targets;
+  test_vector<float> w;    ///< rows x dim
+  test_vector<float> b;    ///< rows entries, or empty
+  test_vector<float> h;    ///< batch x dim
+  test_vector<index_t> targets;
 
   [[nodiscard]] bool has_bias() const { return !b.empty(); }
   [[nodiscard]] ref_params params() const {
@@ -70,9 +70,9 @@ inline problem make_problem(test_rng& rng, index_t rows, index_t num_classes, in
 template <class H>
 struct hidden_batch {
   index_t rows = 0, dim = 0, stride = 0;
-  std::vector<H> storage;
+  test_vector<H> storage;
   [[nodiscard]] xsoftmax::matrix_view<const H> view() const { return {storage.data(), rows, dim, stride}; }
-  [[nodiscard]] ref_batch reference(const std::vector<index_t>& targets) const {
+  [[nodiscard]] ref_batch reference(const test_vector<index_t>& targets) const {
     ref_batch b;
     b.rows = rows;
     b.dim = dim;
@@ -86,7 +86,7 @@ struct hidden_batch {
 };
 
 template <class H>
-hidden_batch<H> make_hidden(const std::vector<float>& dense, index_t rows, index_t dim, index_t padding = 0) {
+hidden_batch<H> make_hidden(const test_vector<float>& dense, index_t rows, index_t dim, index_t padding = 0) {
   hidden_batch<H> hb;
   hb.rows = rows;
   hb.dim = dim;
@@ -103,16 +103,16 @@ hidden_batch<H> make_hidden(const std::vector<float>& dense, index_t rows, index
 template <class Head>
 struct head_outputs {
   float loss = 0;
-  std::vector<float> per_sample;
-  std::vector<float> grad_hidden;
+  test_vector<float> per_sample;
+  test_vector<float> grad_hidden;
   typename Head::gradient_type grad;
 };
 
 /// Runs `forward_backward` (reduction per `opt`, per-sample losses always requested).
 template <class Head, class H>
 head_outputs<Head> run_forward_backward(const Head& head, const hidden_batch<H>& hb,
-                                        const std::vector<index_t>& targets, xsoftmax::loss_options opt,
-                                        const std::vector<float>& grad_output = {}) {
+                                        const test_vector<index_t>& targets, xsoftmax::loss_options opt,
+                                        const test_vector<float>& grad_output = {}) {
   head_outputs<Head> out;
   out.per_sample.assign(static_cast<size_t>(hb.rows), std::numeric_limits<float>::quiet_NaN());
   out.grad_hidden.assign(static_cast<size_t>(hb.rows * hb.dim), std::numeric_limits<float>::quiet_NaN());
@@ -130,12 +130,12 @@ bool same_outputs(const head_outputs<Head>& a, const head_outputs<Head>& b) {
 /// `forward` against the reference: the returned value for `opt.reduce`, and the per-sample losses.
 template <class Head, class H>
 void check_forward(const Head& head, const sample_loss_fn& ref, const ref_params& params, const hidden_batch<H>& hb,
-                   const std::vector<index_t>& targets, xsoftmax::loss_options opt, const std::string& what) {
+                   const test_vector<index_t>& targets, xsoftmax::loss_options opt, const std::string& what) {
   const ref_batch rb = hb.reference(targets);
-  std::vector<double> per_ref;
+  test_vector<double> per_ref;
   double reduced = 0;
   reference_objective(ref, params, rb, opt, {}, &per_ref, &reduced);
-  std::vector<float> per(static_cast<size_t>(hb.rows), std::numeric_limits<float>::quiet_NaN());
+  test_vector<float> per(static_cast<size_t>(hb.rows), std::numeric_limits<float>::quiet_NaN());
   const float loss = head.forward(hb.view(), cvec(targets), opt, mvec(per));
   check_close(loss, reduced, loss_atol, loss_rtol, what + ": forward value");
   check_close(per, per_ref, loss_atol, loss_rtol, what + ": per-sample losses");
@@ -151,11 +151,11 @@ void check_forward(const Head& head, const sample_loss_fn& ref, const ref_params
 /// `forward_backward` bit for bit. Returns the gradient for further checks.
 template <class Head, class H>
 head_outputs<Head> check_gradients(const Head& head, const sample_loss_fn& ref, const ref_params& params,
-                                   const hidden_batch<H>& hb, const std::vector<index_t>& targets,
-                                   xsoftmax::loss_options opt, const std::vector<float>& grad_output,
+                                   const hidden_batch<H>& hb, const test_vector<index_t>& targets,
+                                   xsoftmax::loss_options opt, const test_vector<float>& grad_output,
                                    const std::string& what) {
   const ref_batch rb = hb.reference(targets);
-  std::vector<double> per_ref;
+  test_vector<double> per_ref;
   double reduced = 0;
   reference_objective(ref, params, rb, opt, grad_output, &per_ref, &reduced);
   const fd_gradients fd = finite_differences(ref, params, rb, opt, grad_output);
@@ -169,7 +169,7 @@ head_outputs<Head> check_gradients(const Head& head, const sample_loss_fn& ref, 
   check_close(dg.b, fd.b, grad_atol, grad_rtol, what + ": bias gradient vs finite differences");
 
   // backward alone: the same gradients, bit for bit.
-  std::vector<float> gh(static_cast<size_t>(hb.rows * hb.dim), 7.f);
+  test_vector<float> gh(static_cast<size_t>(hb.rows * hb.dim), 7.f);
   typename Head::gradient_type g;
   head.backward(hb.view(), cvec(targets), mview(gh, hb.rows, hb.dim), g, opt, cvec(grad_output));
   CHECK_MESSAGE(bitwise_equal(gh, out.grad_hidden), what, ": backward's grad_hidden differs from forward_backward's");
@@ -178,8 +178,8 @@ head_outputs<Head> check_gradients(const Head& head, const sample_loss_fn& ref, 
 }
 
 /// Per-sample upstream gradients for reduction none (some negative, none zero).
-inline std::vector<float> random_grad_output(test_rng& rng, index_t n) {
-  std::vector<float> g(static_cast<size_t>(n));
+inline test_vector<float> random_grad_output(test_rng& rng, index_t n) {
+  test_vector<float> g(static_cast<size_t>(n));
   for (auto& x : g) x = static_cast<float>(rng.uniform(0.25, 1.5) * (rng.coin(0.3) ? -1 : 1));
   return g;
 }
@@ -198,9 +198,9 @@ namespace xsoftmax_test {
 /// values are within fp32 evaluation error, either order is right).
 inline void check_topk_row(const double* ref, index_t n, const index_t* cls, const float* lps, index_t k,
                            const std::string& what) {
-  std::vector<double> sorted(ref, ref + n);
+  test_vector<double> sorted(ref, ref + n);
   std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-  std::vector<char> seen(static_cast<size_t>(n), 0);
+  test_vector<char> seen(static_cast<size_t>(n), 0);
   for (index_t j = 0; j < k; ++j) {
     INFO(what, ": rank ", j, " of k = ", k);
     const index_t c = cls[j];

@@ -8,6 +8,8 @@
 /// class; a hierarchical softmax walks each class's path through the tree contract
 /// (`depth`, `step`) and sums -log p(child | node). Everything is double.
 
+#include "support/test_memory.hpp"
+
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/tree/tree_types.hpp>
 #include <xsoftmax/types.hpp>
@@ -48,16 +50,16 @@ struct test_rng {
 };
 
 /// `n` floats uniform in [-scale, scale].
-inline std::vector<float> random_floats(test_rng& rng, index_t n, double scale) {
-  std::vector<float> v(static_cast<size_t>(n));
+inline test_vector<float> random_floats(test_rng& rng, index_t n, double scale) {
+  test_vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = static_cast<float>(rng.uniform(-scale, scale));
   return v;
 }
 
 /// `n` targets in [0, num_classes); about `ignore_fraction` of them set to `ignore_index`.
-inline std::vector<index_t> random_targets(test_rng& rng, index_t n, index_t num_classes,
+inline test_vector<index_t> random_targets(test_rng& rng, index_t n, index_t num_classes,
                                            double ignore_fraction = 0.0, index_t ignore_index = -100) {
-  std::vector<index_t> t(static_cast<size_t>(n));
+  test_vector<index_t> t(static_cast<size_t>(n));
   for (auto& x : t) x = rng.coin(ignore_fraction) ? ignore_index : rng.integer(0, num_classes - 1);
   return t;
 }
@@ -68,8 +70,8 @@ inline std::vector<index_t> random_targets(test_rng& rng, index_t n, index_t num
 
 /// Converts floats to a supported element type (round-to-nearest-even for bf16/fp16).
 template <class T>
-std::vector<T> convert(const std::vector<float>& v) {
-  std::vector<T> out(v.size());
+test_vector<T> convert(const test_vector<float>& v) {
+  test_vector<T> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = xsoftmax::from_float<T>(v[i]);
   return out;
 }
@@ -82,16 +84,16 @@ double as_double(T x) {
 }
 
 template <class T>
-std::vector<double> to_doubles(const std::vector<T>& v) {
-  std::vector<double> out(v.size());
+test_vector<double> to_doubles(const test_vector<T>& v) {
+  test_vector<double> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = as_double(v[i]);
   return out;
 }
 
 /// Rounds floats through `T` and back (what a head storing `T` actually sees).
 template <class T>
-std::vector<float> rounded_through(const std::vector<float>& v) {
-  std::vector<float> out(v.size());
+test_vector<float> rounded_through(const test_vector<float>& v) {
+  test_vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = xsoftmax::to_float(xsoftmax::from_float<T>(v[i]));
   return out;
 }
@@ -111,29 +113,20 @@ bool bitwise_equal(const V& a, const V& b) {
 // -------------------------------------------------------------------------------------------------
 
 template <class T>
-xsoftmax::matrix_view<const T> cview(const std::vector<T>& v, index_t rows, index_t cols, index_t stride = -1) {
+xsoftmax::matrix_view<const T> cview(const test_vector<T>& v, index_t rows, index_t cols, index_t stride = -1) {
   return {v.data(), rows, cols, stride < 0 ? cols : stride};
 }
 template <class T>
-xsoftmax::matrix_view<T> mview(std::vector<T>& v, index_t rows, index_t cols, index_t stride = -1) {
+xsoftmax::matrix_view<T> mview(test_vector<T>& v, index_t rows, index_t cols, index_t stride = -1) {
   return {v.data(), rows, cols, stride < 0 ? cols : stride};
 }
 template <class T>
-xsoftmax::vector_view<const T> cvec(const std::vector<T>& v) {
+xsoftmax::vector_view<const T> cvec(const test_vector<T>& v) {
   return {v.data(), static_cast<index_t>(v.size())};
 }
 template <class T>
-xsoftmax::vector_view<T> mvec(std::vector<T>& v) {
+xsoftmax::vector_view<T> mvec(test_vector<T>& v) {
   return {v.data(), static_cast<index_t>(v.size())};
-}
-
-/// The elements of a (possibly strided) matrix view, densely packed.
-template <class T>
-std::vector<std::remove_cv_t<T>> dense_copy(xsoftmax::matrix_view<T> m) {
-  std::vector<std::remove_cv_t<T>> out(static_cast<size_t>(m.rows * m.cols));
-  for (index_t i = 0; i < m.rows; ++i)
-    for (index_t j = 0; j < m.cols; ++j) out[static_cast<size_t>(i * m.cols + j)] = m(i, j);
-  return out;
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -143,8 +136,8 @@ std::vector<std::remove_cv_t<T>> dense_copy(xsoftmax::matrix_view<T> m) {
 /// Weights (rows x dim) and optional bias of a reference model, in double.
 struct ref_params {
   index_t rows = 0, dim = 0;
-  std::vector<double> w;  ///< rows x dim
-  std::vector<double> b;  ///< rows entries, or empty for no bias
+  test_vector<double> w;  ///< rows x dim
+  test_vector<double> b;  ///< rows entries, or empty for no bias
 
   [[nodiscard]] double score(index_t row, const double* h) const {
     double s = b.empty() ? 0.0 : b[static_cast<size_t>(row)];
@@ -156,7 +149,7 @@ struct ref_params {
 
 inline double softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
 
-inline double logsumexp(const std::vector<double>& s) {
+inline double logsumexp(const test_vector<double>& s) {
   double m = -std::numeric_limits<double>::infinity();
   for (double x : s) m = std::max(m, x);
   double acc = 0;
@@ -166,7 +159,7 @@ inline double logsumexp(const std::vector<double>& s) {
 
 /// -log p(t | h) of the full softmax over all `p.rows` classes.
 inline double full_sample_loss(const ref_params& p, const double* h, index_t t) {
-  std::vector<double> s(static_cast<size_t>(p.rows));
+  test_vector<double> s(static_cast<size_t>(p.rows));
   for (index_t c = 0; c < p.rows; ++c) s[static_cast<size_t>(c)] = p.score(c, h);
   return logsumexp(s) - s[static_cast<size_t>(t)];
 }
@@ -185,7 +178,7 @@ double hs_sample_loss(const TreeView& tree, const ref_params& p, const double* h
       const double x = p.score(s.block_begin / 2, h);
       loss += s.child == 0 ? softplus(-x) : softplus(x);
     } else {
-      std::vector<double> sc(static_cast<size_t>(s.block_size));
+      test_vector<double> sc(static_cast<size_t>(s.block_size));
       for (index_t j = 0; j < s.block_size; ++j) sc[static_cast<size_t>(j)] = p.score(s.block_begin + j, h);
       loss += logsumexp(sc) - sc[static_cast<size_t>(s.child)];
     }
@@ -208,8 +201,8 @@ sample_loss_fn hs_reference(TreeView tree, bool sigmoid = false) {
 /// A batch in double: hidden (rows x dim) and targets.
 struct ref_batch {
   index_t rows = 0, dim = 0;
-  std::vector<double> h;
-  std::vector<index_t> targets;
+  test_vector<double> h;
+  test_vector<index_t> targets;
 };
 
 /// The scalar objective a head's gradients differentiate: with upstream gradient `grad_output`
@@ -218,8 +211,8 @@ struct ref_batch {
 /// Returns that value; `per_sample` (if given) receives each loss (0 for ignored samples), and
 /// `reduced` (if given) the value `forward` returns (mean / sum / plain sum for none).
 inline double reference_objective(const sample_loss_fn& loss, const ref_params& p, const ref_batch& b,
-                                  xsoftmax::loss_options opt, const std::vector<float>& grad_output = {},
-                                  std::vector<double>* per_sample = nullptr, double* reduced = nullptr) {
+                                  xsoftmax::loss_options opt, const test_vector<float>& grad_output = {},
+                                  test_vector<double>* per_sample = nullptr, double* reduced = nullptr) {
   double total = 0, weighted = 0;
   index_t count = 0;
   if (per_sample) per_sample->assign(static_cast<size_t>(b.rows), 0.0);
@@ -241,9 +234,9 @@ inline double reference_objective(const sample_loss_fn& loss, const ref_params& 
 }
 
 /// log p(c | h) for every class c of every row, in double (B x N).
-inline std::vector<double> reference_log_distribution(const sample_loss_fn& loss, const ref_params& p,
+inline test_vector<double> reference_log_distribution(const sample_loss_fn& loss, const ref_params& p,
                                                       const ref_batch& b, index_t num_classes) {
-  std::vector<double> out(static_cast<size_t>(b.rows * num_classes));
+  test_vector<double> out(static_cast<size_t>(b.rows * num_classes));
   for (index_t i = 0; i < b.rows; ++i)
     for (index_t c = 0; c < num_classes; ++c)
       out[static_cast<size_t>(i * num_classes + c)] = -loss(p, b.h.data() + i * b.dim, c);
@@ -253,16 +246,16 @@ inline std::vector<double> reference_log_distribution(const sample_loss_fn& loss
 /// Central finite differences of `reference_objective` in double with respect to every weight,
 /// every bias entry and every hidden value.
 struct fd_gradients {
-  std::vector<double> w, b, h;
+  test_vector<double> w, b, h;
 };
 
 inline fd_gradients finite_differences(const sample_loss_fn& loss, ref_params p, ref_batch b,
-                                       xsoftmax::loss_options opt, const std::vector<float>& grad_output = {}) {
+                                       xsoftmax::loss_options opt, const test_vector<float>& grad_output = {}) {
   // eps = 1e-5: truncation error ~ eps^2 * |f'''| ~ 1e-10, rounding ~ 1e-16 / eps ~ 1e-11.
   constexpr double eps = 1e-5;
   auto f = [&]() { return reference_objective(loss, p, b, opt, grad_output); };
-  auto diff = [&](std::vector<double>& x) {
-    std::vector<double> g(x.size());
+  auto diff = [&](test_vector<double>& x) {
+    test_vector<double> g(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
       const double x0 = x[i];
       x[i] = x0 + eps;
@@ -288,12 +281,19 @@ inline fd_gradients finite_differences(const sample_loss_fn& loss, ref_params p,
 /// A sparse weight gradient scattered to dense rows x dim (and bias, rows entries). Checks that the
 /// gradient's rows are in range and unique.
 struct dense_gradient {
-  std::vector<double> w, b;
-  std::vector<char> touched;
+  test_vector<double> w, b;
+  test_vector<char> touched;
 };
 
 template <class Gradient>
-dense_gradient scatter_gradient(const Gradient& g, index_t rows, index_t dim, bool bias) {
+dense_gradient scatter_gradient(const Gradient& device_or_host, index_t rows, index_t dim, bool bias) {
+  struct {
+    index_t dim;
+    thrust::host_vector<index_t> rows;
+    thrust::host_vector<float> values, bias_values;
+    [[nodiscard]] index_t num_rows() const { return static_cast<index_t>(rows.size()); }
+  } const g{device_or_host.dim, on_host(device_or_host.rows), on_host(device_or_host.values),
+            on_host(device_or_host.bias_values)};
   dense_gradient out;
   out.w.assign(static_cast<size_t>(rows * dim), 0.0);
   out.b.assign(bias ? static_cast<size_t>(rows) : 0, 0.0);
@@ -317,8 +317,10 @@ dense_gradient scatter_gradient(const Gradient& g, index_t rows, index_t dim, bo
 /// Bitwise equality of two sparse gradients (rows, values and bias values, in order).
 template <class Gradient>
 bool same_gradient(const Gradient& a, const Gradient& b) {
-  return a.dim == b.dim && bitwise_equal(a.rows, b.rows) && bitwise_equal(a.values, b.values) &&
-         bitwise_equal(a.bias_values, b.bias_values);
+  // on_host: the vectors may be device vectors (cuda backend).
+  return a.dim == b.dim && bitwise_equal(on_host(a.rows), on_host(b.rows)) &&
+         bitwise_equal(on_host(a.values), on_host(b.values)) &&
+         bitwise_equal(on_host(a.bias_values), on_host(b.bias_values));
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -353,7 +355,7 @@ void check_close(const A& actual, const E& expected, double atol, double rtol, c
 }
 
 inline void check_close(double actual, double expected, double atol, double rtol, const std::string& what) {
-  check_close(std::vector<double>{actual}, std::vector<double>{expected}, atol, rtol, what);
+  check_close(test_vector<double>{actual}, test_vector<double>{expected}, atol, rtol, what);
 }
 
 /// A readable name for a backend / precision, for INFO lines.
@@ -369,7 +371,7 @@ const char* backend_name() {
 /// A tree given as a parent array over nodes with a class on every leaf (the input of
 /// `runtime_tree::from_parents(parent, leaf_class, num_classes)`).
 struct parent_array_tree {
-  std::vector<index_t> parent;
+  std::vector<index_t> parent;      // host-side tree description (runtime_tree takes std::vector)
   std::vector<index_t> leaf_class;
   index_t num_classes = 0;
   int height = 0;
@@ -429,9 +431,9 @@ inline std::vector<long long> zipf_counts(test_rng& rng, index_t n) {
 /// The rows a hierarchical softmax's sparse gradient must hold: every row of every block on the
 /// path of some non-ignored target (softmax nodes), or each such node's one row (sigmoid nodes).
 template <class TreeView>
-std::vector<index_t> expected_touched_rows(const TreeView& tree, const std::vector<index_t>& targets,
+test_vector<index_t> expected_touched_rows(const TreeView& tree, const test_vector<index_t>& targets,
                                            index_t ignore_index, bool sigmoid) {
-  std::vector<index_t> rows;
+  test_vector<index_t> rows;
   for (index_t t : targets) {
     if (t == ignore_index) continue;
     for (int l = 0; l < tree.depth(t); ++l) {

@@ -229,4 +229,91 @@ void full_softmax<P, B>::log_distribution_host(matrix_view<const H> hidden, inde
                                });
 }
 
+// ------------------------------------------------------------------------------------------------
+// _async verbs: host backends run the blocking verb; device backends queue (device_heads<B>::*_async).
+// detail::check_async_loss comes from detail/async.hpp (through backend.hpp).
+// ------------------------------------------------------------------------------------------------
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::forward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                       vector_view<float> loss, loss_options options,
+                                       vector_view<float> per_sample) const {
+  detail::check_async_loss("full_softmax::forward_async", loss);
+  if constexpr (is_host_backend<B>) {
+    loss[0] = forward(hidden, targets, options, per_sample);
+  } else {
+    detail::device_heads<B>::full_run_async(*this, "full_softmax::forward", hidden, targets, options, per_sample,
+                                            nullptr, nullptr, {}, loss.data);
+  }
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::forward_backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                                matrix_view<float> grad_hidden, gradient_type& grad_weights,
+                                                vector_view<float> loss, loss_options options,
+                                                vector_view<float> per_sample,
+                                                vector_view<const float> grad_output) const {
+  detail::check_async_loss("full_softmax::forward_backward_async", loss);
+  if constexpr (is_host_backend<B>) {
+    loss[0] = forward_backward(hidden, targets, grad_hidden, grad_weights, options, per_sample, grad_output);
+  } else {
+    detail::device_heads<B>::full_run_async(*this, "full_softmax::forward_backward", hidden, targets, options,
+                                            per_sample, &grad_hidden, &grad_weights, grad_output, loss.data);
+  }
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                        matrix_view<float> grad_hidden, gradient_type& grad_weights,
+                                        loss_options options, vector_view<const float> grad_output) const {
+  if constexpr (is_host_backend<B>) {
+    backward(hidden, targets, grad_hidden, grad_weights, options, grad_output);
+  } else {
+    detail::device_heads<B>::full_run_async(*this, "full_softmax::backward", hidden, targets, options, {},
+                                            &grad_hidden, &grad_weights, grad_output, nullptr);
+  }
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::log_prob_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                        vector_view<float> out) const {
+  if constexpr (is_host_backend<B>) {
+    log_prob(hidden, targets, out);
+  } else {
+    loss_options o;
+    o.reduce = reduction::none;
+    o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
+    detail::check_output("full_softmax::log_prob", "out", out, hidden.rows);
+    detail::device_heads<B>::full_run_async(*this, "full_softmax::log_prob", hidden, targets, o, out, nullptr,
+                                            nullptr, {}, nullptr);
+    detail::device_heads<B>::negate_async(resources_, out);
+  }
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::topk_async(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                    matrix_view<float> log_probs) const {
+  if constexpr (is_host_backend<B>) {
+    topk(hidden, k, classes, log_probs);
+  } else {
+    detail::device_heads<B>::full_topk_async(*this, hidden, k, classes, log_probs);
+  }
+}
+
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::log_distribution_async(matrix_view<const H> hidden, index_t class_begin,
+                                                index_t class_end, matrix_view<float> out) const {
+  if constexpr (is_host_backend<B>) {
+    log_distribution(hidden, class_begin, class_end, out);
+  } else {
+    detail::device_heads<B>::full_log_distribution_async(*this, hidden, class_begin, class_end, out);
+  }
+}
+
 }  // namespace xsoftmax

@@ -24,7 +24,12 @@ struct backend_traits<cuda> {
   /// after every algorithm: work queued on one stream runs in order, and the verbs synchronise the
   /// stream once, before they read a result on the host and before they return. (Algorithms that
   /// return a value, such as `find_if` or `copy_if`'s end iterator, still wait for that value.)
-  [[nodiscard]] static auto policy(const resources& r) { return thrust::cuda::par_nosync.on(r.stream()); }
+  /// Temporary storage comes from the resources' caching allocator, so that algorithms needing it
+  /// (sort, reduce_by_key, copy_if, ...) do not cudaMalloc / cudaFree (which synchronises the
+  /// device) on every call; see `detail::gpu::caching_allocator` for why reuse is stream-safe.
+  [[nodiscard]] static auto policy(const resources& r) {
+    return thrust::cuda::par_nosync(r.thrust_allocator()).on(r.stream());
+  }
 
   /// Without resources (as `weight_store::apply_sgd` calls it): the default stream, and *blocking*
   /// (Thrust's `par` synchronises after each algorithm), so an update is complete when the call

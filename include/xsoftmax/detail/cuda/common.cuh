@@ -23,9 +23,12 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/transform_reduce.h>
 
+#include <cub/block/block_reduce.cuh>
+
 #include <cuda/std/cmath>
 
 #include <climits>
+#include <cstdint>
 #include <cmath>
 #include <vector>
 
@@ -100,9 +103,9 @@ struct non_finite_element {
   }
 };
 
-/// `hidden` must be a non-empty (B x dim) matrix of finite values in device memory.
+/// The shape checks of `hidden` (no data is read): shared by check_hidden and the `_async` verbs.
 template <class H>
-void check_hidden(const char* where, const cuda_resources& res, matrix_view<const H> hidden, index_t dim) {
+void check_hidden_shape(const char* where, matrix_view<const H> hidden, index_t dim) {
   static_assert(is_supported_element<H>, "xsoftmax: hidden must be float, double, bf16 or fp16");
   expects<shape_error>(hidden.cols == dim, where, ": hidden has ", hidden.cols, " columns but the head's dim is ",
                        dim);
@@ -110,6 +113,30 @@ void check_hidden(const char* where, const cuda_resources& res, matrix_view<cons
   expects(hidden.data != nullptr, where, ": hidden.data is null");
   expects<shape_error>(hidden.stride >= hidden.cols, where, ": hidden.stride = ", hidden.stride,
                        " is smaller than hidden.cols = ", hidden.cols);
+}
+
+/// The shape checks of `targets` (no data is read).
+inline void check_targets_shape(const char* where, vector_view<const index_t> targets, index_t rows) {
+  expects<shape_error>(targets.size == rows, where, ": targets has ", targets.size, " entries but hidden has ", rows,
+                       " rows");
+  expects(targets.data != nullptr || rows == 0, where, ": targets.data is null");
+}
+
+/// The shape checks of `grad_output` (no data is read).
+inline void check_grad_output_shape(const char* where, reduction reduce, vector_view<const float> grad_output,
+                                    index_t batch_rows) {
+  if (reduce == reduction::none)
+    expects<shape_error>(grad_output.size == 0 || grad_output.size == batch_rows, where, ": grad_output has ",
+                         grad_output.size, " entries; reduction none needs 0 (all ones) or ", batch_rows);
+  else
+    expects<shape_error>(grad_output.size <= 1, where, ": grad_output has ", grad_output.size,
+                         " entries; reduction mean/sum takes 0 (one) or 1 (a scalar)");
+}
+
+/// `hidden` must be a non-empty (B x dim) matrix of finite values in device memory.
+template <class H>
+void check_hidden(const char* where, const cuda_resources& res, matrix_view<const H> hidden, index_t dim) {
+  check_hidden_shape(where, hidden, dim);
   // find_if returns the first match in index order: the same element the host's row-major loop
   // reports first.
   const thrust::counting_iterator<index_t> first(0), last(hidden.rows * hidden.cols);
@@ -134,9 +161,7 @@ struct bad_target {
 /// One target per hidden row, each in [0, num_classes) or equal to `ignore_index`.
 inline void check_targets(const char* where, const cuda_resources& res, vector_view<const index_t> targets,
                           index_t rows, index_t num_classes, index_t ignore_index) {
-  expects<shape_error>(targets.size == rows, where, ": targets has ", targets.size, " entries but hidden has ", rows,
-                       " rows");
-  expects(targets.data != nullptr || rows == 0, where, ": targets.data is null");
+  check_targets_shape(where, targets, rows);
   if (targets.size == 0) return;
   const thrust::counting_iterator<index_t> first(0), last(targets.size);
   const auto hit = thrust::find_if(backend_traits<cuda>::policy(res), first, last,
@@ -200,9 +225,8 @@ inline void upstream_gradients(const char* where, const cuda_resources& res, con
                                index_t batch_rows, reduction reduce, vector_view<const float> grad_output,
                                float* upstream) {
   const auto policy = backend_traits<cuda>::policy(res);
+  check_grad_output_shape(where, reduce, grad_output, batch_rows);
   if (reduce == reduction::none) {
-    expects<shape_error>(grad_output.size == 0 || grad_output.size == batch_rows, where, ": grad_output has ",
-                         grad_output.size, " entries; reduction none needs 0 (all ones) or ", batch_rows);
     if (rows == 0) return;
     if (grad_output.size == 0) {
       thrust::fill_n(policy, upstream, rows, 1.f);
@@ -215,8 +239,6 @@ inline void upstream_gradients(const char* where, const cuda_resources& res, con
                                      read_one(hit, res.stream())));
     return;
   }
-  expects<shape_error>(grad_output.size <= 1, where, ": grad_output has ", grad_output.size,
-                       " entries; reduction mean/sum takes 0 (one) or 1 (a scalar)");
   float scale = grad_output.size == 1 ? read_one(grad_output.data, res.stream()) : 1.f;
   if (reduce == reduction::mean && rows > 0) scale /= static_cast<float>(rows);
   if (rows == 0) return;

@@ -8,14 +8,13 @@
 /// One difference in how the work is cut (not in what is computed): the number of classes per
 /// chunk is `head.chunk_size_for(B)` for the whole batch B, not for the packed (non-ignored) rows,
 /// so that every buffer's size is known before the batch is looked at (`cuda_workspace_bytes`).
+///
+/// topk and log_distribution are in full_evaluation.cuh.
 
+#include <xsoftmax/detail/cuda/async_checks.cuh>
 #include <xsoftmax/detail/cuda/common.cuh>
 #include <xsoftmax/detail/cuda/dense.cuh>
 
-#include <cub/device/device_segmented_sort.cuh>
-
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 #include <thrust/sequence.h>
 
 #include <algorithm>
@@ -35,10 +34,21 @@ struct full_run_buffers {
   float* loss = nullptr;
   float* grad_h = nullptr;
   dense_scratch<T> sc;
+  // The async path only: first-failure slots of its three checks, the kept-row count, and the
+  // gradient scale (p, 1 / p).
+  unsigned long long* slots = nullptr;
+  unsigned long long* kept = nullptr;
+  float* scale = nullptr;
 
   template <class Alloc>
-  static full_run_buffers take(Alloc& a, index_t batch_rows, index_t dim, index_t chunk, bool backward) {
+  static full_run_buffers take(Alloc& a, index_t batch_rows, index_t dim, index_t chunk, bool backward,
+                               bool async = false) {
     full_run_buffers f;
+    if (async) {
+      f.slots = a.template take<unsigned long long>(3);
+      f.kept = a.template take<unsigned long long>(1);
+      f.scale = a.template take<float>(2);
+    }
     f.sample = a.template take<index_t>(batch_rows);
     f.target = a.template take<index_t>(batch_rows);
     f.hidden = a.template take<T>(batch_rows * dim);
@@ -124,196 +134,97 @@ float full_run(const Head& head, const char* where, matrix_view<const H> hidden,
   return reduce_losses(res, buf.loss, rows, options.reduce);  // waits for the stream
 }
 
-// ------------------------------------------------------------------------------------------------
-// top-k
-// ------------------------------------------------------------------------------------------------
+/// The async form of full_run (see full_softmax.hpp, "_async verbs"): the same shape checks, thrown
+/// now; data checks recorded on the device; all B rows processed with the ignored ones masked; the
+/// reduced loss written to `loss` (device, may be null: not wanted). Queues work on the head's
+/// stream and returns without waiting for it.
+///
+/// Results equal full_run's: per-row losses, grad_hidden rows and the reduction are computed the
+/// same way; with ignored rows the GEMMs run over B instead of the kept rows (zero rows added), so
+/// the weight gradient may differ in the last bits where cuBLAS picks a different kernel. One
+/// deliberate difference: the weight gradient always holds every class (zeros when every target is
+/// ignored; full_run returns no rows then), because its size must be known before the targets are
+/// read. Resizing it is the one allocation here (synchronous); from the second call with the same
+/// head and gradient object on it is a no-op.
+template <class Head, class H>
+void full_run_async(const Head& head, const char* where, matrix_view<const H> hidden,
+                    vector_view<const index_t> targets, loss_options options, vector_view<float> per_sample,
+                    matrix_view<float>* grad_hidden, sparse_gradient<cuda, float>* grad_weights,
+                    vector_view<const float> grad_output, float* loss) {
+  using T = typename Head::storage_type;
+  const cuda_resources& res = head.resources();
+  const auto policy = backend_traits<cuda>::policy(res);
+  const index_t n_cls = head.num_classes(), d = head.dim();
+  // The host-side checks of full_run, in its order, without reading any data.
+  check_hidden_shape(where, hidden, d);
+  check_targets_shape(where, targets, hidden.rows);
+  if ((options.reduce == reduction::none && !grad_weights) || per_sample.size != 0)
+    detail::check_output(where, "per_sample", per_sample, hidden.rows);
+  if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
+  const bool backward = grad_weights != nullptr;
+  if (backward) check_grad_output_shape(where, options.reduce, grad_output, hidden.rows);
 
-template <class Unused = void>
-__global__ void topk_init_kernel(index_t n, float* score, index_t* index) {
-  for (index_t i = global_thread(); i < n; i += grid_threads()) {
-    score[i] = -INFINITY;
-    index[i] = -1;
+  const index_t rows = hidden.rows, chunk = head.chunk_size_for(rows);
+  const T* bias = head.bias();
+  if (backward) {  // before any kernel: a resize allocates (and synchronises) when the size changes
+    sparse_gradient<cuda, float>& g = *grad_weights;
+    g.dim = d;
+    g.rows.resize(static_cast<std::size_t>(n_cls));
+    g.values.resize(static_cast<std::size_t>(n_cls * d));
+    g.bias_values.resize(bias ? static_cast<std::size_t>(n_cls) : 0);
   }
-}
+  workspace_plan plan;
+  (void)full_run_buffers<T>::take(plan, rows, d, chunk, backward, /*async=*/true);
+  reserve_for_async(res, plan.bytes());
+  device_status* st = res.begin_async();
 
-/// Candidates of row r: its k kept entries, then the chunk's cn scores (classes c0 .. c0 + cn - 1).
-/// Kept entries come from earlier chunks, so their classes are smaller than the chunk's; kept
-/// entries with equal scores are in increasing class order (from the previous sort). A stable sort
-/// by score, descending, therefore breaks ties by the smaller class, as the host does.
-template <class Unused = void>
-__global__ void topk_candidates_kernel(index_t rows, index_t k, index_t cn, index_t c0, const float* kept_score,
-                                       const index_t* kept_index, const float* scores, float* cand_score,
-                                       index_t* cand_index) {
-  const index_t len = k + cn, n = rows * len;
-  for (index_t e = global_thread(); e < n; e += grid_threads()) {
-    const index_t r = e / len, i = e - r * len;
-    if (i < k) {
-      cand_score[e] = kept_score[r * k + i];
-      cand_index[e] = kept_index[r * k + i];
+  arena a(res.workspace(), res.stream());
+  const full_run_buffers<T> buf = full_run_buffers<T>::take(a, rows, d, chunk, backward, /*async=*/true);
+  check_hidden_async(where, res, hidden, d, st, buf.slots);
+  mask_targets_async(where, res, targets, rows, n_cls, options.ignore_index, buf.target, buf.kept, st,
+                     buf.slots + 1);
+  if (backward)
+    upstream_gradients_async(where, res, buf.target, rows, options.reduce, grad_output, buf.kept, buf.upstream, st,
+                             buf.slots + 2);
+  pack_masked_rows(res, hidden, buf.target, buf.hidden);
+
+  dense_block<T> block;
+  block.h = buf.hidden;
+  block.rows = rows;
+  block.dim = d;
+  block.w = matrix_view<const T>(head.weights());
+  block.bias = bias;
+  block.first = 0;
+  block.n = n_cls;
+  block.target_col = buf.target;  // -1 for masked rows: no column matches, the target logit stays 0
+
+  dense_lse(res, block, buf.sc);
+  dense_losses(res, block, buf.sc, buf.loss, false);
+  mask_losses(res, buf.loss, buf.target, rows);
+
+  if (backward) {
+    sparse_gradient<cuda, float>& g = *grad_weights;
+    float* grad_w = thrust::raw_pointer_cast(g.values.data());
+    float* grad_b = bias ? thrust::raw_pointer_cast(g.bias_values.data()) : nullptr;
+    thrust::sequence(policy, g.rows.begin(), g.rows.end());
+    thrust::fill_n(policy, buf.grad_h, rows * d, 0.f);
+    // Masked rows have upstream 0, so their dLoss/dscore row is exactly 0: they add nothing.
+    constexpr bool fp32 = std::is_same_v<T, float>;
+    if constexpr (fp32) {
+      dense_backward(res, block, buf.sc, buf.upstream, 1.f, buf.grad_h, grad_w, grad_b);
     } else {
-      cand_score[e] = scores[r * cn + (i - k)];
-      cand_index[e] = c0 + (i - k);
+      gradient_scale_async(res, buf.upstream, rows, buf.scale);  // upstream *= p
+      dense_backward(res, block, buf.sc, buf.upstream, 1.f, buf.grad_h, grad_w, grad_b);
+      scale_by(res, buf.grad_h, rows * d, buf.scale + 1);  // * 1 / p
+      scale_by(res, grad_w, n_cls * d, buf.scale + 1);
+      if (grad_b) scale_by(res, grad_b, n_cls, buf.scale + 1);
     }
+    if (grad_hidden) copy_masked_rows(res, buf.grad_h, buf.target, *grad_hidden);
   }
-}
-
-/// Keeps the first k entries of each sorted segment.
-template <class Unused = void>
-__global__ void topk_keep_kernel(index_t rows, index_t k, index_t len, const float* sorted_score,
-                                 const index_t* sorted_index, float* kept_score, index_t* kept_index) {
-  const index_t n = rows * k;
-  for (index_t e = global_thread(); e < n; e += grid_threads()) {
-    const index_t r = e / k, j = e - r * k;
-    kept_score[e] = sorted_score[r * len + j];
-    kept_index[e] = sorted_index[r * len + j];
-  }
-}
-
-template <class Unused = void>
-__global__ void topk_output_kernel(index_t rows, index_t k, const float* kept_score, const index_t* kept_index,
-                                   const float* lse, matrix_view<index_t> classes, matrix_view<float> log_probs) {
-  const index_t n = rows * k;
-  for (index_t e = global_thread(); e < n; e += grid_threads()) {
-    const index_t r = e / k, j = e - r * k;
-    classes(r, j) = kept_index[e];
-    log_probs(r, j) = kept_score[e] - lse[r];
-  }
-}
-
-/// Begin offset of segment s when every segment has `len` entries.
-struct segment_offset {
-  index_t len;
-  XSOFTMAX_HD index_t operator()(index_t s) const { return s * len; }
-};
-
-/// Bytes of CUB temporary storage for a stable descending segmented sort of rows segments of len.
-[[nodiscard]] inline std::size_t segmented_sort_bytes(index_t rows, index_t len, cudaStream_t stream) {
-  const auto offsets = thrust::make_transform_iterator(thrust::counting_iterator<index_t>(0), segment_offset{len});
-  std::size_t bytes = 0;
-  XSOFTMAX_CUDA_TRY(cub::DeviceSegmentedSort::StableSortPairsDescending(
-      nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
-      static_cast<const index_t*>(nullptr), static_cast<index_t*>(nullptr), rows * len, rows, offsets, offsets + 1,
-      stream));
-  return bytes;
-}
-
-template <class Head, class H>
-void full_topk(const Head& head, matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-               matrix_view<float> log_probs) {
-  using T = typename Head::storage_type;
-  const char* where = "full_softmax::topk";
-  const cuda_resources& res = head.resources();
-  const index_t n_cls = head.num_classes(), d = head.dim();
-  check_hidden(where, res, hidden, d);
-  expects(k >= 1 && k <= n_cls, where, ": k = ", k, " must be in [1, num_classes = ", n_cls, "]");
-  detail::check_output(where, "classes", classes, hidden.rows, k);
-  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
-
-  const index_t rows = hidden.rows, chunk = head.chunk_size_for(rows);
-  const index_t len = k + chunk;  // candidates per row and chunk (at most)
-  const cudaStream_t stream = res.stream();
-  arena a(res.workspace(), stream);
-  T* hs = a.take<T>(rows * d);
-  const dense_scratch<T> sc = dense_scratch<T>::take(a, rows, chunk, /*with_grad=*/false);
-  float* kept_score = a.take<float>(rows * k);
-  index_t* kept_index = a.take<index_t>(rows * k);
-  float* cand_score = a.take<float>(rows * len);
-  index_t* cand_index = a.take<index_t>(rows * len);
-  float* sorted_score = a.take<float>(rows * len);
-  index_t* sorted_index = a.take<index_t>(rows * len);
-  // CUB's temporary storage for the two segment lengths that occur (full chunks, the last one).
-  const index_t last_len = k + (n_cls - (n_cls - 1) / chunk * chunk);
-  const std::size_t temp_bytes =
-      std::max(segmented_sort_bytes(rows, len, stream), segmented_sort_bytes(rows, last_len, stream));
-  void* temp = a.take<unsigned char>(static_cast<index_t>(temp_bytes));
-
-  pack_rows(res, hidden, static_cast<const index_t*>(nullptr), rows, hs);
-  dense_block<T> block;
-  block.h = hs;
-  block.rows = rows;
-  block.dim = d;
-  block.w = matrix_view<const T>(head.weights());
-  block.bias = head.bias();
-  block.first = 0;
-  block.n = n_cls;
-  dense_lse_begin(res, block, sc);
-  topk_init_kernel<><<<grid_for(rows * k), block_threads, 0, stream>>>(rows * k, kept_score, kept_index);
-  XSOFTMAX_CUDA_CHECK_LAUNCH();
-  for (index_t c0 = 0; c0 < n_cls; c0 += chunk) {
-    const index_t cn = std::min(chunk, n_cls - c0), seg = k + cn;
-    dense_lse_chunk(res, block, sc, c0, cn);  // sc.scores now holds the chunk's biased scores
-    topk_candidates_kernel<><<<grid_for(rows * seg), block_threads, 0, stream>>>(
-        rows, k, cn, c0, kept_score, kept_index, sc.scores, cand_score, cand_index);
-    XSOFTMAX_CUDA_CHECK_LAUNCH();
-    const auto offsets = thrust::make_transform_iterator(thrust::counting_iterator<index_t>(0), segment_offset{seg});
-    std::size_t bytes = temp_bytes;
-    XSOFTMAX_CUDA_TRY(cub::DeviceSegmentedSort::StableSortPairsDescending(
-        temp, bytes, static_cast<const float*>(cand_score), sorted_score, static_cast<const index_t*>(cand_index),
-        sorted_index, rows * seg, rows, offsets, offsets + 1, stream));
-    topk_keep_kernel<><<<grid_for(rows * k), block_threads, 0, stream>>>(rows, k, seg, sorted_score, sorted_index,
-                                                                        kept_score, kept_index);
-    XSOFTMAX_CUDA_CHECK_LAUNCH();
-  }
-  dense_lse_end(res, block, sc);
-  topk_output_kernel<><<<grid_for(rows * k), block_threads, 0, stream>>>(rows, k, kept_score, kept_index, sc.lse,
-                                                                        classes, log_probs);
-  XSOFTMAX_CUDA_CHECK_LAUNCH();
-  XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
-}
-
-// ------------------------------------------------------------------------------------------------
-// log_distribution
-// ------------------------------------------------------------------------------------------------
-
-/// out(r, col0 + j) = s[r * cn + j] + bias[j] - lse[r].
-template <class T>
-__global__ void log_distribution_kernel(index_t rows, index_t cn, const float* s, const T* bias_chunk,
-                                        const float* lse, matrix_view<float> out, index_t col0) {
-  const index_t n = rows * cn;
-  for (index_t e = global_thread(); e < n; e += grid_threads()) {
-    const index_t r = e / cn, j = e - r * cn;
-    float v = s[e];
-    if (bias_chunk) v += to_float(bias_chunk[j]);
-    out(r, col0 + j) = v - lse[r];
-  }
-}
-
-template <class Head, class H>
-void full_log_distribution(const Head& head, matrix_view<const H> hidden, index_t class_begin, index_t class_end,
-                           matrix_view<float> out) {
-  using T = typename Head::storage_type;
-  const char* where = "full_softmax::log_distribution";
-  const cuda_resources& res = head.resources();
-  const index_t n_cls = head.num_classes(), d = head.dim();
-  check_hidden(where, res, hidden, d);
-  expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where, ": class range [",
-                        class_begin, ", ", class_end, ") is empty or outside [0, ", n_cls, ")");
-  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
-
-  const index_t rows = hidden.rows, chunk = head.chunk_size_for(rows);
-  const cudaStream_t stream = res.stream();
-  arena a(res.workspace(), stream);
-  T* hs = a.take<T>(rows * d);
-  const dense_scratch<T> sc = dense_scratch<T>::take(a, rows, chunk, /*with_grad=*/false);
-
-  pack_rows(res, hidden, static_cast<const index_t*>(nullptr), rows, hs);
-  dense_block<T> block;
-  block.h = hs;
-  block.rows = rows;
-  block.dim = d;
-  block.w = matrix_view<const T>(head.weights());
-  block.bias = head.bias();
-  block.first = 0;
-  block.n = n_cls;
-  dense_lse(res, block, sc);
-  for (index_t c0 = class_begin; c0 < class_end; c0 += chunk) {
-    const index_t cn = std::min(chunk, class_end - c0);
-    chunk_scores(res, block, c0, cn, sc.scores);
-    log_distribution_kernel<T><<<grid_for(rows * cn), block_threads, 0, stream>>>(
-        rows, cn, sc.scores, block.bias ? block.bias + c0 : nullptr, sc.lse, out, c0 - class_begin);
-    XSOFTMAX_CUDA_CHECK_LAUNCH();
-  }
-  XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
+  if (per_sample.size != 0)
+    XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(per_sample.data, buf.loss, static_cast<std::size_t>(rows) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, res.stream()));
+  if (loss) reduce_losses_async(res, buf.loss, rows, buf.kept, options.reduce, loss);
 }
 
 }  // namespace xsoftmax::detail::gpu

@@ -21,13 +21,30 @@
 ///       per sample reads the node's rows in place, writes the sample's dLoss/dscore values to a
 ///       flat buffer and adds into its own grad_hidden row; then one block per (run, child row)
 ///       sums G_ij * h_i over the run's samples in order.
+///     - a level's dense runs whose node block fits one chunk of scores may instead go through the
+///       grouped path (`dense_grouping`; by default when a level has >= 2 of them): one grouped
+///       scores GEMM for all of them, one segmented kernel (bias, log-sum-exp, target logit, loss,
+///       dLoss/dscore), one grouped GEMM for both gradients of every run and one bias-sum kernel.
+///       A level with thousands of small nodes is otherwise launch-bound (~6+ launches per run,
+///       each doing a few kFLOPs): grouped, a level costs 4 launches per batch whatever its node
+///       count. FLOPs: the same, minus the backward's recomputation of the scores (kept from the
+///       forward here: 2 x len x block x dim per run saved). Bytes: the same weight, hidden and
+///       gradient traffic; the scores of every grouped run (len x block fp32, plus a storage-type
+///       copy for bf16/fp16 gradients) are held at once, in batches of at most
+///       `grouped_budget_values` values, instead of one run's chunk reused from run to run (which
+///       small runs would keep in L2). cuBLAS's grouped GEMM takes no 16-bit inputs with fp32
+///       outputs, so for bf16/fp16 storage the GEMMs stay one per run (grouped_gemm.cuh) and only
+///       the kernels are grouped.
 ///     No atomics: every output element is written by one thread, in a fixed order (deterministic).
 ///
-/// topk: best-first search, one warp per sample, open list in global memory (see hs_topk).
-/// log_distribution: one warp per (sample, class), summing the path's log-probabilities.
+/// The kernels of each stage are in hs_levels.cuh; topk and log_distribution in hs_search.cuh.
 
+#include <xsoftmax/detail/cuda/async_checks.cuh>
 #include <xsoftmax/detail/cuda/common.cuh>
 #include <xsoftmax/detail/cuda/dense.cuh>
+#include <xsoftmax/detail/cuda/grouped_gemm.cuh>
+#include <xsoftmax/detail/cuda/hs_levels.cuh>
+#include <xsoftmax/detail/cuda/hs_search.cuh>
 #include <xsoftmax/detail/cuda/tree.cuh>
 #include <xsoftmax/hierarchical_softmax.hpp>
 
@@ -44,182 +61,19 @@
 
 namespace xsoftmax::detail::gpu {
 
-/// Blocks at most this wide may use the gather path (its flat buffer holds len x block scores).
-inline constexpr index_t gather_max_block = 1024;
-
-// ------------------------------------------------------------------------------------------------
-// Warp helpers
-// ------------------------------------------------------------------------------------------------
-
-inline constexpr int warp_size = 32;
-inline constexpr unsigned full_mask = 0xffffffffu;
-
-/// Sum over the warp by butterfly shuffles: every lane ends with the same value, bit for bit
-/// (each step adds the same two operands on both lanes of a pair).
-__device__ inline float warp_sum(float v) {
-  for (int o = warp_size / 2; o > 0; o >>= 1) v += __shfl_xor_sync(full_mask, v, o);
-  return v;
-}
-
-/// h . w over d elements (both in storage type, widened), lanes striding over d; all lanes get it.
-template <class T>
-__device__ float warp_dot(const T* h, const T* w, index_t d, int lane) {
-  float acc = 0.f;
-  for (index_t p = lane; p < d; p += warp_size) acc += to_float(h[p]) * to_float(w[p]);
-  return warp_sum(acc);
-}
-
-__device__ inline float softplus_f(float x) { return x > 0.f ? x + log1pf(expf(-x)) : log1pf(expf(x)); }
-__device__ inline float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
-
-// ------------------------------------------------------------------------------------------------
-// Sorting and planning
-// ------------------------------------------------------------------------------------------------
-
-template <class View>
-__global__ void leaf_rank_kernel(View tv, const index_t* target, index_t rows, index_t* key) {
-  for (index_t r = global_thread(); r < rows; r += grid_threads()) key[r] = tv.leaf_rank(target[r]);
-}
-
-/// Row r's node at `level`: key = its block_begin (-1 when r's path ended above), its block size
-/// and the child r's target takes.
-template <class View>
-__global__ void level_steps_kernel(View tv, const index_t* target, index_t rows, int level, index_t* key,
-                                   index_t* block_size, index_t* child) {
-  for (index_t r = global_thread(); r < rows; r += grid_threads()) {
-    const index_t t = target[r];
-    if (tv.depth(t) > level) {
-      const path_step s = tv.step(t, level);
-      key[r] = s.block_begin;
-      block_size[r] = s.block_size;
-      child[r] = s.child;
-    } else {
-      key[r] = -1;
-      block_size[r] = 0;
-      child[r] = 0;
-    }
-  }
-}
-
-/// A run of sorted rows sharing one node at one level, and where its gradient rows go.
-struct level_run {
-  int level = 0;
-  index_t begin = 0, end = 0;  ///< sorted rows
-  index_t block_begin = 0, block_size = 0;
-  index_t grad_offset = 0;  ///< first row of this run's block in the sparse gradient
-};
-
-/// A gather-path run as the kernels see it. `g_offset`: the run's first entry in the level's flat
-/// buffer, which holds (end - begin) x width values (width = block_size, 1 for sigmoid nodes).
-struct gather_run {
-  index_t begin, end, block_begin, block_size, grad_offset, g_offset;
-};
-
-// ------------------------------------------------------------------------------------------------
-// Gather-dot path
-// ------------------------------------------------------------------------------------------------
-
-/// One warp per sorted row r in a gather run of this level (rows of other runs, or whose path
-/// ended, are skipped): scores against the node's rows read in place, loss[r] += -log p(child),
-/// and, when grad_h is given, the row's dLoss/dscore into the flat buffer and grad_h[r] += G W.
-/// The flat buffer `g` must be given for softmax nodes even without gradients (it holds scores).
-template <bool Sigmoid, class T>
-__global__ void gather_level_kernel(const gather_run* runs, index_t n_runs, index_t rows, const T* hs, index_t d,
-                                    matrix_view<const T> w, const T* bias, const index_t* child,
-                                    const float* upstream, float* loss, float* g, float* grad_h) {
-  const int lane = static_cast<int>(threadIdx.x) % warp_size;
-  const index_t warps = grid_threads() / warp_size;
-  for (index_t r = global_thread() / warp_size; r < rows; r += warps) {
-    // The run holding r: the last one with begin <= r (runs are in row order). Warp-uniform.
-    index_t lo = 0, hi = n_runs;
-    while (lo < hi) {
-      const index_t mid = lo + (hi - lo) / 2;
-      if (runs[mid].begin <= r) lo = mid + 1;
-      else hi = mid;
-    }
-    if (lo == 0) continue;
-    const gather_run run = runs[lo - 1];
-    if (r >= run.end) continue;
-    const T* h = hs + r * d;
-    const index_t i = r - run.begin;
-    const index_t c = child[r];
-    if constexpr (Sigmoid) {
-      // word2vec form: one row per internal node; p(first child) = sigmoid(h . v).
-      const index_t node = run.block_begin / 2;
-      const T* wr = w.row(node);
-      const float s = warp_dot(h, wr, d, lane) + (bias ? to_float(bias[node]) : 0.f);
-      const bool first = c == 0;
-      if (lane == 0) loss[r] += softplus_f(first ? -s : s);
-      if (grad_h) {
-        const float gs = (sigmoid_f(s) - (first ? 1.f : 0.f)) * upstream[r];
-        if (lane == 0) g[run.g_offset + i] = gs;
-        for (index_t p = lane; p < d; p += warp_size) grad_h[r * d + p] += gs * to_float(wr[p]);
-      }
-    } else {
-      const index_t bs = run.block_size;
-      float* sr = g + run.g_offset + i * bs;
-      float m = -INFINITY;
-      for (index_t j = 0; j < bs; ++j) {
-        const index_t row = run.block_begin + j;
-        const float s = warp_dot(h, w.row(row), d, lane) + (bias ? to_float(bias[row]) : 0.f);
-        if (lane == 0) sr[j] = s;
-        m = s > m ? s : m;  // identical on every lane
-      }
-      __syncwarp();  // lane 0's score writes are visible to the warp
-      float part = 0.f;
-      for (index_t j = lane; j < bs; j += warp_size) part += expf(sr[j] - m);
-      const float lse = m + logf(warp_sum(part));
-      if (lane == 0) loss[r] += lse - sr[c];
-      if (grad_h) {
-        const float u = upstream[r];
-        __syncwarp();  // every lane has read the scores it needs before they are overwritten
-        for (index_t j = lane; j < bs; j += warp_size) {
-          float gj = expf(sr[j] - lse) * u;
-          if (j == c) gj -= u;
-          sr[j] = gj;
-        }
-        __syncwarp();  // G visible to the warp
-        for (index_t j = 0; j < bs; ++j) {
-          const float gj = sr[j];
-          const T* wr = w.row(run.block_begin + j);
-          for (index_t p = lane; p < d; p += warp_size) grad_h[r * d + p] += gj * to_float(wr[p]);
-        }
-      }
-    }
-  }
-}
-
-/// Weight (and bias) gradient of the gather runs: block (run, y) handles the run's child rows
-/// j = y, y + gridDim.y, ...; thread p sums G_ij * h_i[p] over the run's rows i in order.
-template <bool Sigmoid, class T>
-__global__ void gather_weight_grad_kernel(const gather_run* runs, const float* g, const T* hs, index_t d,
-                                          float* grad_w, float* grad_b) {
-  const gather_run run = runs[blockIdx.x];
-  const index_t len = run.end - run.begin, width = Sigmoid ? 1 : run.block_size;
-  const float* gr = g + run.g_offset;
-  for (index_t j = blockIdx.y; j < width; j += gridDim.y) {
-    float* out = grad_w + (run.grad_offset + j) * d;
-    for (index_t p = threadIdx.x; p < d; p += blockDim.x) {
-      float acc = 0.f;
-      for (index_t i = 0; i < len; ++i) acc += gr[i * width + j] * to_float(hs[(run.begin + i) * d + p]);
-      out[p] = acc;
-    }
-    if (grad_b && threadIdx.x == 0) {
-      float acc = 0.f;
-      for (index_t i = 0; i < len; ++i) acc += gr[i * width + j];
-      grad_b[run.grad_offset + j] = acc;
-    }
-  }
-}
-
 // ------------------------------------------------------------------------------------------------
 // forward / backward
 // ------------------------------------------------------------------------------------------------
 
+/// forward / forward_backward / backward / log_prob. Blocking (`wait`): returns the reduced loss
+/// after synchronising the stream. `_async` (`!wait`): writes the reduced loss to the device float
+/// `loss_out` (when given) and returns 0 without waiting for the stream's last kernels; the checks
+/// and the per-level planning still read results back on the way (see hierarchical_softmax.hpp).
 template <class Head, class H>
 float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-             sparse_gradient<cuda, float>* grad_weights, vector_view<const float> grad_output) {
+             sparse_gradient<cuda, float>* grad_weights, vector_view<const float> grad_output, bool wait = true,
+             float* loss_out = nullptr) {
   using T = typename Head::storage_type;
   using Tree = typename Head::tree_type;
   constexpr bool sigmoid = Head::sigmoid_form;
@@ -261,7 +115,7 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
     upstream_gradients(where, res, packed_sample, rows, batch, options.reduce, grad_output, packed_upstream);
 
   // 2. Sort once by leaf rank (stable: equal targets keep batch order, as on the host).
-  const device_tree<Tree> dtree(head.tree(), a, stream);
+  const device_tree<Tree> dtree(head.tree(), head.backend_cache(), stream);
   const auto tv = dtree.view();
   if (rows > 0) {
     leaf_rank_kernel<<<grid_for(rows), block_threads, 0, stream>>>(tv, packed_target, rows, key);
@@ -308,12 +162,53 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
   const auto is_dense = [&](const level_run& run) {
     return !sigmoid && (run.end - run.begin >= gemm_min_run || run.block_size > gather_max_block);
   };
+  // Grouped dense runs (see dense_grouping): per level, the dense runs whose block fits one chunk
+  // (as the per-run path would size it), cut into batches of at most grouped_budget_values scores.
+  const xsoftmax::dense_grouping grouping = head.dense_grouping();
+  std::vector<char> grouped(runs.size(), 0);
+  std::vector<dense_run> dense_runs;
+  std::vector<grouped_batch<T>> batches;
+  std::vector<std::size_t> level_batches{0};  // level lv's batches: [level_batches[lv], level_batches[lv + 1])
+  index_t grouped_values = 0;                 // the largest batch's scores
+  for (std::size_t lv = 0; lv + 1 < level_first.size(); ++lv) {
+    std::vector<std::size_t> eligible;
+    for (std::size_t i = level_first[lv]; i < level_first[lv + 1]; ++i) {
+      const level_run& run = runs[i];
+      if (is_dense(run) && default_chunk(run.end - run.begin, run.block_size) == run.block_size)
+        eligible.push_back(i);
+    }
+    const bool group = grouping == xsoftmax::dense_grouping::grouped
+                           ? !eligible.empty()
+                           : grouping == xsoftmax::dense_grouping::automatic && eligible.size() >= 2;
+    if (group) {
+      for (const std::size_t i : eligible) {
+        const level_run& run = runs[i];
+        const index_t len = run.end - run.begin, values = len * run.block_size;
+        if (batches.size() == level_batches.back() || batches.back().values + values > grouped_budget_values) {
+          batches.emplace_back();
+          batches.back().first = dense_runs.size();
+        }
+        grouped_batch<T>& bt = batches.back();
+        dense_runs.push_back({run.begin, run.end, run.block_begin, run.block_size, run.grad_offset, bt.rows,
+                              bt.values});
+        ++bt.count;
+        bt.rows += len;
+        bt.values += values;
+        bt.max_block = std::max(bt.max_block, run.block_size);
+        grouped_values = std::max(grouped_values, bt.values);
+        grouped[i] = 1;
+      }
+    }
+    level_batches.push_back(batches.size());
+  }
+
   index_t dense_scores = 0, max_gather_runs = 0, max_gather_values = 0;
   for (std::size_t lv = 0; lv + 1 < level_first.size(); ++lv) {
     index_t n_gather = 0, values = 0;
     for (std::size_t i = level_first[lv]; i < level_first[lv + 1]; ++i) {
       const level_run& run = runs[i];
       const index_t len = run.end - run.begin;
+      if (grouped[i]) continue;
       if (is_dense(run)) {
         dense_scores = std::max(dense_scores, len * default_chunk(len, run.block_size));
       } else {
@@ -328,6 +223,8 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
   if (want_grad && !std::is_same_v<T, float>) sc.grad = a.take<T>(dense_scores);
   gather_run* gather_runs = a.take<gather_run>(max_gather_runs);
   float* gather_values = a.take<float>(max_gather_values);
+  float* g_scores = a.take<float>(grouped_values);
+  T* g_storage = want_grad && !std::is_same_v<T, float> ? a.take<T>(grouped_values) : nullptr;
 
   // Gradient rows: run by run, level by level (the host layout).
   float* gw = nullptr;
@@ -355,6 +252,60 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
   if (rows > 0) thrust::fill_n(policy, loss, rows, 0.f);
   if (want_grad && rows > 0) thrust::fill_n(policy, grad_h, rows * d, 0.f);
   const float scale = want_grad ? gradient_scale(res, upstream, rows) : 1.f;
+
+  // The grouped batches' GEMMs, and their descriptors and pointer arrays on the device (one copy
+  // each for the whole call; the batches of all levels reuse one scores buffer, in stream order).
+  constexpr bool fp32 = std::is_same_v<T, float>;
+  const float g_scale = fp32 ? 1.f : scale;
+  const float g_alpha = 1.f / g_scale;  // exact: a power of two
+  const T* g_values = fp32 ? reinterpret_cast<const T*>(g_scores) : g_storage;  // G as the GEMMs read it
+  std::vector<const void*> host_ptrs;
+  for (grouped_batch<T>& bt : batches) {
+    for (std::size_t k = bt.first; k < bt.first + bt.count; ++k) {
+      const dense_run& run = dense_runs[k];
+      const index_t len = run.end - run.begin, bs = run.block_size;
+      const T* h_run = hs + run.begin * d;
+      const T* w_block = w.row(run.block_begin);
+      // S (len x bs) = H_run W_block^T
+      bt.scores.add({op::none, op::transpose, len, bs, d, 1.f, h_run, d, w_block, w.stride, 0.f,
+                     g_scores + run.s_offset, bs});
+      if (want_grad) {
+        // grad_h[run] += G W_block;  grad_w[grad_offset ...] = G^T H_run
+        bt.grads.add({op::none, op::none, len, d, bs, g_alpha, g_values + run.s_offset, bs, w_block, w.stride, 1.f,
+                      grad_h + run.begin * d, d});
+        bt.grads.add({op::transpose, op::none, bs, d, len, g_alpha, g_values + run.s_offset, bs, h_run, d, 0.f,
+                      gw + run.grad_offset * d, d});
+      }
+    }
+    bt.scores_ptrs = host_ptrs.size();
+    bt.scores.pointers(host_ptrs);
+    bt.grads_ptrs = host_ptrs.size();
+    bt.grads.pointers(host_ptrs);
+  }
+  dense_run* d_dense_runs = a.take<dense_run>(static_cast<index_t>(dense_runs.size()));
+  const void** d_ptrs = a.take<const void*>(static_cast<index_t>(host_ptrs.size()));
+  to_device(d_dense_runs, dense_runs, stream);
+  to_device(d_ptrs, host_ptrs, stream);
+  const auto run_grouped = [&](const grouped_batch<T>& bt) {
+    const dense_run* dr = d_dense_runs + bt.first;
+    const index_t n = static_cast<index_t>(bt.count);
+    bt.scores.run(res.cublas(), d_ptrs + bt.scores_ptrs);
+    T* gst = want_grad ? g_storage : nullptr;
+    // Narrow blocks (the common case in deep trees) waste fewer idle threads with one warp per row.
+    if (bt.max_block <= 2 * warp_size)
+      grouped_rows_kernel<warp_size, T><<<grid_rows(bt.rows), warp_size, 0, stream>>>(
+          dr, n, bt.rows, g_scores, gst, bias, child, upstream, loss, want_grad, g_scale);
+    else
+      grouped_rows_kernel<lse_threads, T><<<grid_rows(bt.rows), lse_threads, 0, stream>>>(
+          dr, n, bt.rows, g_scores, gst, bias, child, upstream, loss, want_grad, g_scale);
+    XSOFTMAX_CUDA_CHECK_LAUNCH();
+    if (!want_grad) return;
+    bt.grads.run(res.cublas(), d_ptrs + bt.grads_ptrs);
+    if (gb) {
+      grouped_bias_grad_kernel<><<<grid_rows(n), 128, 0, stream>>>(dr, n, g_scores, gb);  // gb: bias grads
+      XSOFTMAX_CUDA_CHECK_LAUNCH();
+    }
+  };
   for (std::size_t lv = 0; lv + 1 < level_first.size(); ++lv) {
     if (level_first[lv] == level_first[lv + 1]) continue;
     const int level = runs[level_first[lv]].level;
@@ -363,9 +314,11 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
     XSOFTMAX_CUDA_CHECK_LAUNCH();
     std::vector<gather_run> gathered;
     index_t values = 0, max_width = 1;
+    for (std::size_t b = level_batches[lv]; b < level_batches[lv + 1]; ++b) run_grouped(batches[b]);
     for (std::size_t i = level_first[lv]; i < level_first[lv + 1]; ++i) {
       const level_run& run = runs[i];
       const index_t len = run.end - run.begin;
+      if (grouped[i]) continue;
       if (!is_dense(run)) {
         const index_t width = sigmoid ? 1 : run.block_size;
         gathered.push_back({run.begin, run.end, run.block_begin, run.block_size, run.grad_offset, values});
@@ -413,291 +366,14 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
 
   if (want_grad && grad_hidden) scatter_rows(res, grad_h, sample, rows, *grad_hidden);
   if (per_sample.size != 0) scatter_losses(res, loss, sample, rows, per_sample);
-  return reduce_losses(res, loss, rows, options.reduce);  // waits for the stream
-}
-
-// ------------------------------------------------------------------------------------------------
-// top-k: best-first search per sample
-// ------------------------------------------------------------------------------------------------
-
-/// (log_prob, row) order of the search: higher log-probability first, ties by the smaller row
-/// (the host's heap order). Rows in an open list are unique, so this order is total and the search
-/// does not depend on how the list is laid out.
-__device__ inline bool open_better(float lp_a, index_t row_a, float lp_b, index_t row_b) {
-  return lp_a > lp_b || (lp_a == lp_b && row_a < row_b);
-}
-
-/// Position of the best (Best = true) or worst entry of an open list of `size` >= 1 entries; every
-/// lane gets the same answer (the order is total, so the butterfly's pairs agree).
-template <bool Best>
-__device__ index_t open_select(const float* lp, const index_t* row, index_t size, int lane) {
-  float bl = 0.f;  // (bl, br) is meaningful only once bp >= 0
-  index_t br = 0, bp = -1;
-  for (index_t p = lane; p < size; p += warp_size) {
-    const bool take = bp < 0 || (Best ? open_better(lp[p], row[p], bl, br) : open_better(bl, br, lp[p], row[p]));
-    if (take) {
-      bl = lp[p];
-      br = row[p];
-      bp = p;
-    }
+  if (wait) return reduce_losses(res, loss, rows, options.reduce);  // waits for the stream
+  if (loss_out) {
+    // Every packed row counts: the kept count is `rows`, known here, handed over in stream order.
+    auto* kept = a.take<unsigned long long>(1);
+    thrust::fill_n(policy, kept, 1, static_cast<unsigned long long>(rows));
+    reduce_losses_async(res, loss, rows, kept, options.reduce, loss_out);
   }
-  for (int o = warp_size / 2; o > 0; o >>= 1) {
-    const float ol = __shfl_xor_sync(full_mask, bl, o);
-    const index_t orow = __shfl_xor_sync(full_mask, br, o);
-    const index_t op = __shfl_xor_sync(full_mask, bp, o);
-    bool take;
-    if (op < 0) take = false;
-    else if (bp < 0) take = true;
-    else take = Best ? open_better(ol, orow, bl, br) : open_better(bl, br, ol, orow);
-    if (take) {
-      bl = ol;
-      br = orow;
-      bp = op;
-    }
-  }
-  return bp;
-}
-
-/// Expands the node whose block is [block_begin, block_begin + block_size) below an open entry of
-/// log-probability `base`: appends its children (log-probability base + log p(child | node)) to the
-/// open list at [size, size + block_size). Returns the new size.
-template <bool Sigmoid, class T>
-__device__ index_t open_expand(const T* h, index_t d, matrix_view<const T> w, const T* bias, index_t block_begin,
-                               index_t block_size, float base, float* lp, index_t* row, index_t size, int lane) {
-  if constexpr (Sigmoid) {
-    const index_t node = block_begin / 2;
-    const float s = warp_dot(h, w.row(node), d, lane) + (bias ? to_float(bias[node]) : 0.f);
-    if (lane == 0) {
-      lp[size] = base - softplus_f(-s);
-      row[size] = block_begin;
-      lp[size + 1] = base - softplus_f(s);
-      row[size + 1] = block_begin + 1;
-    }
-    __syncwarp();
-    return size + 2;
-  } else {
-    float m = -INFINITY;
-    for (index_t j = 0; j < block_size; ++j) {
-      const index_t r = block_begin + j;
-      const float s = warp_dot(h, w.row(r), d, lane) + (bias ? to_float(bias[r]) : 0.f);
-      if (lane == 0) lp[size + j] = s;  // the raw score for now
-      m = s > m ? s : m;
-    }
-    __syncwarp();
-    float part = 0.f;
-    for (index_t j = lane; j < block_size; j += warp_size) part += expf(lp[size + j] - m);
-    const float lse = m + logf(warp_sum(part));
-    // Each lane rewrites only the entries it read above: no lane reads what another writes.
-    for (index_t j = lane; j < block_size; j += warp_size) {
-      lp[size + j] = base + (lp[size + j] - lse);
-      row[size + j] = block_begin + j;
-    }
-    __syncwarp();
-    return size + block_size;
-  }
-}
-
-/// Removes entry `pos` of an open list of `size` entries (the last one takes its place).
-__device__ inline void open_remove(float* lp, index_t* row, index_t pos, index_t size, int lane) {
-  __syncwarp();  // every lane is done reading the list
-  if (lane == 0) {
-    lp[pos] = lp[size - 1];
-    row[pos] = row[size - 1];
-  }
-  __syncwarp();
-}
-
-/// One warp per row of the tile [row0, row0 + rows): the best-first search of detail/
-/// hierarchical_softmax.inl (topk_host). Each row's open list has `capacity` entries in global
-/// memory. When an exact search would exceed it, the row's search stops and *overflow is set; the
-/// caller retries with a larger capacity.
-template <bool Sigmoid, class T, class View>
-__global__ void hs_topk_kernel(View tv, index_t row0, index_t rows, const T* hs, index_t d, matrix_view<const T> w,
-                               const T* bias, index_t k, index_t beam, index_t capacity, float* open_lp,
-                               index_t* open_row, matrix_view<index_t> classes, matrix_view<float> log_probs,
-                               int* overflow) {
-  const int lane = static_cast<int>(threadIdx.x) % warp_size;
-  const index_t warps = grid_threads() / warp_size;
-  for (index_t t = global_thread() / warp_size; t < rows; t += warps) {
-    const index_t r = row0 + t;
-    const T* h = hs + r * d;
-    float* lp = open_lp + t * capacity;
-    index_t* row = open_row + t * capacity;
-    index_t size = 0, found = 0;
-    bool failed = false;
-    // The host's expand(): push a node's children, then cut the list back to the beam.
-    const auto expand = [&](index_t block_begin, index_t block_size, float base) {
-      size = open_expand<Sigmoid>(h, d, w, bias, block_begin, block_size, base, lp, row, size, lane);
-      while (beam > 0 && size > beam) {  // drop the worst entries: the host keeps the same set
-        const index_t worst = open_select<false>(lp, row, size, lane);
-        open_remove(lp, row, worst, size, lane);
-        --size;
-      }
-    };
-    const index_t root = tv.root_block_size();
-    if (root > capacity) failed = true;
-    else expand(0, root, 0.f);
-    while (!failed && found < k && size > 0) {
-      const index_t pos = open_select<true>(lp, row, size, lane);
-      const float best_lp = lp[pos];
-      const index_t best_row = row[pos];
-      open_remove(lp, row, pos, size, lane);
-      --size;
-      const child_ref c = tv.child(best_row);
-      if (c.is_leaf) {
-        if (lane == 0) {
-          classes(r, found) = c.leaf_class;
-          log_probs(r, found) = best_lp;
-        }
-        ++found;
-        continue;
-      }
-      if (size + c.block_size > capacity) {  // only an exact search gets here (see hs_topk)
-        failed = true;
-        break;
-      }
-      expand(c.block_begin, c.block_size, best_lp);
-    }
-    if (failed && lane == 0) atomicExch(overflow, 1);  // a flag, not an accumulation
-    if (lane == 0)
-      for (; found < k; ++found) {  // only a narrow beam (or an overflow, retried) runs dry
-        classes(r, found) = -1;
-        log_probs(r, found) = -INFINITY;
-      }
-  }
-}
-
-/// Memory for the open lists of one hs_topk call; rows are searched in tiles that fit.
-inline constexpr std::size_t hs_topk_budget_bytes = std::size_t(1) << 30;
-
-template <class Head, class H>
-void hs_topk(const Head& head, matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-             matrix_view<float> log_probs, search_options options) {
-  using T = typename Head::storage_type;
-  using Tree = typename Head::tree_type;
-  constexpr bool sigmoid = Head::sigmoid_form;
-  const char* where = "hierarchical_softmax::topk";
-  const cuda_resources& res = head.resources();
-  const cudaStream_t stream = res.stream();
-  const index_t d = head.dim();
-  check_hidden(where, res, hidden, d);
-  expects(k >= 1 && k <= head.num_classes(), where, ": k = ", k, " must be in [1, num_classes = ",
-          head.num_classes(), "]");
-  expects(options.beam_width >= 0, where, ": beam_width = ", options.beam_width, " must be >= 0");
-  detail::check_output(where, "classes", classes, hidden.rows, k);
-  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
-
-  const index_t rows = hidden.rows, beam = options.beam_width;
-  arena a(res.workspace(), stream);
-  T* hs = a.take<T>(rows * d);
-  int* overflow = a.take<int>(1);
-  const device_tree<Tree> dtree(head.tree(), a, stream);
-  pack_rows(res, hidden, static_cast<const index_t*>(nullptr), rows, hs);
-
-  // Open-list capacity per row. A beam never holds more than beam + one block (it is cut back to
-  // the beam after every expansion). An exact search holds at most 1 + (expanded nodes) x
-  // (block - 1) entries, which has no small bound in general (a flat distribution expands many
-  // nodes); start from k x height x max_block, enough for a search that expands about k paths,
-  // and double on overflow, within the memory budget. Rows are searched in tiles that fit it.
-  const index_t max_block = dtree.max_block_size();
-  constexpr std::size_t entry_bytes = sizeof(float) + sizeof(index_t);
-  const index_t budget_entries = static_cast<index_t>(hs_topk_budget_bytes / entry_bytes);
-  index_t capacity = 0;
-  if (beam > 0) {
-    capacity = beam + max_block;
-    expects(capacity <= budget_entries, where, ": beam_width = ", beam, " needs an open list of ", capacity,
-            " nodes per row (", capacity * static_cast<index_t>(entry_bytes), " bytes), more than the budget of ",
-            hs_topk_budget_bytes, " bytes; pass a smaller search_options::beam_width");
-  } else {
-    const double estimate = static_cast<double>(k) * dtree.height() * static_cast<double>(max_block);
-    capacity = estimate >= static_cast<double>(budget_entries) ? budget_entries : static_cast<index_t>(estimate);
-    capacity = std::min(budget_entries, std::max(capacity, max_block + 1));
-  }
-  for (;;) {
-    const index_t tile = std::max<index_t>(1, std::min<index_t>(rows, budget_entries / capacity));
-    thrust::device_vector<float> open_lp(static_cast<std::size_t>(tile * capacity));  // large and rare: not cached
-    thrust::device_vector<index_t> open_row(static_cast<std::size_t>(tile * capacity));
-    XSOFTMAX_CUDA_TRY(cudaMemsetAsync(overflow, 0, sizeof(int), stream));
-    for (index_t row0 = 0; row0 < rows; row0 += tile) {
-      const index_t n = std::min(tile, rows - row0);
-      hs_topk_kernel<sigmoid, T><<<grid_for(n, block_threads / warp_size), block_threads, 0, stream>>>(
-          dtree.view(), row0, n, hs, d, matrix_view<const T>(head.weights()), head.bias(), k, beam, capacity,
-          thrust::raw_pointer_cast(open_lp.data()), thrust::raw_pointer_cast(open_row.data()), classes, log_probs,
-          overflow);
-      XSOFTMAX_CUDA_CHECK_LAUNCH();
-    }
-    if (read_one(overflow, stream) == 0) return;  // read_one waits for the stream
-    // Only an exact search overflows: redo every row with a larger open list.
-    expects(capacity < budget_entries, where, ": the exact search (beam_width = 0) needs an open list of more than ",
-            capacity, " nodes per row, more than the budget of ", hs_topk_budget_bytes,
-            " bytes; pass search_options::beam_width > 0 for an approximate search");
-    capacity = std::min(budget_entries, 2 * capacity);
-  }
-}
-
-// ------------------------------------------------------------------------------------------------
-// log_distribution
-// ------------------------------------------------------------------------------------------------
-
-/// One warp per (row, class): the sum over the class's path of log p(child | node).
-template <bool Sigmoid, class T, class View>
-__global__ void hs_log_distribution_kernel(View tv, index_t rows, const T* hs, index_t d, matrix_view<const T> w,
-                                           const T* bias, index_t class_begin, index_t range,
-                                           matrix_view<float> out) {
-  const int lane = static_cast<int>(threadIdx.x) % warp_size;
-  const index_t warps = grid_threads() / warp_size, n = rows * range;
-  for (index_t e = global_thread() / warp_size; e < n; e += warps) {
-    const index_t r = e / range, c = class_begin + (e - r * range);
-    const T* h = hs + r * d;
-    float total = 0.f;
-    for (int l = 0; l < tv.depth(c); ++l) {
-      const path_step s = tv.step(c, l);
-      if constexpr (Sigmoid) {
-        const index_t node = s.block_begin / 2;
-        const float x = warp_dot(h, w.row(node), d, lane) + (bias ? to_float(bias[node]) : 0.f);
-        total += s.child == 0 ? -softplus_f(-x) : -softplus_f(x);
-      } else {
-        // Online log-sum-exp over the node's children (identical on every lane).
-        float m = -INFINITY, sum = 0.f, x_child = 0.f;
-        for (index_t j = 0; j < s.block_size; ++j) {
-          const index_t row = s.block_begin + j;
-          const float x = warp_dot(h, w.row(row), d, lane) + (bias ? to_float(bias[row]) : 0.f);
-          if (j == s.child) x_child = x;
-          const float nm = x > m ? x : m;
-          sum = sum * expf(m - nm) + expf(x - nm);
-          m = nm;
-        }
-        total += x_child - (m + logf(sum));
-      }
-    }
-    if (lane == 0) out(r, c - class_begin) = total;
-  }
-}
-
-template <class Head, class H>
-void hs_log_distribution(const Head& head, matrix_view<const H> hidden, index_t class_begin, index_t class_end,
-                         matrix_view<float> out) {
-  using T = typename Head::storage_type;
-  using Tree = typename Head::tree_type;
-  const char* where = "hierarchical_softmax::log_distribution";
-  const cuda_resources& res = head.resources();
-  const cudaStream_t stream = res.stream();
-  const index_t n_cls = head.num_classes(), d = head.dim();
-  check_hidden(where, res, hidden, d);
-  expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where, ": class range [",
-                        class_begin, ", ", class_end, ") is empty or outside [0, ", n_cls, ")");
-  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
-
-  const index_t rows = hidden.rows, range = class_end - class_begin;
-  arena a(res.workspace(), stream);
-  T* hs = a.take<T>(rows * d);
-  const device_tree<Tree> dtree(head.tree(), a, stream);
-  pack_rows(res, hidden, static_cast<const index_t*>(nullptr), rows, hs);
-  hs_log_distribution_kernel<Head::sigmoid_form, T>
-      <<<grid_for(rows * range, block_threads / warp_size), block_threads, 0, stream>>>(
-          dtree.view(), rows, hs, d, matrix_view<const T>(head.weights()), head.bias(), class_begin, range, out);
-  XSOFTMAX_CUDA_CHECK_LAUNCH();
-  XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
+  return 0.f;
 }
 
 }  // namespace xsoftmax::detail::gpu

@@ -3,10 +3,15 @@
 /// \file
 /// `xsoftmax::cuda_resources`: what a head on the `cuda` backend holds besides its weights — the
 /// stream every kernel, Thrust algorithm and cuBLAS call runs on, a cuBLAS handle bound to that
-/// stream, and a device workspace (a cached buffer reused by every call).
+/// stream, a device workspace (a cached buffer reused by every call), a caching allocator for
+/// Thrust's temporaries, and the device status word in which the `_async` verbs record a failed
+/// data check.
 
 #include <xsoftmax/config.hpp>
+#include <xsoftmax/detail/cuda/caching_allocator.cuh>
+#include <xsoftmax/detail/cuda/device_status.cuh>
 #include <xsoftmax/detail/cuda/error.cuh>
+#include <xsoftmax/detail/cuda/workspace.cuh>
 #include <xsoftmax/error.hpp>
 
 #include <cublas_v2.h>
@@ -15,148 +20,25 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 namespace xsoftmax {
-namespace detail::gpu {
-
-/// Device memory handed out to the verbs in 256-byte aligned pieces, reused from call to call.
-///
-/// Within one call pieces are bumped off the current block; when it is full a new block is
-/// allocated (earlier pieces stay valid: blocks never move). At the end of the call (`reset`) all
-/// pieces are released, and if the call needed more than one block they are replaced by a single
-/// block of their total size, so from then on the same call allocates nothing. A caller that knows
-/// its needs can `reserve` them up front.
-///
-/// Not thread-safe: one workspace serves one stream, used by one host thread at a time.
-class workspace {
- public:
-  static constexpr std::size_t alignment = 256;
-
-  workspace() = default;
-  workspace(const workspace&) = delete;
-  workspace& operator=(const workspace&) = delete;
-  ~workspace() { release_blocks(); }
-
-  [[nodiscard]] static constexpr std::size_t round_up(std::size_t bytes) {
-    return (bytes + alignment - 1) / alignment * alignment;
-  }
-
-  /// A piece of at least `bytes` bytes (a zero-byte request still gets a distinct piece), valid
-  /// until the next `reset`. Throws `cuda_error` when the device is out of memory.
-  [[nodiscard]] void* allocate(std::size_t bytes) {
-    const std::size_t need = round_up(bytes == 0 ? 1 : bytes);
-    if (!blocks_.empty() && blocks_.back().size - blocks_.back().used >= need) {
-      block& b = blocks_.back();
-      void* p = static_cast<char*>(b.ptr) + b.used;
-      b.used += need;
-      return p;
-    }
-    // Geometric growth so a call that grows piece by piece does O(log) allocations.
-    std::size_t size = need;
-    if (!blocks_.empty() && blocks_.back().size > size) size = blocks_.back().size;
-    if (size < (std::size_t(1) << 20)) size = std::size_t(1) << 20;
-    void* p = nullptr;
-    XSOFTMAX_CUDA_TRY(cudaMalloc(&p, size));
-    blocks_.push_back({p, size, need});
-    return p;
-  }
-
-  /// Ends a call: every piece is released. `stream` is the stream the pieces were used on; when
-  /// blocks are merged, it is synchronised first so that no queued kernel still uses them.
-  void reset(cudaStream_t stream) noexcept {
-    if (blocks_.size() <= 1) {
-      if (!blocks_.empty()) blocks_.front().used = 0;
-      return;
-    }
-    std::size_t total = 0;
-    for (const block& b : blocks_) total += b.size;
-    XSOFTMAX_CUDA_TRY_NOTHROW(cudaStreamSynchronize(stream));
-    release_blocks();
-    void* p = nullptr;
-    if (cudaMalloc(&p, total) == cudaSuccess) {
-      blocks_.push_back({p, total, 0});
-    } else {
-      (void)cudaGetLastError();  // not fatal: the next call allocates as it goes
-    }
-  }
-
-  /// Makes sure the next call can take `bytes` bytes without allocating. Call between verbs.
-  void reserve(std::size_t bytes, cudaStream_t stream) {
-    if (capacity() >= bytes && blocks_.size() <= 1) return;
-    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
-    release_blocks();
-    void* p = nullptr;
-    XSOFTMAX_CUDA_TRY(cudaMalloc(&p, round_up(bytes)));
-    blocks_.push_back({p, round_up(bytes), 0});
-  }
-
-  /// Bytes currently held (what the largest call so far needed, after its `reset`).
-  [[nodiscard]] std::size_t capacity() const noexcept {
-    std::size_t total = 0;
-    for (const block& b : blocks_) total += b.size;
-    return total;
-  }
-
- private:
-  struct block {
-    void* ptr;
-    std::size_t size;
-    std::size_t used;
-  };
-
-  void release_blocks() noexcept {
-    for (const block& b : blocks_) XSOFTMAX_CUDA_TRY_NOTHROW(cudaFree(b.ptr));
-    blocks_.clear();
-  }
-
-  std::vector<block> blocks_;
-};
-
-/// Typed pieces of a workspace for one call, released when the arena goes out of scope (also when
-/// the call throws). A verb creates exactly one arena.
-class arena {
- public:
-  arena(workspace& ws, cudaStream_t stream) : ws_(ws), stream_(stream) {}
-  arena(const arena&) = delete;
-  arena& operator=(const arena&) = delete;
-  ~arena() { ws_.reset(stream_); }
-
-  /// `n` uninitialised elements of type T (n >= 0).
-  template <class T>
-  [[nodiscard]] T* take(index_t n) {
-    return static_cast<T*>(ws_.allocate(static_cast<std::size_t>(n < 0 ? 0 : n) * sizeof(T)));
-  }
-
- private:
-  workspace& ws_;
-  cudaStream_t stream_;
-};
-
-/// Counts what a sequence of `take` calls would use, without allocating: the size-query half of
-/// "size query, then run" (see `cuda_resources::reserve_workspace`).
-class workspace_plan {
- public:
-  template <class T>
-  T* take(index_t n) {
-    const std::size_t bytes = static_cast<std::size_t>(n < 0 ? 0 : n) * sizeof(T);
-    bytes_ += workspace::round_up(bytes == 0 ? 1 : bytes);  // as workspace::allocate rounds
-    return nullptr;
-  }
-  [[nodiscard]] std::size_t bytes() const { return bytes_; }
-
- private:
-  std::size_t bytes_ = 0;
-};
-
-}  // namespace detail::gpu
 
 /// Resources of a head on the `cuda` backend: a stream (not owned), a cuBLAS handle bound to it
-/// (created on first use) and a device workspace. Copies share the handle and the workspace, so a
-/// copy is cheap; the last copy destroys them.
+/// (created on first use), a device workspace, the caching allocator of Thrust's temporaries and
+/// the `_async` verbs' device status word. Copies share all of them, so a copy is cheap; the last
+/// copy destroys them.
 ///
-/// Every verb of a head runs on `stream()` and synchronises it before returning (the verbs are
-/// blocking: they return host values such as the loss, and their outputs are ready on return).
+/// Every blocking verb of a head runs on `stream()` and synchronises it before returning (they
+/// return host values such as the loss, and their outputs are ready on return). The `_async` verbs
+/// only queue their work on `stream()`: their outputs are ready once the stream is synchronised
+/// (`synchronize()`, `check()`, a blocking verb, or any CUDA synchronisation the caller does), and
+/// their inputs and outputs must stay alive until then.
+///
+/// Data checks of the `_async` verbs (finite hidden values, targets in range, finite upstream
+/// gradients) run on the device and record the first failure in a device status word held here;
+/// `check()`, `synchronize()` and the next blocking verb of any head on these resources read it and
+/// throw what the blocking verb would have thrown (same type, same message). The outputs of the
+/// failed call and of calls queued after it are unspecified.
 ///
 /// Thread safety: like a cuBLAS handle, one `cuda_resources` (with its copies) must be used by one
 /// host thread at a time. Heads used concurrently from several threads each need their own
@@ -200,19 +82,64 @@ class cuda_resources {
   /// Bytes the cached workspace holds now.
   [[nodiscard]] std::size_t workspace_bytes() const noexcept { return state_->ws.capacity(); }
 
-  /// Waits for everything queued on `stream()`. Throws `cuda_error`.
-  void synchronize() const { XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_)); }
+  /// Thrust's temporary-storage allocator (see `detail::gpu::caching_allocator`).
+  [[nodiscard]] detail::gpu::caching_allocator& thrust_allocator() const noexcept { return state_->alloc; }
+
+  /// Waits for everything queued on `stream()`, then throws a failure an `_async` verb recorded
+  /// (as `check()`). Throws `cuda_error`, or what the failed verb's blocking form throws.
+  void synchronize() const { check(); }
+
+  /// Waits for everything queued on `stream()` and, when an `_async` verb queued since the last
+  /// check recorded a failed data check, clears it and throws what the blocking verb would have
+  /// thrown (`out_of_range`, `non_finite_error`, with the same message). Throws `cuda_error` when
+  /// the stream reports a CUDA error.
+  void check() const {
+    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_));
+    if (!state_->async_pending) return;
+    state_->async_pending = false;
+    detail::gpu::device_status s{};
+    XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(&s, state_->status, sizeof s, cudaMemcpyDeviceToHost, stream_));
+    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_));
+    if (s.kind == detail::gpu::device_status::none) return;
+    // Queued on the stream: every later recording kernel runs after the reset.
+    XSOFTMAX_CUDA_TRY(cudaMemsetAsync(state_->status, 0, sizeof s, stream_));
+    detail::gpu::throw_status(s);
+  }
+
+  /// `check()` when an `_async` verb has been queued since the last check (what the blocking verbs
+  /// call first); nothing otherwise, so code that never uses `_async` verbs pays nothing.
+  void check_pending() const {
+    if (state_->async_pending) check();
+  }
+
+  /// The device status word the `_async` verbs record failures in (allocated on first use, which
+  /// synchronises the device, and zeroed on the stream), marked as pending a check. For the verbs'
+  /// implementation.
+  [[nodiscard]] detail::gpu::device_status* begin_async() const {
+    if (!state_->status) {
+      void* p = nullptr;
+      XSOFTMAX_CUDA_TRY(cudaMalloc(&p, sizeof(detail::gpu::device_status)));
+      state_->status = static_cast<detail::gpu::device_status*>(p);
+      XSOFTMAX_CUDA_TRY(cudaMemsetAsync(p, 0, sizeof(detail::gpu::device_status), stream_));
+    }
+    state_->async_pending = true;
+    return state_->status;
+  }
 
  private:
   struct state {
     std::mutex mutex;
     cublasHandle_t handle = nullptr;
     detail::gpu::workspace ws;
+    detail::gpu::caching_allocator alloc;
+    detail::gpu::device_status* status = nullptr;
+    bool async_pending = false;
     state() = default;
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
       if (handle) XSOFTMAX_CUBLAS_TRY_NOTHROW(cublasDestroy(handle));
+      if (status) XSOFTMAX_CUDA_TRY_NOTHROW(cudaFree(status));
     }
   };
 
