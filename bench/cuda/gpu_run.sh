@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# Everything the CUDA backend must prove on an H100/H200, in phases that each fit one call of a
+# lent GPU machine (10 minutes at most a call): build, test, sanitize, bench, peer.
+#
+#   bench/cuda/gpu_run.sh build      configure + build xsoftmax_cuda_tests and heads_cuda_bench (sm_90)
+#   bench/cuda/gpu_run.sh test       run every GPU test case (full doctest output)
+#   bench/cuda/gpu_run.sh sanitize   compute-sanitizer memcheck and racecheck on the GPU test binary
+#   bench/cuda/gpu_run.sh bench      heads_cuda_bench (--quick first, then the full sizes)
+#   bench/cuda/gpu_run.sh peer       bench/cuda/torch_peer.py, and the device-to-device copy rate
+#   bench/cuda/gpu_run.sh all        the five in order
+#
+# The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
+# PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
+# (`mkdir -p .deps && cp -r /usr/include/doctest .deps/`) and name `.deps` in the device tool's
+# `carry`. Outputs go to $OUT (the device tool's folder that comes back), or ./gpu-out.
+# Environment: BUILD (default build-gpu), XSOFTMAX_DOCTEST_INCLUDE_DIR (default .deps).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+out=${OUT:-gpu-out}
+build=${BUILD:-build-gpu}
+doctest_dir=${XSOFTMAX_DOCTEST_INCLUDE_DIR:-$PWD/.deps}
+mkdir -p "$out"
+
+log() { echo "== $*" | tee -a "$out/phases.txt"; }
+
+build() {
+  log "build $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt" || true
+  nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
+  local gen=()
+  command -v ninja > /dev/null && gen=(-G Ninja)
+  cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DXSOFTMAX_ENABLE_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DXSOFTMAX_BUILD_EXAMPLES=OFF -DXSOFTMAX_INSTALL=OFF \
+    -DXSOFTMAX_DOCTEST_INCLUDE_DIR="$doctest_dir" > "$out/configure.txt" 2>&1
+  cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_tests heads_cuda_bench 2>&1 | tail -n 20
+}
+
+test_phase() {
+  log "test $(date -u +%FT%TZ)"
+  "$build/tests/cuda/xsoftmax_cuda_tests" --duration=true 2>&1 | tee "$out/tests.txt" | tail -n 30
+}
+
+sanitize() {
+  # memcheck on every case but the > 2^31-element one (minutes under the tool) and the no-wait
+  # test (a kernel spinning on a host flag); racecheck (much slower: it instruments shared memory)
+  # on the CUDA-specific cases, without the two-thread stream test.
+  log "sanitize memcheck $(date -u +%FT%TZ)"
+  compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case-exclude='*2^31*,*without waiting*' > "$out/memcheck.txt" 2>&1 || true
+  tail -n 5 "$out/memcheck.txt"
+  log "sanitize racecheck $(date -u +%FT%TZ)"
+  compute-sanitizer --tool racecheck --error-exitcode 3 \
+    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*,*without waiting*' \
+    > "$out/racecheck.txt" 2>&1 || true
+  tail -n 5 "$out/racecheck.txt"
+}
+
+bench() {
+  log "bench $(date -u +%FT%TZ)"
+  "$build/bench/cuda/heads_cuda_bench" --quick 2>&1 | tee "$out/bench_quick.txt"
+  "$build/bench/cuda/heads_cuda_bench" 2>&1 | tee "$out/bench.txt"
+}
+
+peer() {
+  log "peer $(date -u +%FT%TZ)"
+  python3 bench/cuda/torch_peer.py 2>&1 | tee "$out/torch_peer.txt"
+  # The bandwidth floor's denominator: a 4 GiB device-to-device copy, bytes read + written.
+  python3 - <<'PY' 2>&1 | tee "$out/copy_bandwidth.txt"
+import torch
+n = 1 << 30
+a = torch.empty(n, dtype=torch.float32, device="cuda")
+b = torch.empty_like(a)
+for _ in range(3):
+    b.copy_(a)
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(10):
+    b.copy_(a)
+e.record()
+torch.cuda.synchronize()
+ms = s.elapsed_time(e) / 10
+print(f"device-to-device copy of {4 * n / 1e9:.1f} GB: {ms:.3f} ms, {2 * 4 * n / (ms * 1e-3) / 1e9:.0f} GB/s (read + write)")
+PY
+}
+
+case "${1:-all}" in
+  build) build ;;
+  test) test_phase ;;
+  sanitize) sanitize ;;
+  bench) bench ;;
+  peer) peer ;;
+  all) build && test_phase && sanitize && bench && peer ;;
+  *) echo "usage: $0 build|test|sanitize|bench|peer|all" >&2; exit 2 ;;
+esac
