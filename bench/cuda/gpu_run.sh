@@ -4,8 +4,8 @@
 # Everything the CUDA backend must prove on an H100/H200, in phases that each fit one call of a
 # lent GPU machine (10 minutes at most a call): build, test, sanitize, bench, peer.
 #
-#   bench/cuda/gpu_run.sh build      configure + build xsoftmax_cuda_tests and heads_cuda_bench (sm_90)
-#   bench/cuda/gpu_run.sh test       run every GPU test case (full doctest output)
+#   bench/cuda/gpu_run.sh build      configure + build the GPU tests, heads_cuda_bench, the CUDA example
+#   bench/cuda/gpu_run.sh test       every GPU test case (full doctest output), then the CUDA example
 #   bench/cuda/gpu_run.sh sanitize   compute-sanitizer memcheck and racecheck on the GPU test binary
 #   bench/cuda/gpu_run.sh bench      heads_cuda_bench (--quick first, then the full sizes)
 #   bench/cuda/gpu_run.sh peer       bench/cuda/torch_peer.py, and the device-to-device copy rate
@@ -33,14 +33,15 @@ build() {
   local gen=()
   command -v ninja > /dev/null && gen=(-G Ninja)
   cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DXSOFTMAX_ENABLE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DXSOFTMAX_BUILD_EXAMPLES=OFF -DXSOFTMAX_INSTALL=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DXSOFTMAX_INSTALL=OFF \
     -DXSOFTMAX_DOCTEST_INCLUDE_DIR="$doctest_dir" > "$out/configure.txt" 2>&1
-  cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_tests heads_cuda_bench 2>&1 | tail -n 20
+  cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_tests heads_cuda_bench cuda_training_step 2>&1 | tail -n 20
 }
 
 test_phase() {
   log "test $(date -u +%FT%TZ)"
   "$build/tests/cuda/xsoftmax_cuda_tests" --duration=true 2>&1 | tee "$out/tests.txt" | tail -n 30
+  "$build/examples/cuda_training_step" 2>&1 | tee "$out/example.txt"
 }
 
 sanitize() {

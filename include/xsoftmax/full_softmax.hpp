@@ -149,8 +149,14 @@ class full_softmax {
                               matrix_view<float> out) const;
   /// @}
 
-  /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first.
-  void apply_sgd(const gradient_type& grad, float lr) { store_.apply_sgd("full_softmax::apply_sgd", grad, lr); }
+  /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first. Blocking on
+  /// every backend: the weights are updated when it returns. On a device backend it first waits
+  /// for the head's stream (an `_async` verb may still be writing `grad`) and throws a data error
+  /// such a verb recorded, so a gradient computed from bad input is never applied.
+  void apply_sgd(const gradient_type& grad, float lr) {
+    if constexpr (!is_host_backend<Backend>) resources_.check();
+    store_.apply_sgd("full_softmax::apply_sgd", grad, lr);
+  }
 
  private:
   template <class H>
