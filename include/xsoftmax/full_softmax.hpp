@@ -110,8 +110,9 @@ class full_softmax {
   ///   and record the first failure in the resources; `resources().check()`, `synchronize()` and
   ///   the next blocking verb on those resources throw it with the blocking verb's type and message.
   ///   Ignored samples are masked (zero hidden row, upstream and loss) rather than packed out, and
-  ///   bf16/fp16 heads fold their gradient scale into the upstream gradients rather than into the
-  ///   GEMMs' alpha, so the values equal the blocking verb's up to the GEMMs' summation order (the
+  ///   fp16 heads fold their gradient scale into the upstream gradients rather than into the
+  ///   GEMMs' alpha (one extra pass over grad_hidden and over the num_classes x dim weight
+  ///   gradient; bf16 and fp32 heads need no scale), so the values equal the blocking verb's up to the GEMMs' summation order (the
   ///   same kernels and shapes, hence bit for bit, for an fp32 head when no sample is ignored; the
   ///   loss reduction and the masking are exact), with one difference: `grad_weights` always
   ///   holds every class, with zero rows when every sample is ignored (the blocking verbs return
@@ -154,8 +155,7 @@ class full_softmax {
   /// for the head's stream (an `_async` verb may still be writing `grad`) and throws a data error
   /// such a verb recorded, so a gradient computed from bad input is never applied.
   void apply_sgd(const gradient_type& grad, float lr) {
-    if constexpr (!is_host_backend<Backend>) resources_.check();
-    store_.apply_sgd("full_softmax::apply_sgd", grad, lr);
+    store_.apply_sgd("full_softmax::apply_sgd", grad, lr, resources_);
   }
 
  private:

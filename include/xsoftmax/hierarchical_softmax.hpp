@@ -189,8 +189,7 @@ class hierarchical_softmax {
   /// device backend it first waits for the head's stream and throws a recorded `_async` data error
   /// (see `full_softmax::apply_sgd`).
   void apply_sgd(const gradient_type& grad, float lr) {
-    if constexpr (!is_host_backend<Backend>) resources_.check();
-    store_.apply_sgd("hierarchical_softmax::apply_sgd", grad, lr);
+    store_.apply_sgd("hierarchical_softmax::apply_sgd", grad, lr, resources_);
   }
 
  private:

@@ -125,7 +125,7 @@ class selective_softmax {
 
   /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first.
   void apply_sgd(const gradient_type& grad, float lr) {
-    store_.apply_sgd("selective_softmax::apply_sgd", grad, lr);
+    store_.apply_sgd("selective_softmax::apply_sgd", grad, lr, resources_);
   }
 
   /// Ends a training step: calls the selector's step hook (a new draw of sampled negatives, a KNN

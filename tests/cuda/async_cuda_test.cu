@@ -56,9 +56,10 @@ std::string reduction_label(reduction r) {
 /// Every async verb of `dev` against its blocking verb on batch `b`. Without ignored targets the
 /// async path of an fp32 head runs the same kernels and GEMMs over the same rows: bit for bit.
 /// With ignored ones it runs its GEMMs over all B rows (the ignored ones masked to zero) instead of
-/// the packed rows, so cuBLAS may sum in another order; and bf16/fp16 heads fold the gradient
-/// scale into the upstream gradients instead of the GEMMs' alpha (exact in theory, but cuBLAS's
-/// epilogue is not ours to promise): within `tol` (relative to the largest value) then.
+/// the packed rows, so cuBLAS may sum in another order; fp16 heads fold the gradient scale into
+/// the upstream gradients instead of the GEMMs' alpha (exact in theory, but cuBLAS's epilogue is
+/// not ours to promise), and bf16 heads may get other tensor-core kernels than for the packed
+/// rows: within `tol` (relative to the largest value) then.
 /// `same_path`: the head's async verbs run its blocking code without the final wait (the
 /// hierarchical softmax): bit for bit in every case.
 template <class Dev>

@@ -87,8 +87,13 @@ class weight_store {
   [[nodiscard]] index_t cols() const { return cols_; }
 
   /// w[rows[i]] -= lr * values[i] (and the bias likewise), after checking the whole gradient.
+  /// Blocking. On a device backend it first waits for the head's stream (`resources`): an `_async`
+  /// verb may still be writing `g`, and a data error it recorded is thrown before any weight moves.
   template <class Accum>
-  void apply_sgd(const char* where, const sparse_gradient<Backend, Accum>& g, float lr) {
+  void apply_sgd(const char* where, const sparse_gradient<Backend, Accum>& g, float lr,
+                 const backend_resources<Backend>& resources) {
+    if constexpr (!is_host_backend<Backend>) resources.check();
+    else (void)resources;
     expects<non_finite_error>(std::isfinite(lr), where, ": learning rate ", lr, " is not finite");
     expects<shape_error>(g.dim == cols_, where, ": gradient dim = ", g.dim, " but weights have ", cols_,
                          " columns");

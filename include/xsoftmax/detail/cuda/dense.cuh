@@ -223,19 +223,28 @@ void dense_losses(const cuda_resources& res, const dense_block<T>& b, const dens
   XSOFTMAX_CUDA_CHECK_LAUNCH();
 }
 
+/// Whether the gradient GEMMs of storage type T read G scaled by a power of two (gradient_scale).
+/// fp16 needs it: G = (softmax - onehot) * upstream is often far below fp16's smallest normal
+/// (2^-14), e.g. 1/N times a mean's 1/B. bf16 has fp32's exponent range, so scaling by a power of
+/// two would change no bit of the result: bf16 skips it, and with it gradient_scale's reduction,
+/// its host read and (in the `_async` path) the rescaling passes. fp32 GEMMs read G itself.
+template <class T>
+inline constexpr bool scales_gradient = std::is_same_v<T, __half>;
+
 /// The backward pass (after dense_lse): for each chunk, recomputes the scores, forms
 /// G = (softmax - onehot) * upstream and
 ///   grad_h (rows x dim)           += G (rows x cn) * W_chunk (cn x dim)
 ///   grad_w[c0 : c0 + cn] (x dim)   = G^T (cn x rows) * H (rows x dim)
 ///   grad_b[c0 : c0 + cn]           = column sums of G (rows in order)
-/// The GEMMs read G in the storage type (tensor cores for bf16/fp16), scaled by `grad_scale`
-/// (gradient_scale) and scaled back exactly through alpha. grad_b may be null.
+/// The GEMMs read G in the storage type (tensor cores for bf16/fp16); for fp16 scaled by
+/// `grad_scale` (gradient_scale) and scaled back exactly through alpha (`scales_gradient`; other
+/// types ignore `grad_scale`). grad_b may be null.
 template <class T>
 void dense_backward(const cuda_resources& res, const dense_block<T>& b, const dense_scratch<T>& sc,
                     const float* upstream, float grad_scale, float* grad_h, float* grad_w, float* grad_b) {
   if (b.rows == 0) return;
   constexpr bool fp32 = std::is_same_v<T, float>;
-  const float scale = fp32 ? 1.f : grad_scale;
+  const float scale = scales_gradient<T> ? grad_scale : 1.f;
   const float alpha = 1.f / scale;  // exact: scale is a power of two
   for (index_t c0 = 0; c0 < b.n; c0 += sc.chunk) {
     const index_t cn = std::min(sc.chunk, b.n - c0);

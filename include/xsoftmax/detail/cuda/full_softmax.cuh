@@ -124,7 +124,7 @@ float full_run(const Head& head, const char* where, matrix_view<const H> hidden,
     if (rows > 0) {
       thrust::sequence(policy, g.rows.begin(), g.rows.end());
       thrust::fill_n(policy, buf.grad_h, rows * d, 0.f);
-      const float scale = gradient_scale(res, buf.upstream, rows);
+      const float scale = scales_gradient<T> ? gradient_scale(res, buf.upstream, rows) : 1.f;
       dense_backward(res, block, buf.sc, buf.upstream, scale, buf.grad_h, thrust::raw_pointer_cast(g.values.data()),
                      bias ? thrust::raw_pointer_cast(g.bias_values.data()) : nullptr);
     }
@@ -209,10 +209,11 @@ void full_run_async(const Head& head, const char* where, matrix_view<const H> hi
     thrust::sequence(policy, g.rows.begin(), g.rows.end());
     thrust::fill_n(policy, buf.grad_h, rows * d, 0.f);
     // Masked rows have upstream 0, so their dLoss/dscore row is exactly 0: they add nothing.
-    constexpr bool fp32 = std::is_same_v<T, float>;
-    if constexpr (fp32) {
+    if constexpr (!scales_gradient<T>) {
       dense_backward(res, block, buf.sc, buf.upstream, 1.f, buf.grad_h, grad_w, grad_b);
     } else {
+      // fp16: the scale is known only on the device here, so it is folded into the upstream
+      // gradients and undone by one extra pass over each gradient (see the note in full_softmax.hpp).
       gradient_scale_async(res, buf.upstream, rows, buf.scale);  // upstream *= p
       dense_backward(res, block, buf.sc, buf.upstream, 1.f, buf.grad_h, grad_w, grad_b);
       scale_by(res, buf.grad_h, rows * d, buf.scale + 1);  // * 1 / p

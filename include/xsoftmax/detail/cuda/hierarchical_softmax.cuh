@@ -251,12 +251,12 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
   const T* bias = head.bias();
   if (rows > 0) thrust::fill_n(policy, loss, rows, 0.f);
   if (want_grad && rows > 0) thrust::fill_n(policy, grad_h, rows * d, 0.f);
-  const float scale = want_grad ? gradient_scale(res, upstream, rows) : 1.f;
+  const float scale = want_grad && scales_gradient<T> ? gradient_scale(res, upstream, rows) : 1.f;
 
   // The grouped batches' GEMMs, and their descriptors and pointer arrays on the device (one copy
   // each for the whole call; the batches of all levels reuse one scores buffer, in stream order).
   constexpr bool fp32 = std::is_same_v<T, float>;
-  const float g_scale = fp32 ? 1.f : scale;
+  const float g_scale = scale;  // 1 unless scales_gradient<T>
   const float g_alpha = 1.f / g_scale;  // exact: a power of two
   const T* g_values = fp32 ? reinterpret_cast<const T*>(g_scores) : g_storage;  // G as the GEMMs read it
   std::vector<const void*> host_ptrs;
