@@ -13,6 +13,7 @@
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/host/gemm.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
+#include <xsoftmax/head_verbs.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/tree/tree_types.hpp>
 #include <xsoftmax/types.hpp>
@@ -45,6 +46,23 @@ struct search_options {
   index_t beam_width = 0;
 };
 
+namespace detail {
+/// Whether `T` offers the tree contract of tree/tree_types.hpp at the head's level: `view()`,
+/// `num_classes()`, `num_rows()` and a `static constexpr int max_depth`.
+template <class T, class = void>
+struct is_tree_shape : std::false_type {};
+template <class T>
+struct is_tree_shape<T, std::void_t<decltype(std::declval<const T&>().view()),
+                                    decltype(std::declval<const T&>().num_classes()),
+                                    decltype(std::declval<const T&>().num_rows()), decltype(T::max_depth)>>
+    : std::true_type {};
+
+template <class T>
+struct is_precision_policy : std::false_type {};
+template <class S, class A>
+struct is_precision_policy<precision<S, A>> : std::true_type {};
+}  // namespace detail
+
 /// Hierarchical softmax over the classes of `Tree` (`uniform_tree<Depth, Branching>` or
 /// `runtime_tree<MaxDepth>`), with hidden batches of shape (B x dim).
 ///
@@ -58,15 +76,28 @@ struct search_options {
 /// first and throws `shape_error`, `out_of_range`, `non_finite_error`, `invalid_argument` or
 /// `tree_error` naming the argument and value; nothing is changed then.
 template <class Tree, class Precision = fp32, class Backend = serial, class NodeForm = softmax_nodes>
-class hierarchical_softmax {
+class hierarchical_softmax
+    : public head_verbs<hierarchical_softmax<Tree, Precision, Backend, NodeForm>, Backend, search_options> {
+  static_assert(detail::is_tree_shape<Tree>::value,
+                "xsoftmax: hierarchical_softmax<Tree, ...>: Tree must be a tree shape (uniform_tree<Depth, "
+                "Branching>, runtime_tree<MaxDepth> or a type with view(), num_classes(), num_rows() and a "
+                "static constexpr int max_depth; see tree/tree_types.hpp)");
+  static_assert(detail::is_precision_policy<Precision>::value,
+                "xsoftmax: hierarchical_softmax<Tree, Precision, ...>: Precision must be xsoftmax::fp32, bf16 or "
+                "fp16 (a precision<Storage, Accum>)");
+  static_assert(std::is_same_v<NodeForm, softmax_nodes> || std::is_same_v<NodeForm, sigmoid_nodes>,
+                "xsoftmax: hierarchical_softmax<..., NodeForm>: NodeForm must be xsoftmax::softmax_nodes or "
+                "xsoftmax::sigmoid_nodes");
+  using verbs = head_verbs<hierarchical_softmax<Tree, Precision, Backend, NodeForm>, Backend, search_options>;
+  friend verbs;
+
  public:
+  static constexpr const char* head_name = "hierarchical_softmax";
   using tree_type = Tree;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
-  using accum_type = float;
-  using backend_type = Backend;
   using node_form = NodeForm;
-  using gradient_type = sparse_gradient<Backend, float>;
+  using typename verbs::gradient_type;
   static constexpr bool sigmoid_form = std::is_same_v<NodeForm, sigmoid_nodes>;
 
   /// Owns weights for `tree` of width `dim`, initialised per `init`; a zero bias when `with_bias`.
@@ -107,93 +138,39 @@ class hierarchical_softmax {
   [[nodiscard]] std::shared_ptr<void>& backend_cache() const noexcept { return backend_cache_; }
   /// \endcond
 
-  /// Per-sample negative log-likelihood (the sum over the path of -log p(child | node)), reduced per
-  /// `options`; see `full_softmax::forward` for `per_sample` and `reduction::none`.
-  template <class H>
-  float forward(matrix_view<const H> hidden, vector_view<const index_t> targets, loss_options options = {},
-                vector_view<float> per_sample = {}) const;
-
-  /// Loss and gradients in one pass over the touched blocks. `grad_hidden` (B x dim) is overwritten;
-  /// `grad_weights` receives the touched rows only (each node block on some target's path).
-  template <class H>
-  float forward_backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                         matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                         loss_options options = {}, vector_view<float> per_sample = {},
-                         vector_view<const float> grad_output = {}) const;
-
-  /// Gradients only; see `forward_backward`.
-  template <class H>
-  void backward(matrix_view<const H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
-                gradient_type& grad_weights, loss_options options = {},
-                vector_view<const float> grad_output = {}) const;
-
-  /// log p(targets[i] | hidden[i]) into `out` (B entries); every target must be a valid class.
-  template <class H>
-  void log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
-
-  /// The k most probable classes per row, best first, by best-first search over the tree (exact:
-  /// a path's log-probability only falls as it descends), or beam-limited per `options`.
-  /// `classes`, `log_probs`: B x k. Throws `invalid_argument` unless 1 <= k <= num_classes.
-  template <class H>
-  void topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
-            search_options options = {}) const;
-
-  /// log p(c | hidden[i]) for c in [class_begin, class_end) into `out` (B x range), for evaluation.
-  template <class H>
-  void log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
-                        matrix_view<float> out) const;
-
-  /// \name `_async` verbs
-  /// The blocking verbs' computations with the reduced loss written to `loss` (1 element, in the
-  /// backend's memory) instead of returned, as `full_softmax`'s `_async` verbs; generic code can
-  /// call them on every backend. Host backends run the blocking verb, then write `loss[0]`.
-  ///
-  /// On cuda the results are the blocking verb's, bit for bit, and the call does not wait for the
-  /// stream's last kernels (the loss reduction, the scatters, the last level's work); outputs are
-  /// valid once the stream is synchronised. Unlike the full softmax's, the hierarchical softmax's
-  /// `_async` verbs are not free of host synchronisation: the data checks run before the tree walk
-  /// (an out-of-range target would walk outside the tree) and throw from the call, each tree level
-  /// reads its run structure back to plan its GEMMs (one wait per level), and `topk_async` waits for
-  /// its search (the open list's size is known only afterwards): it is `topk`. `log_distribution_async`
-  /// waits only for the hidden rows' check.
-  /// @{
-  template <class H>
-  void forward_async(matrix_view<const H> hidden, vector_view<const index_t> targets, vector_view<float> loss,
-                     loss_options options = {}, vector_view<float> per_sample = {}) const;
-
-  template <class H>
-  void forward_backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                              matrix_view<float> grad_hidden, gradient_type& grad_weights, vector_view<float> loss,
-                              loss_options options = {}, vector_view<float> per_sample = {},
-                              vector_view<const float> grad_output = {}) const;
-
-  template <class H>
-  void backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                      matrix_view<float> grad_hidden, gradient_type& grad_weights, loss_options options = {},
-                      vector_view<const float> grad_output = {}) const;
-
-  template <class H>
-  void log_prob_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                      vector_view<float> out) const;
-
-  template <class H>
-  void topk_async(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                  matrix_view<float> log_probs, search_options options = {}) const;
-
-  template <class H>
-  void log_distribution_async(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
-                              matrix_view<float> out) const;
-  /// @}
-
-  /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first. Blocking; on a
-  /// device backend it first waits for the head's stream and throws a recorded `_async` data error
-  /// (see `full_softmax::apply_sgd`).
-  void apply_sgd(const gradient_type& grad, float lr) {
-    store_.apply_sgd("hierarchical_softmax::apply_sgd", grad, lr, resources_);
-  }
+  // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
+  // forms, apply_sgd) are head_verbs'. What is particular to this head:
+  // * `grad_weights` holds the rows of the nodes on the batch's paths, block by block, level by level.
+  // * topk: exact best-first search over the tree (ties: smaller class first), or a beam search
+  //   when `search_options::beam_width` > 0.
+  // * `_async` on cuda: the blocking code path without its final wait (bit-identical results); it
+  //   checks its data and plans each level's runs on the host, so it waits once per tree level.
+  //   `topk_async` is blocking on every backend: the search's size is known only after it ran.
 
  private:
   struct run_range;
+  template <class H>
+  float run_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+             loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+             gradient_type* grad_weights, vector_view<const float> grad_output) const;
+  template <class H>
+  void run_async_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                  gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+  template <class H>
+  void topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
+             search_options options) const;
+  template <class H>
+  void topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                   matrix_view<float> log_probs, search_options options) const {
+    topk_(hidden, k, classes, log_probs, options);
+  }
+  template <class H>
+  void log_distribution_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                         matrix_view<float> out) const;
+  template <class H>
+  void log_distribution_async_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                               matrix_view<float> out) const;
   template <class H>
   float run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
@@ -204,10 +181,6 @@ class hierarchical_softmax {
   template <class H>
   void log_distribution_host(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                              matrix_view<float> out) const;
-  template <class H>
-  float run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
-            loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-            gradient_type* grad_weights, vector_view<const float> grad_output) const;
   /// Log-probabilities of the children of the node whose block starts at `block_begin`.
   void child_log_probs(const float* h, index_t block_begin, index_t block_size, float* out) const;
 

@@ -18,6 +18,7 @@
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
+#include <xsoftmax/head_verbs.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 #include <xsoftmax/types.hpp>
@@ -41,17 +42,19 @@ namespace xsoftmax {
 /// returns a malformed active set (unsorted, a class out of range, a target missing) makes the verb
 /// throw `invalid_argument` / `out_of_range`.
 template <class Selector, class Precision = fp32, class Backend = serial>
-class selective_softmax {
+class selective_softmax : public head_verbs<selective_softmax<Selector, Precision, Backend>, Backend> {
+  using verbs = head_verbs<selective_softmax<Selector, Precision, Backend>, Backend>;
+  friend verbs;
+
  public:
+  static constexpr const char* head_name = "selective_softmax";
   static_assert(is_host_backend<Backend>,
                 "xsoftmax: selective_softmax runs on the serial and omp backends; its CUDA path is not "
                 "written yet");
   using selector_type = Selector;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
-  using accum_type = float;
-  using backend_type = Backend;
-  using gradient_type = sparse_gradient<Backend, float>;
+  using typename verbs::gradient_type;
 
   /// Owns `num_classes x dim` weights initialised per `init` (a zero bias when `with_bias`) and
   /// `selector`. Throws `invalid_argument` when a size is not positive.
@@ -68,6 +71,7 @@ class selective_softmax {
   [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
   [[nodiscard]] storage_type* bias() const { return store_.bias(); }
   /// The selector (mutable: set explicit candidates, swap a graph, set the sampling step).
+  [[nodiscard]] const backend_resources<Backend>& resources() const { return resources_; }
   [[nodiscard]] Selector& selector() { return selector_; }
   [[nodiscard]] const Selector& selector() const { return selector_; }
 
@@ -82,51 +86,10 @@ class selective_softmax {
   void select(matrix_view<const H> hidden, vector_view<const index_t> targets, active_set& out,
               index_t ignore_index = loss_options{}.ignore_index) const;
 
-  /// Per-sample negative log-likelihood over the active set, reduced per `options`; see
-  /// `full_softmax::forward` for `per_sample` and `reduction::none`. Ignored samples have loss 0.
-  template <class H>
-  float forward(matrix_view<const H> hidden, vector_view<const index_t> targets, loss_options options = {},
-                vector_view<float> per_sample = {}) const;
-
-  /// Loss and gradients. `grad_hidden` (B x dim, fp32) is overwritten; `grad_weights` receives the
-  /// active rows only: the shared set's classes in ascending order, or the union of the per-sample
-  /// lists in ascending order. `grad_output` as in `full_softmax::forward_backward`.
-  template <class H>
-  float forward_backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                         matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                         loss_options options = {}, vector_view<float> per_sample = {},
-                         vector_view<const float> grad_output = {}) const;
-
-  /// Gradients only; see `forward_backward`.
-  template <class H>
-  void backward(matrix_view<const H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
-                gradient_type& grad_weights, loss_options options = {},
-                vector_view<const float> grad_output = {}) const;
-
-  /// log p(targets[i] | hidden[i]) normalised over the active set the selector builds for this
-  /// batch (the training objective's probability) into `out` (B entries). Every target must be a
-  /// valid class.
-  template <class H>
-  void log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
-
-  /// The k most probable classes of each row over **all** classes and their log-probabilities under
-  /// the full softmax (prediction has no targets to build an active set from); as
-  /// `full_softmax::topk`. `classes`, `log_probs`: B x k. Throws `invalid_argument` unless
-  /// 1 <= k <= num_classes.
-  template <class H>
-  void topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-            matrix_view<float> log_probs) const;
-
-  /// log p(c | hidden[i]) under the full softmax for c in [class_begin, class_end), as
-  /// `full_softmax::log_distribution`.
-  template <class H>
-  void log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
-                        matrix_view<float> out) const;
-
-  /// weights[rows] -= lr * gradient (and the bias). Checks the whole gradient first.
-  void apply_sgd(const gradient_type& grad, float lr) {
-    store_.apply_sgd("selective_softmax::apply_sgd", grad, lr, resources_);
-  }
+  // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
+  // forms, apply_sgd) are head_verbs'. What is particular to this head: the loss is the softmax over
+  // the step's active set (which always holds the targets), and `grad_weights` holds the active
+  // rows; `topk` and `log_distribution` score every class (the exact full softmax's answer).
 
   /// Ends a training step: calls the selector's step hook (a new draw of sampled negatives, a KNN
   /// graph or IVF index rebuild when due), if it has one.
@@ -134,9 +97,15 @@ class selective_softmax {
 
  private:
   template <class H>
-  float run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+  float run_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
             loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
             gradient_type* grad_weights, vector_view<const float> grad_output) const;
+  template <class H>
+  void topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
+             exact_search) const;
+  template <class H>
+  void log_distribution_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                         matrix_view<float> out) const;
   template <class H>
   float run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,

@@ -97,20 +97,4 @@ TEST_CASE("cuda full_softmax owning constructor initialises like serial") {
   check_head(ref, dev, b, tolerance_for<__nv_bfloat16>(), "owning bf16", 3);
 }
 
-TEST_CASE("cuda full_softmax workspace: size query, reserve, then no growth") {
-  rng g(14);
-  weights<__half> w(g, 5000, 32, true);
-  const batch b = make_batch(g, 64, 32, 5000, 0.1);
-  xs::full_softmax<xs::fp16, xs::cuda> dev(w.device_view(), w.device_bias());
-  const std::size_t bytes = xs::cuda_workspace_bytes(dev, b.rows, true);
-  CHECK(bytes > 0);
-  dev.resources().reserve_workspace(bytes);
-  CHECK(dev.resources().workspace_bytes() == bytes);
-  const device_batch db(b);
-  loss_options opt;
-  (void)forward_backward_device(dev, db, opt, {});
-  CHECK_MESSAGE(dev.resources().workspace_bytes() == bytes, "the call needed more than the size query said");
-  CHECK(xs::cuda_workspace_bytes(dev, b.rows, false) <= bytes);
-}
-
 }  // namespace

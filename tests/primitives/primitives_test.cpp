@@ -206,11 +206,11 @@ TEST_CASE("primitives: dense_scores and gather_dot equal naive dot products (fp3
   for (bool with_bias : {false, true}) {
     std::vector<float> scratch;
     // fp32: rows used in place (no copy), at their stride.
-    const auto wf = xsoftmax::detail::rows_as_float(cview(w, wrows, d, stride), first, count, scratch);
+    const auto wf = xsoftmax::detail::rows_as_float(thrust::cpp::par, cview(w, wrows, d, stride), first, count, scratch);
     CHECK(wf.data == w.data() + first * stride);
     CHECK(wf.stride == stride);
     // bf16: widened into scratch, dense.
-    const auto wbf = xsoftmax::detail::rows_as_float(cview(wb, wrows, d, stride), first, count, scratch);
+    const auto wbf = xsoftmax::detail::rows_as_float(thrust::cpp::par, cview(wb, wrows, d, stride), first, count, scratch);
     CHECK(wbf.data == scratch.data());
     CHECK(wbf.stride == d);
     for (index_t r = 0; r < count; ++r)

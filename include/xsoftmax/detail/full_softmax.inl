@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Host implementation of `full_softmax` (serial and omp backends).
+/// `full_softmax`'s algorithm, written once for every backend over the generic primitives.
 
-#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
@@ -18,6 +19,35 @@
 #include <vector>
 
 namespace xsoftmax {
+
+namespace detail {
+/// Row r's j-th best (score, class) of a finished top-k state, as a class and a log-probability.
+struct write_topk {
+  const float* score;
+  const index_t* index;
+  const float* lse;
+  index_t k;
+  matrix_view<index_t> classes;
+  matrix_view<float> log_probs;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    const index_t r = i / k, j = i % k;
+    classes(r, j) = index[i];
+    log_probs(r, j) = score[i] - lse[r];
+  }
+};
+
+/// A chunk of scores (rows x cn, classes from c0 on) as log-probabilities into `out`.
+struct write_log_probs {
+  const float* s;
+  const float* lse;
+  index_t c0, cn;
+  matrix_view<float> out;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    const index_t r = i / cn, j = i % cn;
+    out(r, c0 + j) = s[i] - lse[r];
+  }
+};
+}  // namespace detail
 
 template <class P, class B>
 full_softmax<P, B>::full_softmax(index_t num_classes, index_t dim, bool with_bias, init_options init,
@@ -48,272 +78,163 @@ index_t full_softmax<P, B>::chunk_size_for(index_t batch_rows) const {
 
 template <class P, class B>
 template <class H>
-float full_softmax<P, B>::run(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
-                              loss_options options, vector_view<float> per_sample,
-                              matrix_view<float>* grad_hidden, gradient_type* grad_weights,
-                              vector_view<const float> grad_output) const {
-  if constexpr (is_host_backend<B>) {
-    return run_host(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output);
-  } else {
-    return detail::device_heads<B>::full_run(*this, where, hidden, targets, options, per_sample, grad_hidden,
-                                             grad_weights, grad_output);
-  }
+float full_softmax<P, B>::run_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                               loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                               gradient_type* grad_weights, vector_view<const float> grad_output) const {
+  backend_vector<B, float> loss(1);
+  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, detail::raw(loss));
+  return detail::backend_ops<B>::read(resources_, detail::raw(loss));  // waits for the work queued
 }
 
 template <class P, class B>
 template <class H>
-float full_softmax<P, B>::run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
-                              loss_options options, vector_view<float> per_sample,
-                              matrix_view<float>* grad_hidden, gradient_type* grad_weights,
-                              vector_view<const float> grad_output) const {
-  const auto policy = backend_traits<B>::policy(resources_);
+void full_softmax<P, B>::run_async_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                    loss_options options, vector_view<float> per_sample,
+                                    matrix_view<float>* grad_hidden, gradient_type* grad_weights,
+                                    vector_view<const float> grad_output, float* loss) const {
+  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss);
+}
+
+// The algorithm, on every backend: check, pack the rows that count, one dense softmax over every
+// class (chunked, online log-sum-exp, recomputed in the backward), scatter back, reduce.
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                   loss_options options, vector_view<float> per_sample,
+                                   matrix_view<float>* grad_hidden, gradient_type* grad_weights,
+                                   vector_view<const float> grad_output, float* loss) const {
+  detail::backend_ops<B>::check_pending(resources_);
+  const detail::execution<B> ex{resources_};
   const index_t n_cls = num_classes(), d = dim();
-  detail::check_hidden(where, hidden, d);
-  detail::check_targets(where, targets, hidden.rows, n_cls, options.ignore_index);
+  detail::check_hidden(ex, where, hidden, d);
+  detail::check_targets(ex, where, targets, hidden.rows, n_cls, options.ignore_index);
   if ((options.reduce == reduction::none && !grad_weights) || per_sample.size != 0)  // backward has no per_sample
     detail::check_output(where, "per_sample", per_sample, hidden.rows);
   if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
 
-  detail::packed_batch batch = detail::pack_batch(policy, hidden, targets, options.ignore_index);
-  std::vector<float> upstream;
-  if (grad_weights)
-    upstream = detail::upstream_gradients(where, batch, hidden.rows, options.reduce, grad_output);
-  const index_t rows = batch.rows();
+  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
+  backend_vector<B, float> upstream;
+  if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
+  const index_t rows = batch.rows;
   const storage_type* bias = store_.bias();
-  std::vector<float> losses(static_cast<std::size_t>(rows), 0.f);
-  std::vector<float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
+  backend_vector<B, float> losses(static_cast<std::size_t>(rows), 0.f);
+  backend_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
 
   // The exact softmax is one dense block: every packed row against every class.
   detail::dense_softmax_args a;
   a.h = batch.hidden_view();
-  a.target = batch.target.data();
+  a.target = batch.target_data();
   a.n = n_cls;
   a.chunk = chunk_size_for(rows);
-  a.loss = losses.data();
+  a.loss = detail::raw(losses);
   if (grad_weights) {
     gradient_type& g = *grad_weights;
     g.dim = d;
     const index_t touched = rows > 0 ? n_cls : 0;  // every class, unless no row counts
     g.rows.resize(static_cast<std::size_t>(touched));
-    thrust::sequence(policy, g.rows.begin(), g.rows.end());
+    thrust::sequence(ex.policy(), g.rows.begin(), g.rows.end());
     g.values.resize(static_cast<std::size_t>(touched * d));
     g.bias_values.resize(bias && touched ? static_cast<std::size_t>(touched) : 0);
-    a.upstream = upstream.data();
-    a.grad_h = grad_packed.data();
-    a.grad_w = thrust::raw_pointer_cast(g.values.data());
-    a.grad_b = g.bias_values.empty() ? nullptr : thrust::raw_pointer_cast(g.bias_values.data());
+    a.upstream = detail::raw(upstream);
+    a.grad_h = detail::raw(grad_packed);
+    a.grad_w = detail::raw(g.values);
+    a.grad_b = g.bias_values.empty() ? nullptr : detail::raw(g.bias_values);
   }
-  detail::dense_softmax(policy, matrix_view<const storage_type>(weights()), bias, a);
-  if (grad_hidden) detail::scatter_rows(policy, batch, grad_packed, *grad_hidden);
-  if (per_sample.size != 0) detail::scatter_losses(batch, losses, per_sample);
-  return detail::reduce_losses(losses, options.reduce);
+  detail::dense_softmax(ex, matrix_view<const storage_type>(weights()), bias, a);
+  if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
+  if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);
+  if (loss) detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss);
 }
 
 template <class P, class B>
 template <class H>
-float full_softmax<P, B>::forward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                  loss_options options, vector_view<float> per_sample) const {
-  return run("full_softmax::forward", hidden, targets, options, per_sample, nullptr, nullptr, {});
+void full_softmax<P, B>::topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                               matrix_view<float> log_probs, exact_search) const {
+  topk_into_(hidden, k, classes, log_probs);
+  detail::backend_ops<B>::synchronize(resources_);
 }
 
 template <class P, class B>
 template <class H>
-float full_softmax<P, B>::forward_backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                           matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                           loss_options options, vector_view<float> per_sample,
-                                           vector_view<const float> grad_output) const {
-  return run("full_softmax::forward_backward", hidden, targets, options, per_sample, &grad_hidden,
-             &grad_weights, grad_output);
+void full_softmax<P, B>::topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                     matrix_view<float> log_probs, exact_search) const {
+  topk_into_(hidden, k, classes, log_probs);
 }
 
+// Every row's scores stream past a running top-k and an online log-sum-exp, chunk by chunk.
 template <class P, class B>
 template <class H>
-void full_softmax<P, B>::backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                  matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                  loss_options options, vector_view<const float> grad_output) const {
-  run("full_softmax::backward", hidden, targets, options, {}, &grad_hidden, &grad_weights, grad_output);
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                  vector_view<float> out) const {
-  loss_options o;
-  o.reduce = reduction::none;
-  o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
-  detail::check_output("full_softmax::log_prob", "out", out, hidden.rows);
-  run("full_softmax::log_prob", hidden, targets, o, out, nullptr, nullptr, {});
-  if constexpr (is_host_backend<B>) {
-    for (index_t i = 0; i < out.size; ++i) out[i] = -out[i];
-  } else {
-    detail::device_heads<B>::negate(resources_, out);  // `out` is device memory
-  }
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                              matrix_view<float> log_probs) const {
-  if constexpr (!is_host_backend<B>) {
-    detail::device_heads<B>::full_topk(*this, hidden, k, classes, log_probs);
-  } else {
-    topk_host(hidden, k, classes, log_probs);
-  }
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::topk_host(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                                   matrix_view<float> log_probs) const {
+void full_softmax<P, B>::topk_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                    matrix_view<float> log_probs) const {
   const char* where = "full_softmax::topk";
-  const auto policy = backend_traits<B>::policy(resources_);
+  detail::backend_ops<B>::check_pending(resources_);
+  const detail::execution<B> ex{resources_};
   const index_t n_cls = num_classes();
-  detail::check_hidden(where, hidden, dim());
+  detail::check_hidden(ex, where, hidden, dim());
   detail::expects(k >= 1 && k <= n_cls, where, ": k = ", k, " must be in [1, num_classes = ", n_cls, "]");
   detail::check_output(where, "classes", classes, hidden.rows, k);
   detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
-  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
-  const index_t rows = batch.rows();
-  detail::online_lse_state lse(rows);
-  detail::row_topk_state best(rows, k);
-  detail::for_each_score_chunk(policy, batch.hidden_view(), matrix_view<const storage_type>(weights()),
-                               store_.bias(), 0, n_cls, chunk_size_for(rows),
-                               [&](index_t c0, index_t cn, const float* s) {
-                                 detail::online_lse_update(policy, s, rows, cn, cn, c0, nullptr, lse);
-                                 detail::row_topk_update(policy, s, rows, cn, cn, c0, best);
+  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
+  const index_t rows = batch.rows;
+  detail::basic_online_lse_state<B> lse(rows);
+  detail::basic_row_topk_state<B> best(rows, k);
+  detail::for_each_score_chunk(ex, batch.hidden_view(), matrix_view<const storage_type>(weights()), store_.bias(), 0,
+                               n_cls, chunk_size_for(rows), [&](index_t c0, index_t cn, const float* s) {
+                                 detail::online_lse_update(ex, s, rows, cn, cn, c0, nullptr, lse);
+                                 detail::row_topk_update(ex, s, rows, cn, cn, c0, best);
                                });
-  detail::row_topk_finish(policy, rows, best);
-  for (index_t r = 0; r < rows; ++r)
-    for (index_t j = 0; j < k; ++j) {
-      classes(r, j) = best.index[r * k + j];
-      log_probs(r, j) = best.score[r * k + j] - lse.lse(r);
-    }
+  detail::row_topk_finish(ex, rows, best);
+  backend_vector<B, float> row_lse(static_cast<std::size_t>(rows));
+  const float* l = detail::raw(row_lse);
+  detail::online_lse_finish(ex, lse, rows, detail::raw(row_lse));
+  detail::parallel_for(ex, rows * k,
+                       detail::write_topk{detail::raw(best.score), detail::raw(best.index), l, k, classes, log_probs});
 }
 
 template <class P, class B>
 template <class H>
-void full_softmax<P, B>::log_distribution(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
-                                          matrix_view<float> out) const {
-  if constexpr (!is_host_backend<B>) {
-    detail::device_heads<B>::full_log_distribution(*this, hidden, class_begin, class_end, out);
-  } else {
-    log_distribution_host(hidden, class_begin, class_end, out);
-  }
+void full_softmax<P, B>::log_distribution_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                                           matrix_view<float> out) const {
+  log_distribution_into_(hidden, class_begin, class_end, out);
+  detail::backend_ops<B>::synchronize(resources_);
 }
 
 template <class P, class B>
 template <class H>
-void full_softmax<P, B>::log_distribution_host(matrix_view<const H> hidden, index_t class_begin,
-                                               index_t class_end, matrix_view<float> out) const {
+void full_softmax<P, B>::log_distribution_async_(matrix_view<const H> hidden, index_t class_begin,
+                                                 index_t class_end, matrix_view<float> out) const {
+  log_distribution_into_(hidden, class_begin, class_end, out);
+}
+
+// The log-sum-exp needs every class; then only the asked range is scored again.
+template <class P, class B>
+template <class H>
+void full_softmax<P, B>::log_distribution_into_(matrix_view<const H> hidden, index_t class_begin,
+                                                index_t class_end, matrix_view<float> out) const {
   const char* where = "full_softmax::log_distribution";
-  const auto policy = backend_traits<B>::policy(resources_);
+  detail::backend_ops<B>::check_pending(resources_);
+  const detail::execution<B> ex{resources_};
   const index_t n_cls = num_classes();
-  detail::check_hidden(where, hidden, dim());
+  detail::check_hidden(ex, where, hidden, dim());
   detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where,
                                 ": class range [", class_begin, ", ", class_end, ") is empty or outside [0, ",
                                 n_cls, ")");
   detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
-  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
-  const index_t rows = batch.rows(), chunk = chunk_size_for(rows);
+  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
+  const index_t rows = batch.rows, chunk = chunk_size_for(rows);
   const auto w = matrix_view<const storage_type>(weights());
-  // The log-sum-exp needs every class; then only the asked range is scored again.
-  detail::online_lse_state lse(rows);
-  detail::for_each_score_chunk(policy, batch.hidden_view(), w, store_.bias(), 0, n_cls, chunk,
+  detail::basic_online_lse_state<B> lse(rows);
+  detail::for_each_score_chunk(ex, batch.hidden_view(), w, store_.bias(), 0, n_cls, chunk,
                                [&](index_t c0, index_t cn, const float* s) {
-                                 detail::online_lse_update(policy, s, rows, cn, cn, c0, nullptr, lse);
+                                 detail::online_lse_update(ex, s, rows, cn, cn, c0, nullptr, lse);
                                });
-  detail::for_each_score_chunk(policy, batch.hidden_view(), w, store_.bias(), class_begin, class_end - class_begin,
+  backend_vector<B, float> row_lse(static_cast<std::size_t>(rows));
+  const float* l = detail::raw(row_lse);
+  detail::online_lse_finish(ex, lse, rows, detail::raw(row_lse));
+  detail::for_each_score_chunk(ex, batch.hidden_view(), w, store_.bias(), class_begin, class_end - class_begin,
                                chunk, [&](index_t c0, index_t cn, const float* s) {
-                                 for (index_t r = 0; r < rows; ++r)
-                                   for (index_t j = 0; j < cn; ++j) out(r, c0 + j) = s[r * cn + j] - lse.lse(r);
+                                 detail::parallel_for(ex, rows * cn, detail::write_log_probs{s, l, c0, cn, out});
                                });
-}
-
-// ------------------------------------------------------------------------------------------------
-// _async verbs: host backends run the blocking verb; device backends queue (device_heads<B>::*_async).
-// detail::check_async_loss comes from detail/async.hpp (through backend.hpp).
-// ------------------------------------------------------------------------------------------------
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::forward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                       vector_view<float> loss, loss_options options,
-                                       vector_view<float> per_sample) const {
-  detail::check_async_loss("full_softmax::forward_async", loss);
-  if constexpr (is_host_backend<B>) {
-    loss[0] = forward(hidden, targets, options, per_sample);
-  } else {
-    detail::device_heads<B>::full_run_async(*this, "full_softmax::forward", hidden, targets, options, per_sample,
-                                            nullptr, nullptr, {}, loss.data);
-  }
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::forward_backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                                matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                                vector_view<float> loss, loss_options options,
-                                                vector_view<float> per_sample,
-                                                vector_view<const float> grad_output) const {
-  detail::check_async_loss("full_softmax::forward_backward_async", loss);
-  if constexpr (is_host_backend<B>) {
-    loss[0] = forward_backward(hidden, targets, grad_hidden, grad_weights, options, per_sample, grad_output);
-  } else {
-    detail::device_heads<B>::full_run_async(*this, "full_softmax::forward_backward", hidden, targets, options,
-                                            per_sample, &grad_hidden, &grad_weights, grad_output, loss.data);
-  }
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::backward_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                        matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                        loss_options options, vector_view<const float> grad_output) const {
-  if constexpr (is_host_backend<B>) {
-    backward(hidden, targets, grad_hidden, grad_weights, options, grad_output);
-  } else {
-    detail::device_heads<B>::full_run_async(*this, "full_softmax::backward", hidden, targets, options, {},
-                                            &grad_hidden, &grad_weights, grad_output, nullptr);
-  }
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::log_prob_async(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                        vector_view<float> out) const {
-  if constexpr (is_host_backend<B>) {
-    log_prob(hidden, targets, out);
-  } else {
-    loss_options o;
-    o.reduce = reduction::none;
-    o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
-    detail::check_output("full_softmax::log_prob", "out", out, hidden.rows);
-    detail::device_heads<B>::full_run_async(*this, "full_softmax::log_prob", hidden, targets, o, out, nullptr,
-                                            nullptr, {}, nullptr);
-    detail::device_heads<B>::negate_async(resources_, out);
-  }
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::topk_async(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                                    matrix_view<float> log_probs) const {
-  if constexpr (is_host_backend<B>) {
-    topk(hidden, k, classes, log_probs);
-  } else {
-    detail::device_heads<B>::full_topk_async(*this, hidden, k, classes, log_probs);
-  }
-}
-
-template <class P, class B>
-template <class H>
-void full_softmax<P, B>::log_distribution_async(matrix_view<const H> hidden, index_t class_begin,
-                                                index_t class_end, matrix_view<float> out) const {
-  if constexpr (is_host_backend<B>) {
-    log_distribution(hidden, class_begin, class_end, out);
-  } else {
-    detail::device_heads<B>::full_log_distribution_async(*this, hidden, class_begin, class_end, out);
-  }
 }
 
 }  // namespace xsoftmax

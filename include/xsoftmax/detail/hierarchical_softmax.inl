@@ -122,7 +122,7 @@ void hierarchical_softmax<Tree, P, B, F>::child_log_probs(const float* h, index_
 
 template <class Tree, class P, class B, class F>
 template <class H>
-float hierarchical_softmax<Tree, P, B, F>::run(const char* where, matrix_view<const H> hidden,
+float hierarchical_softmax<Tree, P, B, F>::run_(const char* where, matrix_view<const H> hidden,
                                                vector_view<const index_t> targets, loss_options options,
                                                vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                gradient_type* grad_weights,
@@ -311,51 +311,9 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
 
 template <class Tree, class P, class B, class F>
 template <class H>
-float hierarchical_softmax<Tree, P, B, F>::forward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                                   loss_options options, vector_view<float> per_sample) const {
-  return run("hierarchical_softmax::forward", hidden, targets, options, per_sample, nullptr, nullptr, {});
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-float hierarchical_softmax<Tree, P, B, F>::forward_backward(matrix_view<const H> hidden,
-                                                            vector_view<const index_t> targets,
-                                                            matrix_view<float> grad_hidden,
-                                                            gradient_type& grad_weights, loss_options options,
-                                                            vector_view<float> per_sample,
-                                                            vector_view<const float> grad_output) const {
-  return run("hierarchical_softmax::forward_backward", hidden, targets, options, per_sample, &grad_hidden,
-             &grad_weights, grad_output);
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-void hierarchical_softmax<Tree, P, B, F>::backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                                   matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                                   loss_options options, vector_view<const float> grad_output) const {
-  run("hierarchical_softmax::backward", hidden, targets, options, {}, &grad_hidden, &grad_weights, grad_output);
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-void hierarchical_softmax<Tree, P, B, F>::log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                                   vector_view<float> out) const {
-  loss_options o;
-  o.reduce = reduction::none;
-  o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
-  detail::check_output("hierarchical_softmax::log_prob", "out", out, hidden.rows);
-  run("hierarchical_softmax::log_prob", hidden, targets, o, out, nullptr, nullptr, {});
-  if constexpr (is_host_backend<B>) {
-    for (index_t i = 0; i < out.size; ++i) out[i] = -out[i];
-  } else {
-    detail::device_heads<B>::negate(resources_, out);  // `out` is device memory
-  }
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-void hierarchical_softmax<Tree, P, B, F>::topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                                               matrix_view<float> log_probs, search_options options) const {
+void hierarchical_softmax<Tree, P, B, F>::topk_(matrix_view<const H> hidden, index_t k,
+                                                matrix_view<index_t> classes, matrix_view<float> log_probs,
+                                                search_options options) const {
   if constexpr (!is_host_backend<B>) {
     detail::device_heads<B>::hs_topk(*this, hidden, k, classes, log_probs, options);
   } else {
@@ -427,8 +385,8 @@ void hierarchical_softmax<Tree, P, B, F>::topk_host(matrix_view<const H> hidden,
 
 template <class Tree, class P, class B, class F>
 template <class H>
-void hierarchical_softmax<Tree, P, B, F>::log_distribution(matrix_view<const H> hidden, index_t class_begin,
-                                                           index_t class_end, matrix_view<float> out) const {
+void hierarchical_softmax<Tree, P, B, F>::log_distribution_(matrix_view<const H> hidden, index_t class_begin,
+                                                            index_t class_end, matrix_view<float> out) const {
   if constexpr (!is_host_backend<B>) {
     detail::device_heads<B>::hs_log_distribution(*this, hidden, class_begin, class_end, out);
   } else {
@@ -470,89 +428,24 @@ void hierarchical_softmax<Tree, P, B, F>::log_distribution_host(matrix_view<cons
   });
 }
 
-// ------------------------------------------------------------------------------------------------
-// _async verbs: host backends run the blocking verb; device backends queue (device_heads<B>::hs_*_async)
-// ------------------------------------------------------------------------------------------------
+// The queue-only forms of the cuda backend (head_verbs runs the blocking verbs on host backends).
 
 template <class Tree, class P, class B, class F>
 template <class H>
-void hierarchical_softmax<Tree, P, B, F>::forward_async(matrix_view<const H> hidden,
-                                                        vector_view<const index_t> targets, vector_view<float> loss,
-                                                        loss_options options, vector_view<float> per_sample) const {
-  detail::check_async_loss("hierarchical_softmax::forward_async", loss);
-  if constexpr (is_host_backend<B>) {
-    loss[0] = forward(hidden, targets, options, per_sample);
-  } else {
-    detail::device_heads<B>::hs_run_async(*this, "hierarchical_softmax::forward", hidden, targets, options,
-                                          per_sample, nullptr, nullptr, {}, loss.data);
-  }
+void hierarchical_softmax<Tree, P, B, F>::run_async_(const char* where, matrix_view<const H> hidden,
+                                                     vector_view<const index_t> targets, loss_options options,
+                                                     vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                                                     gradient_type* grad_weights,
+                                                     vector_view<const float> grad_output, float* loss) const {
+  detail::device_heads<B>::hs_run_async(*this, where, hidden, targets, options, per_sample, grad_hidden,
+                                        grad_weights, grad_output, loss);
 }
 
 template <class Tree, class P, class B, class F>
 template <class H>
-void hierarchical_softmax<Tree, P, B, F>::forward_backward_async(
-    matrix_view<const H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
-    gradient_type& grad_weights, vector_view<float> loss, loss_options options, vector_view<float> per_sample,
-    vector_view<const float> grad_output) const {
-  detail::check_async_loss("hierarchical_softmax::forward_backward_async", loss);
-  if constexpr (is_host_backend<B>) {
-    loss[0] = forward_backward(hidden, targets, grad_hidden, grad_weights, options, per_sample, grad_output);
-  } else {
-    detail::device_heads<B>::hs_run_async(*this, "hierarchical_softmax::forward_backward", hidden, targets,
-                                          options, per_sample, &grad_hidden, &grad_weights, grad_output, loss.data);
-  }
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-void hierarchical_softmax<Tree, P, B, F>::backward_async(matrix_view<const H> hidden,
-                                                         vector_view<const index_t> targets,
-                                                         matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                                         loss_options options,
-                                                         vector_view<const float> grad_output) const {
-  if constexpr (is_host_backend<B>) {
-    backward(hidden, targets, grad_hidden, grad_weights, options, grad_output);
-  } else {
-    detail::device_heads<B>::hs_run_async(*this, "hierarchical_softmax::backward", hidden, targets, options, {},
-                                          &grad_hidden, &grad_weights, grad_output, nullptr);
-  }
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-void hierarchical_softmax<Tree, P, B, F>::log_prob_async(matrix_view<const H> hidden,
-                                                         vector_view<const index_t> targets,
-                                                         vector_view<float> out) const {
-  if constexpr (is_host_backend<B>) {
-    log_prob(hidden, targets, out);
-  } else {
-    loss_options o;
-    o.reduce = reduction::none;
-    o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
-    detail::check_output("hierarchical_softmax::log_prob", "out", out, hidden.rows);
-    detail::device_heads<B>::hs_run_async(*this, "hierarchical_softmax::log_prob", hidden, targets, o, out,
-                                          nullptr, nullptr, {}, nullptr);
-    detail::device_heads<B>::negate_async(resources_, out);
-  }
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-void hierarchical_softmax<Tree, P, B, F>::topk_async(matrix_view<const H> hidden, index_t k,
-                                                     matrix_view<index_t> classes, matrix_view<float> log_probs,
-                                                     search_options options) const {
-  topk(hidden, k, classes, log_probs, options);  // the search's size is known only after it ran: blocking
-}
-
-template <class Tree, class P, class B, class F>
-template <class H>
-void hierarchical_softmax<Tree, P, B, F>::log_distribution_async(matrix_view<const H> hidden, index_t class_begin,
-                                                                 index_t class_end, matrix_view<float> out) const {
-  if constexpr (is_host_backend<B>) {
-    log_distribution(hidden, class_begin, class_end, out);
-  } else {
-    detail::device_heads<B>::hs_log_distribution_async(*this, hidden, class_begin, class_end, out);
-  }
+void hierarchical_softmax<Tree, P, B, F>::log_distribution_async_(matrix_view<const H> hidden, index_t class_begin,
+                                                                  index_t class_end, matrix_view<float> out) const {
+  detail::device_heads<B>::hs_log_distribution_async(*this, hidden, class_begin, class_end, out);
 }
 
 }  // namespace xsoftmax

@@ -94,7 +94,7 @@ void selective_softmax<S, P, B>::select(matrix_view<const H> hidden, vector_view
 
 template <class S, class P, class B>
 template <class H>
-float selective_softmax<S, P, B>::run(const char* where, matrix_view<const H> hidden,
+float selective_softmax<S, P, B>::run_(const char* where, matrix_view<const H> hidden,
                                       vector_view<const index_t> targets, loss_options options,
                                       vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                       gradient_type* grad_weights, vector_view<const float> grad_output) const {
@@ -163,44 +163,8 @@ float selective_softmax<S, P, B>::run_host(const char* where, matrix_view<const 
 
 template <class S, class P, class B>
 template <class H>
-float selective_softmax<S, P, B>::forward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                          loss_options options, vector_view<float> per_sample) const {
-  return run("selective_softmax::forward", hidden, targets, options, per_sample, nullptr, nullptr, {});
-}
-
-template <class S, class P, class B>
-template <class H>
-float selective_softmax<S, P, B>::forward_backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                                   matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                                   loss_options options, vector_view<float> per_sample,
-                                                   vector_view<const float> grad_output) const {
-  return run("selective_softmax::forward_backward", hidden, targets, options, per_sample, &grad_hidden,
-             &grad_weights, grad_output);
-}
-
-template <class S, class P, class B>
-template <class H>
-void selective_softmax<S, P, B>::backward(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                          matrix_view<float> grad_hidden, gradient_type& grad_weights,
-                                          loss_options options, vector_view<const float> grad_output) const {
-  run("selective_softmax::backward", hidden, targets, options, {}, &grad_hidden, &grad_weights, grad_output);
-}
-
-template <class S, class P, class B>
-template <class H>
-void selective_softmax<S, P, B>::log_prob(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                          vector_view<float> out) const {
-  loss_options o;
-  o.reduce = reduction::none;
-  o.ignore_index = std::numeric_limits<index_t>::min();  // no target may be skipped
-  run("selective_softmax::log_prob", hidden, targets, o, out, nullptr, nullptr, {});
-  for (index_t i = 0; i < out.size; ++i) out[i] = -out[i];
-}
-
-template <class S, class P, class B>
-template <class H>
-void selective_softmax<S, P, B>::topk(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                                      matrix_view<float> log_probs) const {
+void selective_softmax<S, P, B>::topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                       matrix_view<float> log_probs, exact_search) const {
   // Prediction scores every class: a non-owning full softmax over the same weights. Checked here
   // first so that messages name this head.
   const char* where = "selective_softmax::topk";
@@ -216,8 +180,8 @@ void selective_softmax<S, P, B>::topk(matrix_view<const H> hidden, index_t k, ma
 
 template <class S, class P, class B>
 template <class H>
-void selective_softmax<S, P, B>::log_distribution(matrix_view<const H> hidden, index_t class_begin,
-                                                  index_t class_end, matrix_view<float> out) const {
+void selective_softmax<S, P, B>::log_distribution_(matrix_view<const H> hidden, index_t class_begin,
+                                                   index_t class_end, matrix_view<float> out) const {
   const char* where = "selective_softmax::log_distribution";
   detail::check_hidden(where, hidden, dim());
   detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= num_classes(), where,

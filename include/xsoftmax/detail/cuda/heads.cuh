@@ -2,42 +2,18 @@
 #pragma once
 /// \file
 /// `device_heads<cuda>`: the definition the heads dispatch to when their backend is `cuda` (declared
-/// in backend.hpp). Each member forwards to the implementation in full_softmax.cuh,
-/// full_evaluation.cuh or hierarchical_softmax.cuh; all pointers in the views are device pointers.
+/// in backend.hpp) for the hierarchical softmax, whose CUDA implementation is still its own
+/// (hierarchical_softmax.cuh); the full softmax runs its generic algorithm on cuda and needs no
+/// entry here. All pointers in the views are device pointers.
 /// The blocking members first throw a failure an earlier `_async` verb on the same resources recorded
 /// (`cuda_resources::check_pending`); the `_async` members only queue work.
 
-#include <xsoftmax/detail/cuda/full_evaluation.cuh>
-#include <xsoftmax/detail/cuda/full_softmax.cuh>
 #include <xsoftmax/detail/cuda/hierarchical_softmax.cuh>
 
 namespace xsoftmax::detail {
 
 template <>
 struct device_heads<::xsoftmax::cuda> {
-  template <class Head, class H>
-  static float full_run(const Head& head, const char* where, matrix_view<const H> hidden,
-                        vector_view<const index_t> targets, loss_options options, vector_view<float> per_sample,
-                        matrix_view<float>* grad_hidden, sparse_gradient<::xsoftmax::cuda, float>* grad_weights,
-                        vector_view<const float> grad_output) {
-    head.resources().check_pending();
-    return gpu::full_run(head, where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output);
-  }
-
-  template <class Head, class H>
-  static void full_topk(const Head& head, matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                        matrix_view<float> log_probs) {
-    head.resources().check_pending();
-    gpu::full_topk(head, hidden, k, classes, log_probs);
-  }
-
-  template <class Head, class H>
-  static void full_log_distribution(const Head& head, matrix_view<const H> hidden, index_t class_begin,
-                                    index_t class_end, matrix_view<float> out) {
-    head.resources().check_pending();
-    gpu::full_log_distribution(head, hidden, class_begin, class_end, out);
-  }
-
   template <class Head, class H>
   static float hs_run(const Head& head, const char* where, matrix_view<const H> hidden,
                       vector_view<const index_t> targets, loss_options options, vector_view<float> per_sample,
@@ -61,32 +37,7 @@ struct device_heads<::xsoftmax::cuda> {
     gpu::hs_log_distribution(head, hidden, class_begin, class_end, out);
   }
 
-  /// v = -v in device memory (log_prob turns the per-sample losses it computed into log-probs).
-  static void negate(const cuda_resources& resources, vector_view<float> v) { gpu::negate(resources, v); }
-
-  // The `_async` verbs (see full_softmax.hpp): queue the work on the head's stream and return.
-
-  /// full_run's work, the reduced loss written to `loss` (device memory; null: not wanted).
-  template <class Head, class H>
-  static void full_run_async(const Head& head, const char* where, matrix_view<const H> hidden,
-                             vector_view<const index_t> targets, loss_options options, vector_view<float> per_sample,
-                             matrix_view<float>* grad_hidden, sparse_gradient<::xsoftmax::cuda, float>* grad_weights,
-                             vector_view<const float> grad_output, float* loss) {
-    gpu::full_run_async(head, where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output,
-                        loss);
-  }
-
-  template <class Head, class H>
-  static void full_topk_async(const Head& head, matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                              matrix_view<float> log_probs) {
-    gpu::full_topk_async(head, hidden, k, classes, log_probs);
-  }
-
-  template <class Head, class H>
-  static void full_log_distribution_async(const Head& head, matrix_view<const H> hidden, index_t class_begin,
-                                          index_t class_end, matrix_view<float> out) {
-    gpu::full_log_distribution_async(head, hidden, class_begin, class_end, out);
-  }
+  // The `_async` verbs (see head_verbs.hpp): queue the work on the head's stream and return.
 
   /// hs_run's queue-only form (its implementation's `wait = false`), the loss to `loss` (device).
   template <class Head, class H>
@@ -103,8 +54,6 @@ struct device_heads<::xsoftmax::cuda> {
                                         index_t class_end, matrix_view<float> out) {
     gpu::hs_log_distribution(head, hidden, class_begin, class_end, out, /*wait=*/false);
   }
-
-  static void negate_async(const cuda_resources& resources, vector_view<float> v) { gpu::negate_async(resources, v); }
 };
 
 }  // namespace xsoftmax::detail

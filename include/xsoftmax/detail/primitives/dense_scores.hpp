@@ -2,22 +2,32 @@
 #pragma once
 /// \file
 /// Dense scores of packed fp32 rows against a contiguous range of weight rows:
-/// S(rows x n) = H(rows x d) * W[first : first + n]^T + bias[first : first + n].
-/// Storage rows are widened to fp32 into `scratch` first (fp32 rows are read in place).
+/// S(rows x n) = H(rows x d) * W[first : first + n]^T + bias[first : first + n], by the backend's
+/// GEMM. Storage rows are widened to fp32 into `scratch` first (fp32 rows are read in place).
 
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/host/backend_ops.hpp>
 #include <xsoftmax/detail/primitives/convert.hpp>
-#include <xsoftmax/detail/primitives/host_gemm.hpp>
 
-#include <vector>
+#include <thrust/memory.h>
 
 namespace xsoftmax::detail {
 
-/// Returns the fp32 view of the weight rows it used, so a backward pass can reuse it.
-template <class Policy, class T>
-matrix_view<const float> dense_scores(const Policy& policy, matrix_view<const float> h,
-                                      matrix_view<const T> w, const T* bias, index_t first, index_t n,
-                                      float* s, index_t lds, std::vector<float>& scratch) {
-  const matrix_view<const float> wf = rows_as_float(w, first, n, scratch);
+/// The backend's fp32 GEMM on `ex` (an execution or a Thrust host policy).
+template <class Ex>
+void gemm(const Ex& ex, const host::gemm_args& g) {
+  const auto& e = as_execution(ex);
+  using ops = typename std::decay_t<decltype(e)>::ops;
+  ops::gemm(e.res, g);
+}
+
+/// Returns the fp32 view of the weight rows it used, so a backward pass can reuse it. `scratch` is a
+/// vector of float in the execution's memory.
+template <class Ex, class T, class Scratch>
+matrix_view<const float> dense_scores(const Ex& ex, matrix_view<const float> h, matrix_view<const T> w,
+                                      const T* bias, index_t first, index_t n, float* s, index_t lds,
+                                      Scratch& scratch) {
+  const matrix_view<const float> wf = rows_as_float(ex, w, first, n, scratch);
   host::gemm_args g;
   g.op_b = host::op::transpose;
   g.m = h.rows;
@@ -29,10 +39,10 @@ matrix_view<const float> dense_scores(const Policy& policy, matrix_view<const fl
   g.ldb = wf.stride;
   g.c = s;
   g.ldc = lds;
-  gemm_parallel(policy, g);
+  gemm(ex, g);
   if (bias) {
     const T* b = bias + first;
-    parallel_for(policy, h.rows, [=](index_t r) {
+    parallel_for(ex, h.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
       for (index_t j = 0; j < n; ++j) s[r * lds + j] += to_float(b[j]);
     });
   }
@@ -40,18 +50,20 @@ matrix_view<const float> dense_scores(const Policy& policy, matrix_view<const fl
 }
 
 /// Scores of `h` against weight rows [first, first + n), `chunk` columns at a time, handed to
-/// `on_chunk(c0, cn, scores)` (scores: h.rows x cn, relative column c0). The buffer is reused, so the
-/// scores of a chunk are valid only inside its call.
-template <class Policy, class T, class OnChunk>
-void for_each_score_chunk(const Policy& policy, matrix_view<const float> h, matrix_view<const T> w, const T* bias,
+/// `on_chunk(c0, cn, scores)` (scores: h.rows x cn in the execution's memory, relative column c0).
+/// The buffer is reused, so the scores of a chunk are valid only inside its call.
+template <class Ex, class T, class OnChunk>
+void for_each_score_chunk(const Ex& ex, matrix_view<const float> h, matrix_view<const T> w, const T* bias,
                           index_t first, index_t n, index_t chunk, OnChunk on_chunk) {
   if (h.rows == 0 || n == 0) return;
+  using execution_type = std::decay_t<decltype(as_execution(ex))>;
   chunk = chunk < n ? chunk : n;
-  std::vector<float> scores(static_cast<std::size_t>(h.rows * chunk)), scratch;
+  typename execution_type::template vector<float> scores(static_cast<std::size_t>(h.rows * chunk)), scratch;
+  float* sp = thrust::raw_pointer_cast(scores.data());
   for (index_t c0 = 0; c0 < n; c0 += chunk) {
     const index_t cn = chunk < n - c0 ? chunk : n - c0;
-    dense_scores(policy, h, w, bias, first + c0, cn, scores.data(), cn, scratch);
-    on_chunk(c0, cn, static_cast<const float*>(scores.data()));
+    dense_scores(ex, h, w, bias, first + c0, cn, sp, cn, scratch);
+    on_chunk(c0, cn, static_cast<const float*>(sp));
   }
 }
 

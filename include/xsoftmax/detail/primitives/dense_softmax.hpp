@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 namespace xsoftmax::detail {
 
@@ -44,41 +43,50 @@ struct dense_softmax_args {
   return std::clamp<index_t>((index_t(8) << 20) / std::max<index_t>(rows, 1), 256, 16384);
 }
 
-/// Solves `a` (see `dense_softmax_args`). `w`/`bias` hold the weights in storage type `T`.
-template <class Policy, class T>
-void dense_softmax(const Policy& policy, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+/// Solves `a` (see `dense_softmax_args`) on `ex` (an execution, or a Thrust host policy); every
+/// pointer of `a` is in the execution's memory. `w`/`bias` hold the weights in storage type `T`.
+template <class Ex, class T>
+void dense_softmax(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+  const auto& ex = as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  using fvector = typename execution_type::template vector<float>;
   const index_t rows = a.h.rows, d = a.h.cols;
   if (rows == 0 || a.n == 0) return;
   const index_t chunk = std::min(a.chunk, a.n);
-  std::vector<float> scores(static_cast<std::size_t>(rows * chunk)), scratch, gathered, gathered_bias;
-  float* s = scores.data();
+  fvector scores(static_cast<std::size_t>(rows * chunk)), scratch, gathered, gathered_bias;
+  float* s = raw(scores);
 
   // Scores of columns [c0, c0 + cn) into `s` (with the optional logit offsets); returns the fp32
   // weight rows used, for the backward GEMMs.
+  const index_t* col = a.columns;
   auto score_chunk = [&](index_t c0, index_t cn) {
     matrix_view<const float> wf;
-    const index_t* col = a.columns;
-    if (!col || col[c0 + cn - 1] - col[c0] == cn - 1) {  // a contiguous block of rows: read in place
-      wf = dense_scores(policy, a.h, w, bias, col ? col[c0] : a.first + c0, cn, s, cn, scratch);
+    // A contiguous block of rows is read in place (the columns are strictly ascending, so the chunk is
+    // contiguous when its last id is its first + cn - 1).
+    const index_t first_row = col ? execution_type::ops::read(ex.res, col + c0) : a.first + c0;
+    if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
+      wf = dense_scores(ex, a.h, w, bias, first_row, cn, s, cn, scratch);
     } else {  // gather the chunk's rows (widened to fp32) into one block
       gathered.resize(static_cast<std::size_t>(cn * d));
-      float* g = gathered.data();
-      parallel_for(policy, cn, [=](index_t j) {
+      float* g = raw(gathered);
+      parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
         const T* src = w.row(col[c0 + j]);
         for (index_t p = 0; p < d; ++p) g[j * d + p] = to_float(src[p]);
       });
+      float* gb = nullptr;
       if (bias) {
         gathered_bias.resize(static_cast<std::size_t>(cn));
-        for (index_t j = 0; j < cn; ++j) gathered_bias[j] = to_float(bias[col[c0 + j]]);
+        gb = raw(gathered_bias);
+        parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) { gb[j] = to_float(bias[col[c0 + j]]); });
       }
-      wf = dense_scores(policy, a.h, matrix_view<const float>(g, cn, d), bias ? gathered_bias.data() : nullptr, 0, cn,
-                        s, cn, scratch);
+      wf = dense_scores(ex, a.h, matrix_view<const float>(g, cn, d), static_cast<const float*>(gb), 0, cn, s, cn,
+                        scratch);
     }
     if (a.negative_offset || a.target_offset) {
       const float* no = a.negative_offset;
       const float* to = a.target_offset;
       const index_t* t = a.target;
-      parallel_for(policy, rows, [=](index_t r) {
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
         float* sr = s + r * cn;
         for (index_t j = 0; j < cn; ++j) {
           const float* o = c0 + j == t[r] ? to : no;
@@ -89,43 +97,45 @@ void dense_softmax(const Policy& policy, matrix_view<const T> w, const T* bias, 
     return wf;
   };
 
-  online_lse_state lse(rows);
+  basic_online_lse_state<typename execution_type::backend> lse(rows);
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
     score_chunk(c0, cn);
-    online_lse_update(policy, s, rows, cn, cn, c0, a.target, lse);
+    online_lse_update(ex, s, rows, cn, cn, c0, a.target, lse);
   }
-  std::vector<float> row_lse(static_cast<std::size_t>(rows));
-  for (index_t r = 0; r < rows; ++r) {
-    row_lse[r] = lse.lse(r);
-    a.loss[r] += row_lse[r] - lse.target_logit[r];
+  fvector row_lse_buffer(static_cast<std::size_t>(rows));
+  float* l = raw(row_lse_buffer);
+  online_lse_finish(ex, lse, rows, l);
+  {
+    float* loss = a.loss;
+    const float* tl = raw(lse.target_logit);
+    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { loss[r] += l[r] - tl[r]; });
   }
   if (!a.upstream) return;
 
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
     const matrix_view<const float> wf = score_chunk(c0, cn);
-    const float* l = row_lse.data();
     const float* u = a.upstream;
     const index_t* t = a.target;
-    parallel_for(policy, rows, [=](index_t r) {
+    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
       float* sr = s + r * cn;
-      for (index_t j = 0; j < cn; ++j) sr[j] = std::exp(sr[j] - l[r]) * u[r];
+      for (index_t j = 0; j < cn; ++j) sr[j] = ::expf(sr[j] - l[r]) * u[r];
       const index_t tj = t[r] - c0;
       if (tj >= 0 && tj < cn) sr[tj] -= u[r];
     });
     host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)
     dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
     dh.beta = 1.f, dh.c = a.grad_h, dh.ldc = d;
-    gemm_parallel(policy, dh);
+    gemm(ex, dh);
     host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
     dw.op_a = host::op::transpose;
     dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = a.h.data, dw.ldb = a.h.stride;
     dw.c = a.grad_w + c0 * d, dw.ldc = d;
-    gemm_parallel(policy, dw);
+    gemm(ex, dw);
     if (a.grad_b) {
       float* gb = a.grad_b + c0;
-      parallel_for(policy, cn, [=](index_t j) {
+      parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
         float acc = 0.f;  // rows in fixed order: deterministic
         for (index_t r = 0; r < rows; ++r) acc += s[r * cn + j];
         gb[j] = acc;

@@ -3,48 +3,57 @@
 /// \file
 /// Online log-sum-exp over column chunks of a score matrix that is never materialised whole: each
 /// chunk updates a running (max, sum of exp) per row and captures the target's logit when the target
-/// falls inside the chunk. The epilogue of the dense-scores primitive.
+/// falls inside the chunk. The epilogue of the dense-scores primitive, on every backend.
 
-#include <xsoftmax/detail/primitives/parallel_for.hpp>
+#include <xsoftmax/detail/execution.hpp>
+
+#include <thrust/memory.h>
 
 #include <cmath>
 #include <limits>
-#include <vector>
 
 namespace xsoftmax::detail {
 
-/// Running log-sum-exp state of `rows` rows.
-struct online_lse_state {
-  std::vector<float> max;
-  std::vector<float> sum;
-  std::vector<float> target_logit;
+/// log(sum(exp)) of a row given its running max and sum of exp(x - max).
+XSOFTMAX_HD inline float finish_logsumexp(float max, float sum) { return max + ::logf(sum); }
 
-  explicit online_lse_state(index_t rows)
+/// Running log-sum-exp state of `rows` rows, in `Backend`'s memory.
+template <class Backend>
+struct basic_online_lse_state {
+  backend_vector<Backend, float> max;
+  backend_vector<Backend, float> sum;
+  backend_vector<Backend, float> target_logit;
+
+  explicit basic_online_lse_state(index_t rows)
       : max(static_cast<std::size_t>(rows), -std::numeric_limits<float>::infinity()),
         sum(static_cast<std::size_t>(rows), 0.f),
         target_logit(static_cast<std::size_t>(rows), 0.f) {}
 
-  [[nodiscard]] float lse(index_t r) const { return max[r] + std::log(sum[r]); }
+  /// Row r's log-sum-exp (host backends only: reads the state on the host).
+  [[nodiscard]] float lse(index_t r) const { return finish_logsumexp(max[r], sum[r]); }
 };
+
+/// The state of the host backends (and of host algorithms handed a Thrust host policy).
+using online_lse_state = basic_online_lse_state<serial>;
 
 /// Folds scores `s` (rows x cols, leading dimension `lds`) for classes [col_offset, col_offset + cols)
 /// into `state`. `targets` may be null (no target capture). Scores may be -inf (a masked class
 /// contributes nothing), as long as every row sees one finite score before `lse` is read.
-template <class Policy>
-void online_lse_update(const Policy& policy, const float* s, index_t rows, index_t cols, index_t lds,
-                       index_t col_offset, const index_t* targets, online_lse_state& state) {
-  float* mx = state.max.data();
-  float* sm = state.sum.data();
-  float* tl = state.target_logit.data();
-  parallel_for(policy, rows, [=](index_t r) {
+template <class Ex, class State>
+void online_lse_update(const Ex& ex, const float* s, index_t rows, index_t cols, index_t lds, index_t col_offset,
+                       const index_t* targets, State& state) {
+  float* mx = thrust::raw_pointer_cast(state.max.data());
+  float* sm = thrust::raw_pointer_cast(state.sum.data());
+  float* tl = thrust::raw_pointer_cast(state.target_logit.data());
+  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     const float* row = s + r * lds;
     float m = mx[r];
     for (index_t j = 0; j < cols; ++j) m = row[j] > m ? row[j] : m;
     // Masked scores are -inf (selective softmax). While a row has seen nothing finite, its state
     // stays (max -inf, sum 0): -inf - -inf would be NaN. Finite inputs never take this branch.
-    if (m != -std::numeric_limits<float>::infinity()) {
-      float acc = sm[r] * std::exp(mx[r] - m);  // rescale what came before to the new max
-      for (index_t j = 0; j < cols; ++j) acc += std::exp(row[j] - m);
+    if (m != -INFINITY) {
+      float acc = sm[r] * ::expf(mx[r] - m);  // rescale what came before to the new max
+      for (index_t j = 0; j < cols; ++j) acc += ::expf(row[j] - m);
       mx[r] = m;
       sm[r] = acc;
     }
@@ -55,13 +64,21 @@ void online_lse_update(const Policy& policy, const float* s, index_t rows, index
   });
 }
 
+/// out[r] = the log-sum-exp of row r of `state` (rows entries in the execution's memory).
+template <class Ex, class State>
+void online_lse_finish(const Ex& ex, const State& state, index_t rows, float* out) {
+  const float* mx = thrust::raw_pointer_cast(state.max.data());
+  const float* sm = thrust::raw_pointer_cast(state.sum.data());
+  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { out[r] = finish_logsumexp(mx[r], sm[r]); });
+}
+
 /// log-sum-exp of one row of `n` scores.
-inline float row_logsumexp(const float* s, index_t n) {
-  float m = -std::numeric_limits<float>::infinity();
+XSOFTMAX_HD inline float row_logsumexp(const float* s, index_t n) {
+  float m = -INFINITY;
   for (index_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
   float acc = 0.f;
-  for (index_t j = 0; j < n; ++j) acc += std::exp(s[j] - m);
-  return m + std::log(acc);
+  for (index_t j = 0; j < n; ++j) acc += ::expf(s[j] - m);
+  return m + ::logf(acc);
 }
 
 }  // namespace xsoftmax::detail

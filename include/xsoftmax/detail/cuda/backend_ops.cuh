@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `backend_ops<cuda>`: what the generic algorithms need from the GPU besides Thrust — cuBLAS's
+/// fp32 GEMM on the resources' stream, reading one value back (a wait for the stream), waiting for
+/// queued work, and throwing a data error an `_async` verb recorded.
+
+#include <xsoftmax/detail/cuda/backend.cuh>
+#include <xsoftmax/detail/cuda/error.cuh>
+#include <xsoftmax/detail/cuda/gemm.cuh>
+#include <xsoftmax/detail/cuda/resources.cuh>
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/host/gemm.hpp>
+
+namespace xsoftmax::detail {
+
+template <>
+struct backend_ops<::xsoftmax::cuda> {
+  /// The row-major fp32 GEMM of `g` (device pointers) by cuBLAS on the resources' stream (fp32
+  /// path, no TF32: results stay close to the host backends').
+  static void gemm(const cuda_resources& res, const host::gemm_args& g) {
+    const auto to_gpu = [](host::op o) { return o == host::op::none ? gpu::op::none : gpu::op::transpose; };
+    gpu::gemm<float>(res.cublas(), to_gpu(g.op_a), to_gpu(g.op_b), g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb,
+                     g.beta, g.c, g.ldc);
+  }
+  /// One value from device (or managed) memory, after the work queued before it on the stream.
+  template <class T>
+  [[nodiscard]] static T read(const cuda_resources& res, const T* p) {
+    T v;
+    XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(&v, p, sizeof(T), cudaMemcpyDefault, res.stream()));
+    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(res.stream()));
+    return v;
+  }
+  static void synchronize(const cuda_resources& res) { res.synchronize(); }
+  static void check_pending(const cuda_resources& res) { res.check_pending(); }
+};
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `backend_ops` of the host backends (serial, omp): the GEMM is CBLAS when found (it threads
+/// itself) or the blocked loop split over the backend's threads; memory is host memory, so reading
+/// a value is a load and there is nothing to wait for.
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/host_gemm.hpp>
+
+namespace xsoftmax::detail {
+
+template <class Backend>
+struct host_backend_ops {
+  static void gemm(const host_resources& res, const host::gemm_args& g) {
+    gemm_parallel(backend_traits<Backend>::policy(res), g);
+  }
+  template <class T>
+  [[nodiscard]] static T read(const host_resources&, const T* p) {
+    return *p;
+  }
+  static void synchronize(const host_resources&) {}
+  /// Host backends record no deferred errors: their verbs throw from the call.
+  static void check_pending(const host_resources&) {}
+};
+
+template <>
+struct backend_ops<serial> : host_backend_ops<serial> {};
+template <>
+struct backend_ops<omp> : host_backend_ops<omp> {};
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// A batch prepared for a head on any backend: data checks of hidden rows and targets, the rows
+/// whose target is not ignored widened to fp32 and packed, the upstream gradient of each packed
+/// row, and the way back (per-sample losses, hidden-gradient rows, the reduced loss). Host
+/// synchronisation only for sizes and for reporting a bad value.
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/shape_checks.hpp>
+#include <xsoftmax/precision.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/find.h>
+#include <thrust/host_vector.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/memory.h>
+#include <thrust/sequence.h>
+
+#include <cmath>
+
+namespace xsoftmax::detail {
+
+/// Packed rows of a batch in `Backend`'s memory: row r is original sample `sample[r]`, with target
+/// `target[r]` (0 for the verbs that take no targets).
+template <class Backend>
+struct batch_rows {
+  index_t dim = 0;
+  index_t rows = 0;
+  backend_vector<Backend, index_t> sample;
+  backend_vector<Backend, index_t> target;
+  backend_vector<Backend, float> hidden;  ///< rows x dim
+  [[nodiscard]] matrix_view<const float> hidden_view() const { return {thrust::raw_pointer_cast(hidden.data()), rows, dim}; }
+  [[nodiscard]] const index_t* sample_data() const { return thrust::raw_pointer_cast(sample.data()); }
+  [[nodiscard]] const index_t* target_data() const { return thrust::raw_pointer_cast(target.data()); }
+};
+
+template <class H>
+struct non_finite_element {
+  matrix_view<const H> m;
+  XSOFTMAX_HD bool operator()(index_t i) const {
+    const float v = to_float(m(i / m.cols, i % m.cols));
+    return !(v == v) || v == INFINITY || v == -INFINITY;
+  }
+};
+
+struct bad_target {
+  const index_t* t;
+  index_t num_classes, ignore_index;
+  XSOFTMAX_HD bool operator()(index_t i) const {
+    return t[i] != ignore_index && (t[i] < 0 || t[i] >= num_classes);
+  }
+};
+
+struct kept_target {
+  index_t ignore_index;
+  XSOFTMAX_HD bool operator()(index_t t) const { return t != ignore_index; }
+};
+
+/// `hidden`'s shape (see `check_hidden`) and values: every element finite. The values are read
+/// where they live; only an offending value comes back to the host, for the message.
+template <class Backend, class H>
+void check_hidden(const execution<Backend>& ex, const char* where, matrix_view<const H> hidden, index_t dim) {
+  check_hidden_shape(where, hidden, dim);
+  const index_t total = hidden.rows * hidden.cols;
+  const thrust::counting_iterator<index_t> first(0);
+  const index_t i = *thrust::find_if(ex.policy(), first, first + total, non_finite_element<H>{hidden});
+  if (i == total) return;
+  const float v = to_float(backend_ops<Backend>::read(ex.res, &hidden(i / hidden.cols, i % hidden.cols)));
+  expects<non_finite_error>(false, where, ": hidden[", i / hidden.cols, "][", i % hidden.cols, "] = ", v, " is not finite");
+}
+
+/// One target per hidden row, each in [0, num_classes) or equal to `ignore_index`.
+template <class Backend>
+void check_targets(const execution<Backend>& ex, const char* where, vector_view<const index_t> targets, index_t rows,
+                   index_t num_classes, index_t ignore_index) {
+  check_targets_shape(where, targets, rows);
+  const thrust::counting_iterator<index_t> first(0);
+  const index_t i =
+      *thrust::find_if(ex.policy(), first, first + targets.size, bad_target{targets.data, num_classes, ignore_index});
+  if (i == targets.size) return;
+  const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
+  expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")",
+                     " and is not ignore_index (", ignore_index, ")");
+}
+
+/// Packs the rows of `hidden` whose target is not `ignore_index` (every row when `targets` is
+/// empty), widened to fp32.
+template <class Backend, class H>
+batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H> hidden,
+                              vector_view<const index_t> targets, index_t ignore_index) {
+  batch_rows<Backend> b;
+  b.dim = hidden.cols;
+  b.sample.resize(static_cast<std::size_t>(hidden.rows));
+  if (targets.size == 0) {
+    thrust::sequence(ex.policy(), b.sample.begin(), b.sample.end());
+    b.rows = hidden.rows;
+  } else {
+    const thrust::counting_iterator<index_t> first(0);
+    b.rows = thrust::copy_if(ex.policy(), first, first + hidden.rows, targets.data, b.sample.begin(),
+                             kept_target{ignore_index}) -
+             b.sample.begin();
+  }
+  b.sample.resize(static_cast<std::size_t>(b.rows));
+  b.target.resize(static_cast<std::size_t>(b.rows));
+  b.hidden.resize(static_cast<std::size_t>(b.rows * b.dim));
+  const index_t* src = b.sample_data();
+  index_t* tgt = thrust::raw_pointer_cast(b.target.data());
+  float* out = thrust::raw_pointer_cast(b.hidden.data());
+  const index_t* t = targets.data;
+  const index_t d = b.dim;
+  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    tgt[r] = t ? t[src[r]] : 0;
+    const H* in = hidden.row(src[r]);
+    for (index_t j = 0; j < d; ++j) out[r * d + j] = to_float(in[j]);
+  });
+  return b;
+}
+
+/// dLoss/dloss_r for each packed row, in the execution's memory: `grad_output` is empty (1), a
+/// scalar (mean/sum), or one value per *original* sample (reduction none).
+template <class Backend>
+backend_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, const char* where,
+                                                  const batch_rows<Backend>& b, index_t batch_rows_count,
+                                                  reduction reduce, vector_view<const float> grad_output) {
+  check_grad_output_shape(where, reduce, grad_output, batch_rows_count);
+  backend_vector<Backend, float> u(static_cast<std::size_t>(b.rows));
+  float* up = thrust::raw_pointer_cast(u.data());
+  if (reduce == reduction::none && grad_output.size != 0) {
+    const float* g = grad_output.data;
+    const index_t* sample = b.sample_data();
+    parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { up[r] = g[sample[r]]; });
+    const thrust::counting_iterator<index_t> first(0);
+    const index_t i = *thrust::find_if(ex.policy(), first, first + b.rows,
+                                       [=] XSOFTMAX_HD_LAMBDA(index_t r) { return !::isfinite(up[r]); });
+    if (i != b.rows)
+      expects<non_finite_error>(false, where, ": grad_output gives a non-finite upstream gradient ",
+                             backend_ops<Backend>::read(ex.res, up + i));
+    return u;
+  }
+  float scale = 1.f;
+  if (reduce != reduction::none && grad_output.size == 1) scale = backend_ops<Backend>::read(ex.res, grad_output.data);
+  if (reduce == reduction::mean && b.rows > 0) scale /= static_cast<float>(b.rows);
+  expects<non_finite_error>(std::isfinite(scale), where, ": grad_output gives a non-finite upstream gradient ", scale);
+  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { up[r] = scale; });
+  return u;
+}
+
+/// Writes per-sample losses to `out` (B entries; ignored samples get 0).
+template <class Backend>
+void scatter_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, const float* losses,
+                    vector_view<float> out) {
+  float* o = out.data;
+  const index_t* sample = b.sample_data();
+  parallel_for(ex, out.size, [=] XSOFTMAX_HD_LAMBDA(index_t i) { o[i] = 0.f; });
+  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { o[sample[r]] = losses[r]; });
+}
+
+/// Writes packed hidden-gradient rows back to the caller's (B x dim) matrix; ignored rows get 0.
+template <class Backend>
+void scatter_rows(const execution<Backend>& ex, const batch_rows<Backend>& b, const float* packed,
+                  matrix_view<float> out) {
+  const index_t d = out.cols;
+  parallel_for(ex, out.rows, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+    float* o = out.row(i);
+    for (index_t j = 0; j < d; ++j) o[j] = 0.f;
+  });
+  const index_t* sample = b.sample_data();
+  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    float* o = out.row(sample[r]);
+    for (index_t j = 0; j < d; ++j) o[j] = packed[r * d + j];
+  });
+}
+
+/// The reduced loss of `n` per-row losses into `out[0]` (the execution's memory): their sum, or
+/// their mean for `reduction::mean` (0 when n = 0, where PyTorch would return NaN: a training loop
+/// should not be poisoned by a batch of padding). Summed in double over fixed blocks in a fixed
+/// order, so the result does not depend on the backend's thread count.
+template <class Backend>
+void reduce_losses_into(const execution<Backend>& ex, const float* losses, index_t n, reduction reduce, float* out) {
+  constexpr index_t block = 1024;
+  const index_t blocks = (n + block - 1) / block;
+  backend_vector<Backend, double> partial(static_cast<std::size_t>(blocks > 0 ? blocks : 1));
+  double* p = thrust::raw_pointer_cast(partial.data());
+  parallel_for(ex, blocks, [=] XSOFTMAX_HD_LAMBDA(index_t b) {
+    double acc = 0;
+    const index_t end = (b + 1) * block < n ? (b + 1) * block : n;
+    for (index_t i = b * block; i < end; ++i) acc += losses[i];
+    p[b] = acc;
+  });
+  const bool mean = reduce == reduction::mean;
+  parallel_for(ex, 1, [=] XSOFTMAX_HD_LAMBDA(index_t) {
+    double total = 0;
+    for (index_t b = 0; b < blocks; ++b) total += p[b];
+    out[0] = mean ? (n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.f) : static_cast<float>(total);
+  });
+}
+
+/// `reduce_losses_into`, returned to the host.
+template <class Backend>
+float reduce_losses(const execution<Backend>& ex, const float* losses, index_t n, reduction reduce) {
+  backend_vector<Backend, float> out(1);
+  reduce_losses_into(ex, losses, n, reduce, thrust::raw_pointer_cast(out.data()));
+  return backend_ops<Backend>::read(ex.res, thrust::raw_pointer_cast(out.data()));
+}
+
+}  // namespace xsoftmax::detail

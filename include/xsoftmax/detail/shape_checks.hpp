@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The checks of a verb's arguments that need no data, only sizes and pointers: they run on the host
+/// for every backend, before anything is queued or written. The data checks (finite values,
+/// targets in range) run where the data lives (primitives/batch_rows.hpp).
+
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/types.hpp>
+
+namespace xsoftmax::detail {
+
+/// `hidden` must be a non-empty (B x dim) matrix with a valid stride.
+template <class H>
+void check_hidden_shape(const char* where, matrix_view<const H> hidden, index_t dim) {
+  static_assert(is_supported_element<H>, "xsoftmax: hidden must be float, double, bf16 or fp16");
+  expects<shape_error>(hidden.cols == dim, where, ": hidden has ", hidden.cols, " columns but the head's dim is ",
+                       dim);
+  expects(hidden.rows > 0, where, ": empty batch (hidden.rows = ", hidden.rows, ")");
+  expects(hidden.data != nullptr, where, ": hidden.data is null");
+  expects<shape_error>(hidden.stride >= hidden.cols, where, ": hidden.stride = ", hidden.stride,
+                       " is smaller than hidden.cols = ", hidden.cols);
+}
+
+/// One target per hidden row.
+inline void check_targets_shape(const char* where, vector_view<const index_t> targets, index_t rows) {
+  expects<shape_error>(targets.size == rows, where, ": targets has ", targets.size, " entries but hidden has ", rows,
+                       " rows");
+  expects(targets.data != nullptr || rows == 0, where, ": targets.data is null");
+}
+
+/// `grad_output` of a backward verb: empty (all ones), a scalar (mean/sum), or one value per sample
+/// (reduction none).
+inline void check_grad_output_shape(const char* where, reduction reduce, vector_view<const float> grad_output,
+                                    index_t batch_rows) {
+  if (reduce == reduction::none) {
+    expects<shape_error>(grad_output.size == 0 || grad_output.size == batch_rows, where, ": grad_output has ",
+                         grad_output.size, " entries; reduction none needs 0 (all ones) or ", batch_rows);
+  } else {
+    expects<shape_error>(grad_output.size <= 1, where, ": grad_output has ", grad_output.size,
+                         " entries; reduction mean/sum takes 0 (one) or 1 (a scalar)");
+  }
+  expects(grad_output.data != nullptr || grad_output.size == 0, where, ": grad_output.data is null but it has ",
+          grad_output.size, " entries");
+}
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `head_verbs`: the verbs every head offers, declared and documented once. `full_softmax`,
+/// `hierarchical_softmax` and `selective_softmax` (and `knn_softmax`) derive from it and add only
+/// what is their own (constructors, tree or selector access, tuning knobs).
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/host/backend_ops.hpp>
+#include <xsoftmax/detail/validation.hpp>
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace xsoftmax {
+
+/// The `topk` options of a head whose search is exact by construction (full and selective softmax):
+/// nothing to choose.
+struct exact_search {};
+
+namespace detail {
+/// "head::verb", the prefix of every message a verb throws.
+inline std::string verb_where(const char* head, const char* verb) { return std::string(head) + "::" + verb; }
+
+/// Options that make `run` compute log p(target) for every sample (log_prob): no reduction, no
+/// target can be ignored.
+/// v[i] = -v[i].
+struct negate_in_place {
+  float* v;
+  XSOFTMAX_HD void operator()(index_t i) const { v[i] = -v[i]; }
+};
+
+inline loss_options log_prob_options() {
+  loss_options o;
+  o.reduce = reduction::none;
+  o.ignore_index = std::numeric_limits<index_t>::min();
+  return o;
+}
+}  // namespace detail
+
+/// The verbs of a softmax head over `Backend`.
+///
+/// \tparam Head          the head deriving from this class (CRTP). It provides, privately (with
+///                       `friend class head_verbs`):
+///                       `run_(where, hidden, targets, options, per_sample, grad_hidden*, grad_weights*, grad_output)`
+///                       (the loss and, when `grad_weights` is not null, the gradients; returns the
+///                       reduced loss), `topk_(hidden, k, classes, log_probs, SearchOptions)`,
+///                       `log_distribution_(hidden, class_begin, class_end, out)`, `store_` (its
+///                       `detail::weight_store`) and `resources()`; on device backends also the
+///                       `_async` forms `run_async_`, `topk_async_`, `log_distribution_async_`.
+/// \tparam Backend       `serial`, `omp` or `cuda`.
+/// \tparam SearchOptions what `topk` can be told (`exact_search`: nothing; HS: beam width).
+///
+/// Conventions of every verb:
+/// * `hidden` is a B x dim matrix of float, double, bf16 or fp16 in the backend's memory, as a
+///   `matrix_view<T>` or `matrix_view<const T>`. Targets are int64 class ids; a target equal to
+///   `options.ignore_index` contributes no loss and no gradient.
+/// * Inputs are validated before anything is written: shapes (`shape_error`), ranges
+///   (`out_of_range`), non-finite values (`non_finite_error`), other bad arguments
+///   (`invalid_argument`); each message names the verb, the argument and the offending value.
+template <class Head, class Backend, class SearchOptions = exact_search>
+class head_verbs {
+ public:
+  using backend_type = Backend;
+  using accum_type = float;
+  /// The sparse weight gradient the backward verbs produce (fp32 values, touched rows only).
+  using gradient_type = sparse_gradient<Backend, float>;
+  using search_options_type = SearchOptions;
+
+  /// Per-sample negative log-likelihood, reduced per `options` and returned. With `reduction::none`
+  /// the per-sample losses go to `per_sample` (B entries, required) and their sum is returned;
+  /// `per_sample` may be given with any reduction. Ignored samples have loss 0. With
+  /// `reduction::mean` the mean is over the samples that are not ignored (0 when all are).
+  template <class H>
+  float forward(matrix_view<H> hidden, vector_view<const index_t> targets, loss_options options = {},
+                vector_view<float> per_sample = {}) const {
+    return self().run_(where("forward").c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr,
+                       {});
+  }
+
+  /// `forward` and the gradients in one call. `grad_hidden` (B x dim, fp32) is overwritten;
+  /// `grad_weights` receives the rows the batch touched (its buffers are reused between calls).
+  /// `grad_output` is the upstream gradient: empty (1), a scalar for mean/sum, or B values for
+  /// reduction none.
+  template <class H>
+  float forward_backward(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                         gradient_type& grad_weights, loss_options options = {}, vector_view<float> per_sample = {},
+                         vector_view<const float> grad_output = {}) const {
+    return self().run_(where("forward_backward").c_str(), as_const(hidden), targets, options, per_sample,
+                       &grad_hidden, &grad_weights, grad_output);
+  }
+
+  /// The gradients only; see `forward_backward`.
+  template <class H>
+  void backward(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                gradient_type& grad_weights, loss_options options = {},
+                vector_view<const float> grad_output = {}) const {
+    self().run_(where("backward").c_str(), as_const(hidden), targets, options, {}, &grad_hidden, &grad_weights,
+                grad_output);
+  }
+
+  /// log p(targets[i] | hidden[i]) into `out` (B entries). Every target must be a valid class.
+  template <class H>
+  void log_prob(matrix_view<H> hidden, vector_view<const index_t> targets, vector_view<float> out) const {
+    const std::string w = where("log_prob");
+    detail::check_output(w.c_str(), "out", out, hidden.rows);
+    self().run_(w.c_str(), as_const(hidden), targets, detail::log_prob_options(), out, nullptr, nullptr, {});
+    negate(out, /*wait=*/true);
+  }
+
+  /// The k most probable classes of each row, best first (ties: smaller class first), and their
+  /// log-probabilities; `classes` and `log_probs` are B x k. Throws `invalid_argument` unless
+  /// 1 <= k <= num_classes.
+  template <class H>
+  void topk(matrix_view<H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
+            SearchOptions options = {}) const {
+    self().topk_(as_const(hidden), k, classes, log_probs, options);
+  }
+
+  /// log p(c | hidden[i]) for c in [class_begin, class_end) into `out` (B x (class_end - class_begin)):
+  /// the full distribution, one class range at a time, for evaluation.
+  template <class H>
+  void log_distribution(matrix_view<H> hidden, index_t class_begin, index_t class_end,
+                        matrix_view<float> out) const {
+    self().log_distribution_(as_const(hidden), class_begin, class_end, out);
+  }
+
+  /// \name `_async` verbs
+  /// The same computations as the blocking verbs, for device pipelines; generic code can call them
+  /// on every backend. Arguments are the blocking verb's; a verb that returns a loss writes it to
+  /// `loss` instead (1 element, in the backend's memory). Errors that need no data (sizes, null
+  /// pointers, k, class ranges) are thrown at once.
+  ///
+  /// * Host backends (serial, omp): run the blocking verb to completion and write `loss[0]`;
+  ///   everything, data errors included, is thrown from the call.
+  /// * cuda: queue the work on the head's stream. Outputs are valid once the stream is
+  ///   synchronised (`resources().synchronize()` / `check()`); inputs and outputs must stay alive
+  ///   until then. Checks that need the data (finite values, targets in range) run on the device
+  ///   and record the first failure; `resources().check()`, `synchronize()` and the next blocking
+  ///   verb throw it with the blocking verb's type and message. What each head's queue-only form
+  ///   still waits for is said in its own documentation.
+  /// @{
+  template <class H>
+  void forward_async(matrix_view<H> hidden, vector_view<const index_t> targets, vector_view<float> loss,
+                     loss_options options = {}, vector_view<float> per_sample = {}) const {
+    detail::check_async_loss(where("forward_async").c_str(), loss);
+    if constexpr (is_host_backend<Backend>) {
+      loss[0] = forward(hidden, targets, options, per_sample);
+    } else {
+      self().run_async_(where("forward").c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr,
+                        {}, loss.data);
+    }
+  }
+
+  template <class H>
+  void forward_backward_async(matrix_view<H> hidden, vector_view<const index_t> targets,
+                              matrix_view<float> grad_hidden, gradient_type& grad_weights, vector_view<float> loss,
+                              loss_options options = {}, vector_view<float> per_sample = {},
+                              vector_view<const float> grad_output = {}) const {
+    detail::check_async_loss(where("forward_backward_async").c_str(), loss);
+    if constexpr (is_host_backend<Backend>) {
+      loss[0] = forward_backward(hidden, targets, grad_hidden, grad_weights, options, per_sample, grad_output);
+    } else {
+      self().run_async_(where("forward_backward").c_str(), as_const(hidden), targets, options, per_sample,
+                        &grad_hidden, &grad_weights, grad_output, loss.data);
+    }
+  }
+
+  template <class H>
+  void backward_async(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                      gradient_type& grad_weights, loss_options options = {},
+                      vector_view<const float> grad_output = {}) const {
+    if constexpr (is_host_backend<Backend>) {
+      backward(hidden, targets, grad_hidden, grad_weights, options, grad_output);
+    } else {
+      self().run_async_(where("backward").c_str(), as_const(hidden), targets, options, {}, &grad_hidden,
+                        &grad_weights, grad_output, nullptr);
+    }
+  }
+
+  template <class H>
+  void log_prob_async(matrix_view<H> hidden, vector_view<const index_t> targets, vector_view<float> out) const {
+    if constexpr (is_host_backend<Backend>) {
+      log_prob(hidden, targets, out);
+    } else {
+      const std::string w = where("log_prob");
+      detail::check_output(w.c_str(), "out", out, hidden.rows);
+      self().run_async_(w.c_str(), as_const(hidden), targets, detail::log_prob_options(), out, nullptr, nullptr, {},
+                        nullptr);
+      negate(out, /*wait=*/false);
+    }
+  }
+
+  template <class H>
+  void topk_async(matrix_view<H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
+                  SearchOptions options = {}) const {
+    if constexpr (is_host_backend<Backend>) {
+      topk(hidden, k, classes, log_probs, options);
+    } else {
+      self().topk_async_(as_const(hidden), k, classes, log_probs, options);
+    }
+  }
+
+  template <class H>
+  void log_distribution_async(matrix_view<H> hidden, index_t class_begin, index_t class_end,
+                              matrix_view<float> out) const {
+    if constexpr (is_host_backend<Backend>) {
+      log_distribution(hidden, class_begin, class_end, out);
+    } else {
+      self().log_distribution_async_(as_const(hidden), class_begin, class_end, out);
+    }
+  }
+  /// @}
+
+  /// weights[rows] -= lr * gradient (and the bias). The whole gradient is checked first (rows in
+  /// range and unique, shapes, finite values); a bad gradient changes nothing. Blocking on every
+  /// backend. On a device backend it first waits for the head's stream (an `_async` verb may still
+  /// be writing `grad`) and throws a data error such a verb recorded, so a gradient computed from
+  /// bad input is never applied.
+  void apply_sgd(const gradient_type& grad, float lr) {
+    Head& h = static_cast<Head&>(*this);
+    h.store_.apply_sgd(where("apply_sgd").c_str(), grad, lr, h.resources());
+  }
+
+ protected:
+  head_verbs() = default;
+
+ private:
+  [[nodiscard]] const Head& self() const { return static_cast<const Head&>(*this); }
+  [[nodiscard]] static std::string where(const char* verb) { return detail::verb_where(Head::head_name, verb); }
+
+  template <class H>
+  [[nodiscard]] static matrix_view<const std::remove_const_t<H>> as_const(matrix_view<H> m) {
+    static_assert(is_supported_element<std::remove_const_t<H>>,
+                  "xsoftmax: hidden must be a matrix_view of float, double, bf16 or fp16");
+    return m;
+  }
+
+  /// out = -out: `run_` wrote per-sample losses, log_prob wants log-probabilities.
+  void negate(vector_view<float> out, bool wait) const {
+    const detail::execution<Backend> ex{self().resources()};
+    detail::parallel_for(ex, out.size, detail::negate_in_place{out.data});
+    if (wait) detail::backend_ops<Backend>::synchronize(self().resources());
+  }
+};
+
+}  // namespace xsoftmax
