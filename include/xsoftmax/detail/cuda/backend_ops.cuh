@@ -16,12 +16,13 @@ namespace xsoftmax::detail {
 
 template <>
 struct backend_ops<::xsoftmax::cuda> {
-  /// The row-major fp32 GEMM of `g` (device pointers) by cuBLAS on the resources' stream (fp32
-  /// path, no TF32: results stay close to the host backends').
+  /// The row-major fp32 GEMM of `g` (device pointers) by cuBLAS on the resources' stream: the fp32
+  /// path (no TF32, results stay close to the host backends'), or TF32 tensor cores when the
+  /// operands came from bf16/fp16 weights (`low_precision_inputs`).
   static void gemm(const cuda_resources& res, const host::gemm_args& g) {
     const auto to_gpu = [](host::op o) { return o == host::op::none ? gpu::op::none : gpu::op::transpose; };
     gpu::gemm<float>(res.cublas(), to_gpu(g.op_a), to_gpu(g.op_b), g.m, g.n, g.k, g.alpha, g.a, g.lda, g.b, g.ldb,
-                     g.beta, g.c, g.ldc);
+                     g.beta, g.c, g.ldc, g.low_precision_inputs ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   }
   /// One value from device (or managed) memory, after the work queued before it on the stream.
   template <class T>

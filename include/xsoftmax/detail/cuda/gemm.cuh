@@ -87,15 +87,18 @@ inline colmajor_call rowmajor_to_colmajor(op op_a, op op_b, index_t m, index_t n
 
 /// Row-major C(m x n, fp32, ldc) = alpha * op(A) * op(B) + beta * C, where op(A) is (m x k) and
 /// op(B) is (k x n); A is stored (m x k) for op none or (k x m) for transpose, likewise B.
-/// Runs on the handle's stream. Nothing is done when m or n is 0.
+/// Runs on the handle's stream. Nothing is done when m or n is 0. `compute`: CUBLAS_COMPUTE_32F
+/// (default), or CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 operands that carry no more than TF32's
+/// precision anyway (weights widened from bf16/fp16).
 template <class T>
 void gemm(cublasHandle_t handle, op op_a, op op_b, index_t m, index_t n, index_t k, float alpha, const T* a,
-          index_t lda, const T* b, index_t ldb, float beta, float* c, index_t ldc) {
+          index_t lda, const T* b, index_t ldb, float beta, float* c, index_t ldc,
+          cublasComputeType_t compute = CUBLAS_COMPUTE_32F) {
   if (m == 0 || n == 0) return;
   const colmajor_call x = rowmajor_to_colmajor(op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc);
   constexpr cudaDataType_t type = cuda_data_type<T>();
   XSOFTMAX_CUBLAS_TRY(cublasGemmEx(handle, x.transa, x.transb, x.m, x.n, x.k, &alpha, x.a, type, x.lda, x.b, type,
-                                   x.ldb, &beta, x.c, CUDA_R_32F, x.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                   x.ldb, &beta, x.c, CUDA_R_32F, x.ldc, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace xsoftmax::detail::gpu

@@ -32,6 +32,10 @@ struct gemm_args {
   float beta = 0.f;
   float* c = nullptr;
   index_t ldc = 0;
+  /// The operands carry no more precision than a 16-bit storage type (weights widened from
+  /// bf16/fp16): a backend may run the product on reduced-precision units (TF32 tensor cores on
+  /// cuda; fp32 accumulation always). Host backends compute in fp32 regardless.
+  bool low_precision_inputs = false;
 };
 
 /// Rows [row_begin, row_end) of C by a cache-blocked loop. Each C element is summed over k in

@@ -39,6 +39,7 @@ matrix_view<const float> dense_scores(const Ex& ex, matrix_view<const float> h, 
   g.ldb = wf.stride;
   g.c = s;
   g.ldc = lds;
+  g.low_precision_inputs = !std::is_same_v<std::remove_cv_t<T>, float>;
   gemm(ex, g);
   if (bias) {
     const T* b = bias + first;

@@ -9,6 +9,7 @@
 /// selective softmax uses it over a gathered set of classes with per-column logit offsets.
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
 #include <algorithm>
@@ -120,13 +121,16 @@ void dense_softmax(const Ex& ex_in, matrix_view<const T> w, const T* bias, const
     const index_t* t = a.target;
     parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
       float* sr = s + r * cn;
-      for (index_t j = 0; j < cn; ++j) sr[j] = ::expf(sr[j] - l[r]) * u[r];
+      const float lr = l[r], ur = u[r];
+      XSOFTMAX_SIMD
+      for (index_t j = 0; j < cn; ++j) sr[j] = fast_exp(sr[j] - lr) * ur;
       const index_t tj = t[r] - c0;
       if (tj >= 0 && tj < cn) sr[tj] -= u[r];
     });
     host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)
     dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
     dh.beta = 1.f, dh.c = a.grad_h, dh.ldc = d;
+    dh.low_precision_inputs = !std::is_same_v<T, float>;
     gemm(ex, dh);
     host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
     dw.op_a = host::op::transpose;

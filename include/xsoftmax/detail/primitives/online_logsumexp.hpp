@@ -6,6 +6,7 @@
 /// falls inside the chunk. The epilogue of the dense-scores primitive, on every backend.
 
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/fast_exp.hpp>
 
 #include <thrust/memory.h>
 
@@ -48,14 +49,16 @@ void online_lse_update(const Ex& ex, const float* s, index_t rows, index_t cols,
   parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     const float* row = s + r * lds;
     float m = mx[r];
+    XSOFTMAX_SIMD_REDUCTION(max, m)
     for (index_t j = 0; j < cols; ++j) m = row[j] > m ? row[j] : m;
     // Masked scores are -inf (selective softmax). While a row has seen nothing finite, its state
     // stays (max -inf, sum 0): -inf - -inf would be NaN. Finite inputs never take this branch.
     if (m != -INFINITY) {
-      float acc = sm[r] * ::expf(mx[r] - m);  // rescale what came before to the new max
-      for (index_t j = 0; j < cols; ++j) acc += ::expf(row[j] - m);
+      float acc = 0.f;
+      XSOFTMAX_SIMD_REDUCTION(+, acc)
+      for (index_t j = 0; j < cols; ++j) acc += fast_exp(row[j] - m);
+      sm[r] = sm[r] * fast_exp(mx[r] - m) + acc;  // what came before, rescaled to the new max
       mx[r] = m;
-      sm[r] = acc;
     }
     if (targets) {
       const index_t t = targets[r] - col_offset;

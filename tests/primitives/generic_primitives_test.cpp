@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: Apache-2.0
+// The backend-generic primitives (detail/execution.hpp, detail/primitives/*) against plain float64
+// references, on every backend of the build: the code the heads run everywhere, checked here piece
+// by piece. Also: every head instantiates and runs a step on every backend of the build.
+
+#include <doctest/doctest.h>
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/primitives/dense_softmax.hpp>
+#include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/xsoftmax.hpp>
+
+#include "support/test_memory.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace xs = xsoftmax;
+using xs::index_t;
+using xsoftmax_test::test_vector;
+
+namespace {
+
+std::vector<float> random_floats(std::mt19937& g, std::size_t n, float scale = 1.f) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(g);
+  return v;
+}
+
+template <class T>
+test_vector<T> to_test(const std::vector<T>& v) {
+  return test_vector<T>(v.begin(), v.end());
+}
+
+}  // namespace
+
+TEST_CASE("fast_exp: within 2 ulp of exp over its range; 0 below, inf above, exact at 0") {
+  double worst = 0;
+  for (float x = -87.f; x < 88.f; x += 0.00731f) {
+    const double ref = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(xs::detail::fast_exp(x) - ref) / ref);
+  }
+  CHECK(worst < 2.5e-7);  // 2 ulp of fp32 is 2.4e-7 relative
+  CHECK(xs::detail::fast_exp(0.f) == 1.f);
+  CHECK(xs::detail::fast_exp(-std::numeric_limits<float>::infinity()) == 0.f);
+  CHECK(xs::detail::fast_exp(-100.f) == 0.f);
+  CHECK(xs::detail::fast_exp(100.f) == std::numeric_limits<float>::infinity());
+  CHECK(xs::detail::fast_exp(std::numeric_limits<float>::infinity()) == std::numeric_limits<float>::infinity());
+}
+
+TEST_CASE_TEMPLATE("generic primitives: pack_rows, upstream_gradients, scatter and reduce equal plain loops", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(1);
+  const index_t rows = 2500, d = 7, ignore = -100;  // more rows than one reduction block (1024)
+  const std::vector<float> h_host = random_floats(g, static_cast<std::size_t>(rows * d));
+  std::vector<index_t> t_host(static_cast<std::size_t>(rows));
+  for (index_t i = 0; i < rows; ++i) t_host[i] = i % 5 == 0 ? ignore : static_cast<index_t>(g() % 100);
+  const test_vector<float> h = to_test(h_host);
+  const test_vector<index_t> t = to_test(t_host);
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+
+  const auto batch = xs::detail::pack_rows(ex, xs::matrix_view<const float>(h.data(), rows, d),
+                                           xs::vector_view<const index_t>(t.data(), rows), ignore);
+  std::vector<index_t> kept;
+  for (index_t i = 0; i < rows; ++i)
+    if (t_host[i] != ignore) kept.push_back(i);
+  REQUIRE(batch.rows == static_cast<index_t>(kept.size()));
+  const thrust::host_vector<index_t> sample(batch.sample), target(batch.target);
+  const thrust::host_vector<float> packed(batch.hidden);
+  for (index_t r = 0; r < batch.rows; ++r) {
+    CHECK(sample[r] == kept[r]);
+    CHECK(target[r] == t_host[kept[r]]);
+    for (index_t j = 0; j < d; ++j) CHECK(packed[r * d + j] == h_host[kept[r] * d + j]);
+  }
+
+  // Upstream gradients: mean = 1/kept; none with per-sample values = those values, gathered.
+  const auto u_mean = xs::detail::upstream_gradients(ex, "t", batch, rows, xs::reduction::mean, {});
+  const thrust::host_vector<float> um(u_mean);
+  for (index_t r = 0; r < batch.rows; ++r) CHECK(um[r] == 1.f / static_cast<float>(batch.rows));
+  const test_vector<float> go = to_test(random_floats(g, static_cast<std::size_t>(rows)));
+  const auto u_none = xs::detail::upstream_gradients(ex, "t", batch, rows, xs::reduction::none,
+                                                     xs::vector_view<const float>(go.data(), rows));
+  const thrust::host_vector<float> un(u_none);
+  for (index_t r = 0; r < batch.rows; ++r) CHECK(un[r] == go[kept[r]]);
+
+  // Scatter back: ignored rows are 0; the reduction sums in double.
+  test_vector<float> per(static_cast<std::size_t>(rows), 7.f), back(static_cast<std::size_t>(rows * d), 7.f);
+  xs::detail::scatter_losses(ex, batch, xs::detail::raw(batch.hidden), xs::vector_view<float>(per.data(), rows));
+  xs::detail::scatter_rows(ex, batch, xs::detail::raw(batch.hidden), xs::matrix_view<float>(back.data(), rows, d));
+  xs::detail::backend_ops<B>::synchronize(res);
+  for (index_t i = 0; i < rows; ++i) {
+    const bool ignored = t_host[i] == ignore;
+    for (index_t j = 0; j < d; ++j) CHECK(back[i * d + j] == (ignored ? 0.f : h_host[i * d + j]));
+  }
+  double total = 0;
+  for (index_t r = 0; r < batch.rows; ++r) total += packed[r];
+  const float* first_values = xs::detail::raw(batch.hidden);
+  CHECK(xs::detail::reduce_losses(ex, first_values, batch.rows, xs::reduction::sum) ==
+        doctest::Approx(total).epsilon(1e-6));
+  CHECK(xs::detail::reduce_losses(ex, first_values, batch.rows, xs::reduction::mean) ==
+        doctest::Approx(total / static_cast<double>(batch.rows)).epsilon(1e-6));
+  CHECK(xs::detail::reduce_losses(ex, first_values, 0, xs::reduction::mean) == 0.f);
+}
+
+TEST_CASE_TEMPLATE("generic primitives: data checks name the first bad element and its value", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  test_vector<float> h(12, 0.5f);
+  h[7] = std::numeric_limits<float>::quiet_NaN();
+  h[10] = std::numeric_limits<float>::infinity();
+  try {
+    xs::detail::check_hidden(ex, "probe", xs::matrix_view<const float>(h.data(), 3, 4), 4);
+    FAIL("no throw");
+  } catch (const xs::non_finite_error& e) {
+    CHECK(std::string(e.what()).find("hidden[1][3] = nan") != std::string::npos);
+  }
+  test_vector<index_t> t{0, 3, -100, std::numeric_limits<index_t>::max(), -1};
+  try {
+    xs::detail::check_targets(ex, "probe", xs::vector_view<const index_t>(t.data(), 5), 5, 4, -100);
+    FAIL("no throw");
+  } catch (const xs::out_of_range& e) {
+    CHECK(std::string(e.what()).find("targets[3] = 9223372036854775807") != std::string::npos);
+  }
+}
+
+TEST_CASE_TEMPLATE("generic primitives: dense_softmax equals a float64 softmax cross-entropy and its gradients", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(2);
+  const index_t rows = 9, n = 37, d = 5;
+  const std::vector<float> h_host = random_floats(g, static_cast<std::size_t>(rows * d));
+  const std::vector<float> w_host = random_floats(g, static_cast<std::size_t>(n * d));
+  const std::vector<float> b_host = random_floats(g, static_cast<std::size_t>(n));
+  std::vector<index_t> t_host(static_cast<std::size_t>(rows));
+  for (auto& x : t_host) x = static_cast<index_t>(g() % n);
+  std::vector<float> up_host = random_floats(g, static_cast<std::size_t>(rows));
+  const test_vector<float> h = to_test(h_host), w = to_test(w_host), b = to_test(b_host), up = to_test(up_host);
+  const test_vector<index_t> t = to_test(t_host);
+  test_vector<float> loss(static_cast<std::size_t>(rows), 0.f), gh(static_cast<std::size_t>(rows * d), 0.f);
+  test_vector<float> gw(static_cast<std::size_t>(n * d)), gb(static_cast<std::size_t>(n));
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  xs::detail::dense_softmax_args a;
+  a.h = xs::matrix_view<const float>(h.data(), rows, d);
+  a.target = t.data();
+  a.n = n;
+  a.chunk = 8;  // several chunks, the last one short
+  a.loss = loss.data();
+  a.upstream = up.data();
+  a.grad_h = gh.data();
+  a.grad_w = gw.data();
+  a.grad_b = gb.data();
+  xs::detail::dense_softmax(ex, xs::matrix_view<const float>(w.data(), n, d), b.data(), a);
+  xs::detail::backend_ops<B>::synchronize(res);
+
+  std::vector<double> ref_gw(static_cast<std::size_t>(n * d), 0.0), ref_gb(static_cast<std::size_t>(n), 0.0);
+  for (index_t r = 0; r < rows; ++r) {
+    std::vector<double> s(static_cast<std::size_t>(n));
+    double m = -1e300;
+    for (index_t c = 0; c < n; ++c) {
+      double acc = b_host[c];
+      for (index_t p = 0; p < d; ++p) acc += double(h_host[r * d + p]) * w_host[c * d + p];
+      s[c] = acc;
+      m = std::max(m, acc);
+    }
+    double z = 0;
+    for (double x : s) z += std::exp(x - m);
+    const double lse = m + std::log(z);
+    CHECK(loss[r] == doctest::Approx(lse - s[t_host[r]]).epsilon(1e-5));
+    for (index_t c = 0; c < n; ++c) {
+      const double gs = (std::exp(s[c] - lse) - (c == t_host[r] ? 1.0 : 0.0)) * up_host[r];
+      ref_gb[c] += gs;
+      for (index_t p = 0; p < d; ++p) ref_gw[c * d + p] += gs * h_host[r * d + p];
+    }
+    for (index_t p = 0; p < d; ++p) {
+      double acc = 0;
+      for (index_t c = 0; c < n; ++c)
+        acc += (std::exp(s[c] - lse) - (c == t_host[r] ? 1.0 : 0.0)) * up_host[r] * w_host[c * d + p];
+      CHECK(gh[r * d + p] == doctest::Approx(acc).epsilon(1e-4).scale(1.0));
+    }
+  }
+  for (index_t i = 0; i < n * d; ++i) CHECK(gw[i] == doctest::Approx(ref_gw[i]).epsilon(1e-4).scale(1.0));
+  for (index_t c = 0; c < n; ++c) CHECK(gb[c] == doctest::Approx(ref_gb[c]).epsilon(1e-4).scale(1.0));
+}
+
+TEST_CASE_TEMPLATE("generic primitives: running row top-k equals a stable sort (ties towards the smaller id)", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(3);
+  const index_t rows = 6, cols = 50, k = 7;
+  std::vector<float> s_host(static_cast<std::size_t>(rows * cols));
+  for (auto& x : s_host) x = static_cast<float>(g() % 13);  // many ties
+  const test_vector<float> s = to_test(s_host);
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  xs::detail::basic_row_topk_state<B> st(rows, k);
+  for (index_t c0 = 0; c0 < cols; c0 += 16)  // in chunks, as the heads stream classes
+    xs::detail::row_topk_update(ex, s.data() + c0, rows, std::min<index_t>(16, cols - c0), cols, c0, st);
+  xs::detail::row_topk_finish(ex, rows, st);
+  const thrust::host_vector<float> score(st.score);
+  const thrust::host_vector<index_t> index(st.index);
+  for (index_t r = 0; r < rows; ++r) {
+    std::vector<index_t> order(static_cast<std::size_t>(cols));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](index_t a, index_t b) { return s_host[r * cols + a] > s_host[r * cols + b]; });
+    for (index_t j = 0; j < k; ++j) {
+      CHECK(index[r * k + j] == order[j]);
+      CHECK(score[r * k + j] == s_host[r * cols + order[j]]);
+    }
+  }
+}
+
+namespace {
+
+/// One forward_backward on a tiny problem; the loss must be finite and positive.
+template <class Head>
+void one_step(const Head& head, index_t classes, index_t d) {
+  std::mt19937 g(4);
+  const index_t rows = 6;
+  const test_vector<float> h = to_test(random_floats(g, static_cast<std::size_t>(rows * d)));
+  test_vector<index_t> t(static_cast<std::size_t>(rows));
+  for (auto& x : t) x = static_cast<index_t>(g() % classes);
+  test_vector<float> gh(static_cast<std::size_t>(rows * d));
+  typename Head::gradient_type grad;
+  const float loss = head.forward_backward(xs::matrix_view<float>(const_cast<float*>(h.data()), rows, d),
+                                           xs::vector_view<index_t>(t.data(), rows),
+                                           xs::matrix_view<float>(gh.data(), rows, d), grad);
+  CHECK(std::isfinite(loss));
+  CHECK(loss > 0.f);
+  CHECK(grad.num_rows() > 0);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every head instantiates and trains a step on every backend of the build", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  const index_t n = 40, d = 6;
+  one_step(xs::full_softmax<xs::fp32, B>(n, d, true), n, d);
+  one_step(xs::full_softmax<xs::bf16, B>(n, d), n, d);
+  using uniform = xs::uniform_tree<2, 7>;
+  one_step(xs::hierarchical_softmax<uniform, xs::fp32, B>(uniform(n), d, true), n, d);
+  one_step(xs::hierarchical_softmax<uniform, xs::fp16, B>(uniform(n), d), n, d);
+  std::vector<double> counts(static_cast<std::size_t>(n));
+  for (index_t c = 0; c < n; ++c) counts[c] = 1.0 / static_cast<double>(c + 1);
+  const auto huffman = xs::runtime_tree<>::huffman(counts, 2);
+  one_step(xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, B, xs::sigmoid_nodes>(huffman, d), n, d);
+  one_step(xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, B>(xs::runtime_tree<>::huffman(counts, 3), d), n,
+           d);
+#if XSOFTMAX_TEST_HOST_BUILD
+  // The active-set heads (host backends until their generic form lands in the cuda build).
+  xs::sampling_options so;
+  so.num_sampled = 8;
+  one_step(xs::selective_softmax<xs::sampled_negatives, xs::fp32, B>(xs::sampled_negatives::uniform(n, so), n, d), n,
+           d);
+#endif
+}
