@@ -10,7 +10,7 @@
 /// softmax uses it for each long run of samples against its node's block of child rows. Memory:
 /// O(rows x chunk) scores, never O(rows x n).
 
-#include <xsoftmax/detail/cuda/common.cuh>
+#include <xsoftmax/detail/cuda/packed_batch.cuh>
 #include <xsoftmax/detail/cuda/gemm.cuh>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 

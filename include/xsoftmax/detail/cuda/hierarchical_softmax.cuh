@@ -39,8 +39,7 @@
 ///
 /// The kernels of each stage are in hs_levels.cuh; topk and log_distribution in hs_search.cuh.
 
-#include <xsoftmax/detail/cuda/async_checks.cuh>
-#include <xsoftmax/detail/cuda/common.cuh>
+#include <xsoftmax/detail/cuda/packed_batch.cuh>
 #include <xsoftmax/detail/cuda/dense.cuh>
 #include <xsoftmax/detail/cuda/grouped_gemm.cuh>
 #include <xsoftmax/detail/cuda/hs_levels.cuh>
@@ -366,13 +365,9 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
 
   if (want_grad && grad_hidden) scatter_rows(res, grad_h, sample, rows, *grad_hidden);
   if (per_sample.size != 0) scatter_losses(res, loss, sample, rows, per_sample);
-  if (wait) return reduce_losses(res, loss, rows, options.reduce);  // waits for the stream
-  if (loss_out) {
-    // Every packed row counts: the kept count is `rows`, known here, handed over in stream order.
-    auto* kept = a.take<unsigned long long>(1);
-    thrust::fill_n(policy, kept, 1, static_cast<unsigned long long>(rows));
-    reduce_losses_async(res, loss, rows, kept, options.reduce, loss_out);
-  }
+  const execution<::xsoftmax::cuda> ex{res};
+  if (wait) return detail::reduce_losses(ex, loss, rows, options.reduce);  // waits for the stream
+  if (loss_out) detail::reduce_losses_into(ex, loss, rows, options.reduce, loss_out);
   return 0.f;
 }
 

@@ -6,7 +6,7 @@
 /// gather-dot path for short runs and sigmoid nodes, and the grouped dense path for a level's
 /// many small GEMM runs. Why each path exists, and what it costs, is in hierarchical_softmax.cuh.
 
-#include <xsoftmax/detail/cuda/common.cuh>
+#include <xsoftmax/detail/cuda/packed_batch.cuh>
 #include <xsoftmax/detail/cuda/dense.cuh>
 #include <xsoftmax/detail/cuda/grouped_gemm.cuh>
 #include <xsoftmax/tree/tree_types.hpp>

@@ -5,7 +5,7 @@
 /// warp per sample, open list in global memory) and `hs_log_distribution` (one warp per (sample,
 /// class), summing the path's log-probabilities). Same checks, messages and results as the host.
 
-#include <xsoftmax/detail/cuda/common.cuh>
+#include <xsoftmax/detail/cuda/packed_batch.cuh>
 #include <xsoftmax/detail/cuda/hs_levels.cuh>
 #include <xsoftmax/detail/cuda/tree.cuh>
 #include <xsoftmax/hierarchical_softmax.hpp>
