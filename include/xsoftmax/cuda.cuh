@@ -16,7 +16,10 @@
 ///    on the head's stream and synchronises it before returning.
 ///  * `backend_ops<cuda>` (cuBLAS fp32 GEMM, one-value reads, stream waits): what the generic
 ///    algorithms need besides Thrust. `full_softmax` runs its one generic algorithm (the same code
-///    the host backends run) on the GPU; its `_async` verbs queue that work without the final wait,
+///    the host backends run) on the GPU, with one tuned kernel set: for bf16/fp16 weights its dense
+///    softmax rounds the rows to the storage type once and runs every GEMM on the tensor cores with
+///    the weights read in place (detail/cuda/dense_tuned.cuh; the generic primitive is its oracle
+///    in the tests). Its `_async` verbs queue that work without the final wait,
 ///    but still wait for sizes (the packed row count) and data checks, whose errors they throw from
 ///    the call.
 ///  * `hierarchical_softmax`'s `_async` verbs: the same signatures; the loss goes to device memory
@@ -26,10 +29,9 @@
 ///    log-sum-exp kernel) unless `set_dense_grouping(dense_grouping::per_run)`; a `runtime_tree` is
 ///    copied to the device once per head.
 ///
-/// Precision: scores and gradients accumulate in fp32. The hierarchical softmax's bf16/fp16 heads
-/// convert the hidden rows to the storage type and run their GEMMs on tensor cores (fp32
-/// accumulation); the full softmax's generic path widens weight chunks to fp32 and uses cuBLAS's
-/// fp32 path (no TF32) for every precision. Linking needs CUDA::cublas.
+/// Precision: scores and gradients accumulate in fp32. bf16/fp16 heads convert the hidden rows to
+/// the storage type and run their GEMMs on tensor cores (fp32 accumulation); fp32 heads use
+/// cuBLAS's fp32 path (no TF32). Linking needs CUDA::cublas.
 ///
 /// Throws what the host backends throw for bad input (the hierarchical softmax's `_async` verbs:
 /// deferred, see above), and `cuda_error` when a CUDA call fails.
@@ -41,6 +43,7 @@
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/cuda/backend.cuh>
 #include <xsoftmax/detail/cuda/backend_ops.cuh>
+#include <xsoftmax/detail/cuda/dense_tuned.cuh>
 #include <xsoftmax/detail/cuda/heads.cuh>
 #include <xsoftmax/detail/cuda/resources.cuh>
 #include <xsoftmax/full_softmax.hpp>

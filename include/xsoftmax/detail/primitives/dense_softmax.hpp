@@ -44,10 +44,34 @@ struct dense_softmax_args {
   return std::clamp<index_t>((index_t(8) << 20) / std::max<index_t>(rows, 1), 256, 16384);
 }
 
-/// Solves `a` (see `dense_softmax_args`) on `ex` (an execution, or a Thrust host policy); every
-/// pointer of `a` is in the execution's memory. `w`/`bias` hold the weights in storage type `T`.
+/// A backend's tuned version of `dense_softmax` for storage type T, when it has one: specialised
+/// with `available = true`, `applies(args)` (the problems it serves) and `run(ex, w, bias, args)`.
+/// The generic `dense_softmax_generic` stays as its oracle.
+template <class Backend, class T>
+struct dense_softmax_tuning {
+  static constexpr bool available = false;
+};
+
+/// The generic dense softmax: solves `a` (see `dense_softmax_args`) on `ex` (an execution, or a
+/// Thrust host policy); every pointer of `a` is in the execution's memory. `w`/`bias` hold the
+/// weights in storage type `T`.
+template <class Ex, class T>
+void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a);
+
+/// Solves `a`: the backend's tuned version when it has one for T and this problem, the generic one
+/// otherwise.
 template <class Ex, class T>
 void dense_softmax(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+  const auto& ex = as_execution(ex_in);
+  using tuning = dense_softmax_tuning<typename std::decay_t<decltype(ex)>::backend, T>;
+  if constexpr (tuning::available) {
+    if (tuning::applies(a)) return tuning::run(ex, w, bias, a);
+  }
+  dense_softmax_generic(ex, w, bias, a);
+}
+
+template <class Ex, class T>
+void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   using fvector = typename execution_type::template vector<float>;
