@@ -4,6 +4,8 @@
 /// Typed exceptions. Every check that rejects user input throws one of these *before* any state is
 /// changed, with a message naming the function, the argument and the offending value.
 
+#include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -55,6 +57,23 @@ template <class... Parts>
 template <class Error = invalid_argument, class... Parts>
 void expects(bool condition, const Parts&... parts) {
   if (!condition) throw Error(message(parts...));
+}
+
+/// a * b for sizes a, b >= 0, checked: throws `invalid_argument` naming `what` (say "num_classes x
+/// dim") when the product does not fit `Int` (signed overflow would be undefined behaviour and
+/// would size buffers wrongly), or, with `element_bytes` > 0, when a * b elements of that size
+/// exceed what one allocation can address.
+template <class Int>
+[[nodiscard]] Int checked_product(const char* where, const char* what, Int a, Int b, std::size_t element_bytes = 0) {
+  Int product = 0;
+  const bool overflow = __builtin_mul_overflow(a, b, &product);
+  expects(!overflow, where, ": ", what, " = ", a, " x ", b, " overflows a 64-bit element count");
+  if (element_bytes > 0) {
+    const auto limit = static_cast<unsigned long long>(PTRDIFF_MAX) / element_bytes;
+    expects(static_cast<unsigned long long>(product) <= limit, where, ": ", what, " = ", a, " x ", b, " = ", product,
+            " elements of ", element_bytes, " bytes exceed the largest possible allocation");
+  }
+  return product;
 }
 
 }  // namespace detail

@@ -8,6 +8,8 @@
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/host/backend_ops.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/shape_checks.hpp>
 #include <xsoftmax/detail/validation.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/types.hpp>
@@ -78,8 +80,9 @@ class head_verbs {
   template <class H>
   float forward(matrix_view<H> hidden, vector_view<const index_t> targets, loss_options options = {},
                 vector_view<float> per_sample = {}) const {
-    return self().run_(where("forward").c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr,
-                       {});
+    const std::string w = where("forward");
+    check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, false, {});
+    return self().run_(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr, {});
   }
 
   /// `forward` and the gradients in one call. `grad_hidden` (B x dim, fp32) is overwritten;
@@ -90,8 +93,10 @@ class head_verbs {
   float forward_backward(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
                          gradient_type& grad_weights, loss_options options = {}, vector_view<float> per_sample = {},
                          vector_view<const float> grad_output = {}) const {
-    return self().run_(where("forward_backward").c_str(), as_const(hidden), targets, options, per_sample,
-                       &grad_hidden, &grad_weights, grad_output);
+    const std::string w = where("forward_backward");
+    check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, true, grad_output);
+    return self().run_(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, &grad_weights,
+                       grad_output);
   }
 
   /// The gradients only; see `forward_backward`.
@@ -99,15 +104,16 @@ class head_verbs {
   void backward(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
                 gradient_type& grad_weights, loss_options options = {},
                 vector_view<const float> grad_output = {}) const {
-    self().run_(where("backward").c_str(), as_const(hidden), targets, options, {}, &grad_hidden, &grad_weights,
-                grad_output);
+    const std::string w = where("backward");
+    check_loss_inputs(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, true, grad_output);
+    self().run_(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, &grad_weights, grad_output);
   }
 
   /// log p(targets[i] | hidden[i]) into `out` (B entries). Every target must be a valid class.
   template <class H>
   void log_prob(matrix_view<H> hidden, vector_view<const index_t> targets, vector_view<float> out) const {
     const std::string w = where("log_prob");
-    detail::check_output(w.c_str(), "out", out, hidden.rows);
+    check_log_prob_inputs(w.c_str(), as_const(hidden), targets, out);
     self().run_(w.c_str(), as_const(hidden), targets, detail::log_prob_options(), out, nullptr, nullptr, {});
     negate(out, /*wait=*/true);
   }
@@ -118,6 +124,7 @@ class head_verbs {
   template <class H>
   void topk(matrix_view<H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
             SearchOptions options = {}) const {
+    check_topk_inputs(where("topk").c_str(), as_const(hidden), k, classes, log_probs);
     self().topk_(as_const(hidden), k, classes, log_probs, options);
   }
 
@@ -126,6 +133,7 @@ class head_verbs {
   template <class H>
   void log_distribution(matrix_view<H> hidden, index_t class_begin, index_t class_end,
                         matrix_view<float> out) const {
+    check_range_inputs(where("log_distribution").c_str(), as_const(hidden), class_begin, class_end, out);
     self().log_distribution_(as_const(hidden), class_begin, class_end, out);
   }
 
@@ -137,12 +145,11 @@ class head_verbs {
   ///
   /// * Host backends (serial, omp): run the blocking verb to completion and write `loss[0]`;
   ///   everything, data errors included, is thrown from the call.
-  /// * cuda: queue the work on the head's stream. Outputs are valid once the stream is
-  ///   synchronised (`resources().synchronize()` / `check()`); inputs and outputs must stay alive
-  ///   until then. Checks that need the data (finite values, targets in range) run on the device
-  ///   and record the first failure; `resources().check()`, `synchronize()` and the next blocking
-  ///   verb throw it with the blocking verb's type and message. What each head's queue-only form
-  ///   still waits for is said in its own documentation.
+  /// * cuda: validate as the blocking verb does (the data checks run on the device and wait for
+  ///   their answer; errors are thrown from the call), then queue the work on the head's stream.
+  ///   Outputs are valid once the stream is synchronised (`resources().synchronize()`); inputs and
+  ///   outputs must stay alive until then. What each head's queue-only form still waits for is
+  ///   said in its own documentation.
   /// @{
   template <class H>
   void forward_async(matrix_view<H> hidden, vector_view<const index_t> targets, vector_view<float> loss,
@@ -151,8 +158,9 @@ class head_verbs {
     if constexpr (is_host_backend<Backend>) {
       loss[0] = forward(hidden, targets, options, per_sample);
     } else {
-      self().run_async_(where("forward").c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr,
-                        {}, loss.data);
+      const std::string w = where("forward");
+      check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, false, {});
+      self().run_async_(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr, {}, loss.data);
     }
   }
 
@@ -165,8 +173,10 @@ class head_verbs {
     if constexpr (is_host_backend<Backend>) {
       loss[0] = forward_backward(hidden, targets, grad_hidden, grad_weights, options, per_sample, grad_output);
     } else {
-      self().run_async_(where("forward_backward").c_str(), as_const(hidden), targets, options, per_sample,
-                        &grad_hidden, &grad_weights, grad_output, loss.data);
+      const std::string w = where("forward_backward");
+      check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, true, grad_output);
+      self().run_async_(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, &grad_weights,
+                        grad_output, loss.data);
     }
   }
 
@@ -177,8 +187,10 @@ class head_verbs {
     if constexpr (is_host_backend<Backend>) {
       backward(hidden, targets, grad_hidden, grad_weights, options, grad_output);
     } else {
-      self().run_async_(where("backward").c_str(), as_const(hidden), targets, options, {}, &grad_hidden,
-                        &grad_weights, grad_output, nullptr);
+      const std::string w = where("backward");
+      check_loss_inputs(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, true, grad_output);
+      self().run_async_(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, &grad_weights, grad_output,
+                        nullptr);
     }
   }
 
@@ -188,7 +200,7 @@ class head_verbs {
       log_prob(hidden, targets, out);
     } else {
       const std::string w = where("log_prob");
-      detail::check_output(w.c_str(), "out", out, hidden.rows);
+      check_log_prob_inputs(w.c_str(), as_const(hidden), targets, out);
       self().run_async_(w.c_str(), as_const(hidden), targets, detail::log_prob_options(), out, nullptr, nullptr, {},
                         nullptr);
       negate(out, /*wait=*/false);
@@ -201,6 +213,7 @@ class head_verbs {
     if constexpr (is_host_backend<Backend>) {
       topk(hidden, k, classes, log_probs, options);
     } else {
+      check_topk_inputs(where("topk").c_str(), as_const(hidden), k, classes, log_probs);
       self().topk_async_(as_const(hidden), k, classes, log_probs, options);
     }
   }
@@ -211,6 +224,7 @@ class head_verbs {
     if constexpr (is_host_backend<Backend>) {
       log_distribution(hidden, class_begin, class_end, out);
     } else {
+      check_range_inputs(where("log_distribution").c_str(), as_const(hidden), class_begin, class_end, out);
       self().log_distribution_async_(as_const(hidden), class_begin, class_end, out);
     }
   }
@@ -238,6 +252,62 @@ class head_verbs {
     static_assert(is_supported_element<std::remove_const_t<H>>,
                   "xsoftmax: hidden must be a matrix_view of float, double, bf16 or fp16");
     return m;
+  }
+
+  // The checks every head shares, run before any work is queued or any output written: the one
+  // validation layer of every head and backend. Data checks (finite hidden values, targets in
+  // range) run where the data lives and wait for their answer.
+
+  [[nodiscard]] detail::execution<Backend> checked_execution() const {
+    detail::backend_ops<Backend>::check_pending(self().resources());
+    return detail::execution<Backend>{self().resources()};
+  }
+
+  template <class H>
+  void check_loss_inputs(const char* w, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                         const loss_options& options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                         bool backward, vector_view<const float> grad_output) const {
+    const detail::execution<Backend> ex = checked_execution();
+    detail::check_reduction(w, options.reduce);
+    detail::check_hidden(ex, w, hidden, self().dim());
+    detail::check_targets(ex, w, targets, hidden.rows, self().num_classes(), options.ignore_index);
+    if ((options.reduce == reduction::none && !backward) || per_sample.size != 0)  // backward has no per_sample
+      detail::check_output(w, "per_sample", per_sample, hidden.rows);
+    if (grad_hidden) detail::check_output(w, "grad_hidden", *grad_hidden, hidden.rows, self().dim());
+    if (backward) detail::check_grad_output_shape(w, options.reduce, grad_output, hidden.rows);
+  }
+
+  /// log_prob ignores nothing: every target must be a class (even one equal to some ignore_index).
+  template <class H>
+  void check_log_prob_inputs(const char* w, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                             vector_view<float> out) const {
+    const detail::execution<Backend> ex = checked_execution();
+    detail::check_hidden(ex, w, hidden, self().dim());
+    detail::check_targets(ex, w, targets, hidden.rows, self().num_classes());
+    detail::check_output(w, "out", out, hidden.rows);
+  }
+
+  template <class H>
+  void check_topk_inputs(const char* w, matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                         matrix_view<float> log_probs) const {
+    const detail::execution<Backend> ex = checked_execution();
+    detail::check_hidden(ex, w, hidden, self().dim());
+    const index_t n = self().num_classes();
+    detail::expects(k >= 1 && k <= n, w, ": k = ", k, " must be in [1, num_classes = ", n, "]");
+    detail::check_output(w, "classes", classes, hidden.rows, k);
+    detail::check_output(w, "log_probs", log_probs, hidden.rows, k);
+  }
+
+  template <class H>
+  void check_range_inputs(const char* w, matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                          matrix_view<float> out) const {
+    const detail::execution<Backend> ex = checked_execution();
+    detail::check_hidden(ex, w, hidden, self().dim());
+    const index_t n = self().num_classes();
+    detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n, w,
+                                  ": class range [", class_begin, ", ", class_end, ") is empty or outside [0, ", n,
+                                  ")");
+    detail::check_output(w, "out", out, hidden.rows, class_end - class_begin);
   }
 
   /// out = -out: `run_` wrote per-sample losses, log_prob wants log-probabilities.

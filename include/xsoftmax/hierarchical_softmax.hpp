@@ -128,7 +128,13 @@ class hierarchical_softmax
   /// How the dense runs of a level are issued on a GPU backend (see `xsoftmax::dense_grouping`);
   /// for benchmarking and tests. Host backends ignore it.
   [[nodiscard]] xsoftmax::dense_grouping dense_grouping() const { return dense_grouping_; }
-  void set_dense_grouping(xsoftmax::dense_grouping mode) { dense_grouping_ = mode; }
+  void set_dense_grouping(xsoftmax::dense_grouping mode) {
+    detail::expects(mode == xsoftmax::dense_grouping::automatic || mode == xsoftmax::dense_grouping::grouped ||
+                        mode == xsoftmax::dense_grouping::per_run,
+                    "hierarchical_softmax::set_dense_grouping: mode = ", static_cast<int>(mode),
+                    " is not a dense_grouping (automatic = 0, grouped = 1, per_run = 2)");
+    dense_grouping_ = mode;
+  }
 
   /// \cond detail
   /// Backend state derived from the (immutable) tree, filled on first use by a device backend

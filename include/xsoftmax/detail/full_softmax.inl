@@ -103,14 +103,8 @@ void full_softmax<P, B>::run_into_(const char* where, matrix_view<const H> hidde
                                    loss_options options, vector_view<float> per_sample,
                                    matrix_view<float>* grad_hidden, gradient_type* grad_weights,
                                    vector_view<const float> grad_output, float* loss) const {
-  detail::backend_ops<B>::check_pending(resources_);
-  const detail::execution<B> ex{resources_};
+  const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t n_cls = num_classes(), d = dim();
-  detail::check_hidden(ex, where, hidden, d);
-  detail::check_targets(ex, where, targets, hidden.rows, n_cls, options.ignore_index);
-  if ((options.reduce == reduction::none && !grad_weights) || per_sample.size != 0)  // backward has no per_sample
-    detail::check_output(where, "per_sample", per_sample, hidden.rows);
-  if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
 
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
   backend_vector<B, float> upstream;
@@ -166,14 +160,8 @@ template <class P, class B>
 template <class H>
 void full_softmax<P, B>::topk_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                                     matrix_view<float> log_probs) const {
-  const char* where = "full_softmax::topk";
-  detail::backend_ops<B>::check_pending(resources_);
-  const detail::execution<B> ex{resources_};
+  const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t n_cls = num_classes();
-  detail::check_hidden(ex, where, hidden, dim());
-  detail::expects(k >= 1 && k <= n_cls, where, ": k = ", k, " must be in [1, num_classes = ", n_cls, "]");
-  detail::check_output(where, "classes", classes, hidden.rows, k);
-  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
   const index_t rows = batch.rows;
   detail::basic_online_lse_state<B> lse(rows);
@@ -211,15 +199,8 @@ template <class P, class B>
 template <class H>
 void full_softmax<P, B>::log_distribution_into_(matrix_view<const H> hidden, index_t class_begin,
                                                 index_t class_end, matrix_view<float> out) const {
-  const char* where = "full_softmax::log_distribution";
-  detail::backend_ops<B>::check_pending(resources_);
-  const detail::execution<B> ex{resources_};
+  const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t n_cls = num_classes();
-  detail::check_hidden(ex, where, hidden, dim());
-  detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where,
-                                ": class range [", class_begin, ", ", class_end, ") is empty or outside [0, ",
-                                n_cls, ")");
-  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
   const index_t rows = batch.rows, chunk = chunk_size_for(rows);
   const auto w = matrix_view<const storage_type>(weights());

@@ -145,11 +145,7 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
   const auto policy = backend_traits<B>::policy(resources_);
   const auto tv = tree_.view();
   const index_t d = dim();
-  detail::check_hidden(where, hidden, d);
-  detail::check_targets(where, targets, hidden.rows, num_classes(), options.ignore_index);
-  if ((options.reduce == reduction::none && !grad_weights) || per_sample.size != 0)  // backward has no per_sample
-    detail::check_output(where, "per_sample", per_sample, hidden.rows);
-  if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
+  // Inputs were checked by head_verbs.
 
   const bool want_grad = grad_weights != nullptr;
   std::vector<float> upstream;
@@ -328,12 +324,8 @@ void hierarchical_softmax<Tree, P, B, F>::topk_host(matrix_view<const H> hidden,
                                                     search_options options) const {
   const char* where = "hierarchical_softmax::topk";
   const auto policy = backend_traits<B>::policy(resources_);
-  detail::check_hidden(where, hidden, dim());
-  detail::expects(k >= 1 && k <= num_classes(), where, ": k = ", k, " must be in [1, num_classes = ",
-                  num_classes(), "]");
+  // hidden, k and the outputs were checked by head_verbs; the search options are this head's own.
   detail::expects(options.beam_width >= 0, where, ": beam_width = ", options.beam_width, " must be >= 0");
-  detail::check_output(where, "classes", classes, hidden.rows, k);
-  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
   const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
   const auto tv = tree_.view();
   const index_t d = dim(), beam = options.beam_width;
@@ -398,14 +390,7 @@ template <class Tree, class P, class B, class F>
 template <class H>
 void hierarchical_softmax<Tree, P, B, F>::log_distribution_host(matrix_view<const H> hidden, index_t class_begin,
                                                                 index_t class_end, matrix_view<float> out) const {
-  const char* where = "hierarchical_softmax::log_distribution";
-  const auto policy = backend_traits<B>::policy(resources_);
-  const index_t n_cls = num_classes();
-  detail::check_hidden(where, hidden, dim());
-  detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where,
-                                ": class range [", class_begin, ", ", class_end, ") is empty or outside [0, ",
-                                n_cls, ")");
-  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
+  const auto policy = backend_traits<B>::policy(resources_);  // inputs were checked by head_verbs
   const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
   const auto tv = tree_.view();
   const index_t d = dim();

@@ -114,11 +114,7 @@ float selective_softmax<S, P, B>::run_host(const char* where, matrix_view<const 
                                            gradient_type* grad_weights, vector_view<const float> grad_output) const {
   const auto policy = backend_traits<B>::policy(resources_);
   const index_t n_cls = num_classes(), d = dim();
-  detail::check_hidden(where, hidden, d);
-  detail::check_targets(where, targets, hidden.rows, n_cls, options.ignore_index);
-  if ((options.reduce == reduction::none && !grad_weights) || per_sample.size != 0)  // backward has no per_sample
-    detail::check_output(where, "per_sample", per_sample, hidden.rows);
-  if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
+  // Inputs were checked by head_verbs.
 
   const detail::packed_batch batch = detail::pack_batch(policy, hidden, targets, options.ignore_index);
   std::vector<float> upstream;
@@ -165,14 +161,8 @@ template <class S, class P, class B>
 template <class H>
 void selective_softmax<S, P, B>::topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                                        matrix_view<float> log_probs, exact_search) const {
-  // Prediction scores every class: a non-owning full softmax over the same weights. Checked here
-  // first so that messages name this head.
-  const char* where = "selective_softmax::topk";
-  detail::check_hidden(where, hidden, dim());
-  detail::expects(k >= 1 && k <= num_classes(), where, ": k = ", k, " must be in [1, num_classes = ",
-                  num_classes(), "]");
-  detail::check_output(where, "classes", classes, hidden.rows, k);
-  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
+  // Prediction scores every class: a non-owning full softmax over the same weights (head_verbs
+  // checked the inputs under this head's name).
   full_softmax<P, B> full(weights(), bias(), resources_);
   full.set_chunk_size(chunk_size_);
   full.topk(hidden, k, classes, log_probs);
@@ -182,12 +172,6 @@ template <class S, class P, class B>
 template <class H>
 void selective_softmax<S, P, B>::log_distribution_(matrix_view<const H> hidden, index_t class_begin,
                                                    index_t class_end, matrix_view<float> out) const {
-  const char* where = "selective_softmax::log_distribution";
-  detail::check_hidden(where, hidden, dim());
-  detail::expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= num_classes(), where,
-                                ": class range [", class_begin, ", ", class_end, ") is empty or outside [0, ",
-                                num_classes(), ")");
-  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
   full_softmax<P, B> full(weights(), bias(), resources_);
   full.set_chunk_size(chunk_size_);
   full.log_distribution(hidden, class_begin, class_end, out);

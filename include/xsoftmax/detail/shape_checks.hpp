@@ -23,6 +23,13 @@ void check_hidden_shape(const char* where, matrix_view<const H> hidden, index_t 
                        " is smaller than hidden.cols = ", hidden.cols);
 }
 
+/// `reduce` is one of the enumerators of `reduction` (an enum can hold any value of its
+/// underlying type: a cast integer, a value read from a file).
+inline void check_reduction(const char* where, reduction reduce) {
+  expects(reduce == reduction::none || reduce == reduction::mean || reduce == reduction::sum, where,
+          ": options.reduce = ", static_cast<int>(reduce), " is not a reduction (none = 0, mean = 1, sum = 2)");
+}
+
 /// One target per hidden row.
 inline void check_targets_shape(const char* where, vector_view<const index_t> targets, index_t rows) {
   expects<shape_error>(targets.size == rows, where, ": targets has ", targets.size, " entries but hidden has ", rows,

@@ -12,6 +12,8 @@
 #include <xsoftmax/types.hpp>
 
 #include <thrust/extrema.h>
+#include <thrust/find.h>
+#include <thrust/host_vector.h>
 #include <thrust/sort.h>
 #include <thrust/unique.h>
 
@@ -33,7 +35,8 @@ class weight_store {
       : rows_(rows), cols_(cols), stride_(cols), owning_(true) {
     expects(rows > 0, where, ": number of weight rows = ", rows, " must be > 0");
     expects(cols > 0, where, ": dim = ", cols, " must be > 0");
-    std::vector<T> host(static_cast<std::size_t>(rows * cols), from_float<T>(0.f));
+    const index_t elements = checked_product(where, "weight rows x dim", rows, cols, sizeof(T));
+    std::vector<T> host(static_cast<std::size_t>(elements), from_float<T>(0.f));
     if (!init.zero) {
       const float scale = init.scale >= 0 ? init.scale : 1.f / std::sqrt(static_cast<float>(cols));
       std::mt19937_64 rng(init.seed);
@@ -54,6 +57,7 @@ class weight_store {
     expects(weights.cols > 0, where, ": weights.cols = ", weights.cols, " must be > 0");
     expects<shape_error>(weights.stride >= weights.cols, where, ": weights.stride = ", weights.stride,
                          " is smaller than weights.cols = ", weights.cols);
+    (void)checked_product(where, "weights.rows x weights.stride", weights.rows, weights.stride, sizeof(T));
   }
 
   weight_store(const weight_store& o)
@@ -120,6 +124,10 @@ class weight_store {
         const auto dup = std::adjacent_find(host.begin(), host.end());
         expects(false, where, ": gradient rows are not unique (row ", *dup, " appears more than once)");
       }
+      // A non-finite value (or one that lr scales past the float range) would poison its weight row
+      // for good: rejected before anything is written, like every other bad input.
+      check_finite_values(where, policy, g.values, "values", cols_, lr);
+      check_finite_values(where, policy, g.bias_values, "bias_values", 1, lr);
       parallel_for(policy, n,
                    sgd_row_update<Accum>{weights(), bias_, thrust::raw_pointer_cast(g.rows.data()),
                                          thrust::raw_pointer_cast(g.values.data()),
@@ -147,6 +155,29 @@ class weight_store {
   };
 
  private:
+  template <class Accum>
+  struct not_finite_step {
+    float lr;
+    XSOFTMAX_HD bool operator()(Accum v) const {
+      const float step = lr * static_cast<float>(v);
+      return !(step - step == 0.f);  // NaN and +-inf fail, for the value and for lr times it
+    }
+  };
+
+  /// Every lr * v in `values` (rows of `width`) is finite; otherwise throws `non_finite_error` naming
+  /// the gradient row and column.
+  template <class Policy, class Vector>
+  static void check_finite_values(const char* where, const Policy& policy, const Vector& values, const char* name,
+                                  index_t width, float lr) {
+    using Accum = typename Vector::value_type;
+    const auto hit = thrust::find_if(policy, values.begin(), values.end(), not_finite_step<Accum>{lr});
+    if (hit == values.end()) return;
+    const index_t i = static_cast<index_t>(hit - values.begin());
+    const thrust::host_vector<Accum> v(hit, hit + 1);  // error path only
+    expects<non_finite_error>(false, where, ": gradient ", name, "[", i / width, "][", i % width, "] = ",
+                              static_cast<float>(v[0]), " (times lr = ", lr, ") is not finite");
+  }
+
   void rebind() {
     data_ = thrust::raw_pointer_cast(owned_.data());
     bias_ = owned_bias_.empty() ? nullptr : thrust::raw_pointer_cast(owned_bias_.data());

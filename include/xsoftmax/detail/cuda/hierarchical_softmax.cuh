@@ -80,11 +80,7 @@ float hs_run(const Head& head, const char* where, matrix_view<const H> hidden, v
   const cudaStream_t stream = res.stream();
   const auto policy = backend_traits<cuda>::policy(res);
   const index_t d = head.dim(), batch = hidden.rows;
-  check_hidden(where, res, hidden, d);
-  check_targets(where, res, targets, hidden.rows, head.num_classes(), options.ignore_index);
-  if ((options.reduce == reduction::none && !grad_weights) || per_sample.size != 0)  // backward has no per_sample
-    detail::check_output(where, "per_sample", per_sample, hidden.rows);
-  if (grad_hidden) detail::check_output(where, "grad_hidden", *grad_hidden, hidden.rows, d);
+  // Inputs were checked by head_verbs.
 
   const bool want_grad = grad_weights != nullptr;
   arena a(res.workspace(), stream);

@@ -179,12 +179,8 @@ void hs_topk(const Head& head, matrix_view<const H> hidden, index_t k, matrix_vi
   const cuda_resources& res = head.resources();
   const cudaStream_t stream = res.stream();
   const index_t d = head.dim();
-  check_hidden(where, res, hidden, d);
-  expects(k >= 1 && k <= head.num_classes(), where, ": k = ", k, " must be in [1, num_classes = ",
-          head.num_classes(), "]");
+  // hidden, k and the outputs were checked by head_verbs; the search options are this head's own.
   expects(options.beam_width >= 0, where, ": beam_width = ", options.beam_width, " must be >= 0");
-  detail::check_output(where, "classes", classes, hidden.rows, k);
-  detail::check_output(where, "log_probs", log_probs, hidden.rows, k);
 
   const index_t rows = hidden.rows, beam = options.beam_width;
   arena a(res.workspace(), stream);
@@ -282,10 +278,7 @@ void hs_log_distribution(const Head& head, matrix_view<const H> hidden, index_t 
   const cuda_resources& res = head.resources();
   const cudaStream_t stream = res.stream();
   const index_t n_cls = head.num_classes(), d = head.dim();
-  check_hidden(where, res, hidden, d);
-  expects<out_of_range>(class_begin >= 0 && class_begin < class_end && class_end <= n_cls, where, ": class range [",
-                        class_begin, ", ", class_end, ") is empty or outside [0, ", n_cls, ")");
-  detail::check_output(where, "out", out, hidden.rows, class_end - class_begin);
+  // Inputs were checked by head_verbs.
 
   const index_t rows = hidden.rows, range = class_end - class_begin;
   arena a(res.workspace(), stream);

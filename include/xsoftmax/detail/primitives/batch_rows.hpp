@@ -52,6 +52,12 @@ struct bad_target {
   }
 };
 
+struct any_non_class {
+  const index_t* t;
+  index_t num_classes;
+  XSOFTMAX_HD bool operator()(index_t i) const { return t[i] < 0 || t[i] >= num_classes; }
+};
+
 struct kept_target {
   index_t ignore_index;
   XSOFTMAX_HD bool operator()(index_t t) const { return t != ignore_index; }
@@ -82,6 +88,19 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
   const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
   expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")",
                      " and is not ignore_index (", ignore_index, ")");
+}
+
+/// One target per hidden row, every one a class (no target is ignored: log_prob).
+template <class Backend>
+void check_targets(const execution<Backend>& ex, const char* where, vector_view<const index_t> targets, index_t rows,
+                   index_t num_classes) {
+  check_targets_shape(where, targets, rows);
+  const thrust::counting_iterator<index_t> first(0);
+  const index_t i =
+      *thrust::find_if(ex.policy(), first, first + targets.size, any_non_class{targets.data, num_classes});
+  if (i == targets.size) return;
+  const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
+  expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")");
 }
 
 /// Packs the rows of `hidden` whose target is not `ignore_index` (every row when `targets` is

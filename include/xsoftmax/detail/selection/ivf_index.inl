@@ -31,6 +31,8 @@ void ivf_index::build_on(const Policy& policy, matrix_view<const T> vectors, con
                                         : std::max<index_t>(1, static_cast<index_t>(std::lround(std::sqrt(double(n)))));
   detail::expects(lists >= 1 && lists <= n, where, ": num_lists = ", lists, " must be in [1, N = ", n, "]");
   detail::expects(o.iterations >= 0, where, ": iterations = ", o.iterations, " must be >= 0");
+  detail::expects(o.metric == similarity::cosine || o.metric == similarity::inner_product, where, ": metric = ",
+                  static_cast<int>(o.metric), " is not a similarity");
   detail::expects(o.train_points >= 0 && o.train_points <= n, where, ": train_points = ", o.train_points,
                   " must be in [0, N = ", n, "]");
   const bool spherical = o.metric == similarity::cosine;

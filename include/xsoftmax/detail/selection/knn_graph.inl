@@ -42,6 +42,10 @@ inline knn_graph_builder::knn_graph_builder(knn_build_options options) : options
   const char* where = "knn_graph_builder";
   detail::expects(options.k >= 1, where, ": k = ", options.k, " must be >= 1");
   detail::expects(options.nprobe >= 1, where, ": nprobe = ", options.nprobe, " must be >= 1");
+  detail::expects(options.metric == similarity::cosine || options.metric == similarity::inner_product, where,
+                  ": metric = ", static_cast<int>(options.metric), " is not a similarity");
+  detail::expects(options.method == knn_build_method::exact || options.method == knn_build_method::ivf, where,
+                  ": method = ", static_cast<int>(options.method), " is not a knn_build_method");
   detail::expects(options.query_tile >= 1 && options.class_tile >= 1, where, ": query_tile = ", options.query_tile,
                   ", class_tile = ", options.class_tile, " must be >= 1");
 }
