@@ -25,6 +25,17 @@
 
 namespace xsoftmax::detail {
 
+/// True when lr * v is not finite (v NaN or infinite, or lr times it past the float range). At
+/// namespace scope: nvcc rejects a private member type as a kernel's template argument.
+template <class Accum>
+struct not_finite_step {
+  float lr;
+  XSOFTMAX_HD bool operator()(Accum v) const {
+    const float step = lr * static_cast<float>(v);
+    return !(step - step == 0.f);  // NaN and +-inf fail
+  }
+};
+
 template <class T, class Backend>
 class weight_store {
  public:
@@ -155,15 +166,6 @@ class weight_store {
   };
 
  private:
-  template <class Accum>
-  struct not_finite_step {
-    float lr;
-    XSOFTMAX_HD bool operator()(Accum v) const {
-      const float step = lr * static_cast<float>(v);
-      return !(step - step == 0.f);  // NaN and +-inf fail, for the value and for lr times it
-    }
-  };
-
   /// Every lr * v in `values` (rows of `width`) is finite; otherwise throws `non_finite_error` naming
   /// the gradient row and column.
   template <class Policy, class Vector>

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# Builds tests/fuzz/fuzz_inputs.cpp with clang's libFuzzer, AddressSanitizer and
+# UndefinedBehaviorSanitizer, and runs it for a bounded time (not part of CI: see README.md).
+#   tests/fuzz/run_fuzz.sh [seconds = 600] [jobs = 1]
+# Needs clang and its runtime (Debian 12: apt-get install clang libclang-rt-14-dev) and the CUDA
+# toolkit headers (for <cuda_bf16.h>, Thrust), as every host build of xsoftmax.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+seconds=${1:-600}
+jobs=${2:-1}
+cuda=${CUDAToolkit_ROOT:-/usr/local/cuda}
+out=build-fuzz
+mkdir -p "$out/corpus"
+# -fno-sanitize=null: Thrust binds references to the null storage of empty vectors when it copies
+# empty ranges (a report inside Thrust, on every empty copy); real null dereferences still crash
+# under AddressSanitizer.
+clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize=null -fno-sanitize-recover=undefined \
+  -I include -I "$cuda/include/cccl" -isystem "$cuda/include" \
+  tests/fuzz/fuzz_inputs.cpp -o "$out/fuzz_inputs"
+echo "== fuzzing for ${seconds} s (${jobs} job(s)); corpus in $out/corpus"
+start=$(date +%s)
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  "$out/fuzz_inputs" "$out/corpus" -max_total_time="$seconds" -jobs="$jobs" -workers="$jobs" \
+  -max_len=4096 -print_final_stats=1 2>&1 | tail -n 25
+echo "== ran $(($(date +%s) - start)) s"
