@@ -201,32 +201,71 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
   float* gb = want_grad && bias ? thrust::raw_pointer_cast(grad_weights->bias_values.data()) : nullptr;
   const index_t gemm_min_run = gemm_min_run_;
 
+  // Runs at least this long use the whole policy; shorter ones run side by side, one thread each.
+  constexpr index_t parallel_inside = 256;
+
   // One run: scores of its samples against the node's block, loss, and (optionally) gradients.
   // Runs of one level touch disjoint samples and disjoint gradient rows, so they run in parallel.
   auto process = [=](const auto& inner_policy, const run_range& run) {
     const index_t len = run.end - run.begin;
     const float* h = hs + run.begin * d;
     if constexpr (sigmoid_form) {
+      // A long run (the root's is most of a binary tree's work) takes two passes, each split over
+      // the policy's threads: per sample the score, loss, dLoss/ds and its grad_hidden row; then
+      // the node's weight-gradient row, columns split over threads, each column summed over the
+      // run's samples in order — the order of the one-thread pass, so the result is bitwise the
+      // same for every backend and thread count.
       const index_t node = run.block_begin / 2;
       const storage_type* wr = w.row(node);
       float* gwr = gw ? gw + run.grad_offset * d : nullptr;
-      if (gwr) std::fill(gwr, gwr + d, 0.f);
-      float bias_acc = 0.f;
-      for (index_t i = 0; i < len; ++i) {
-        const index_t r = run.begin + i;
-        float s;
-        detail::gather_dot(h + i * d, w, bias, node, 1, &s);
-        const bool first = tv.step(tgt[r], run.level).child == 0;
-        loss[r] += detail::softplus(first ? -s : s);
-        if (!gwr) continue;
-        const float gs = (detail::sigmoid(s) - (first ? 1.f : 0.f)) * up[r];
-        for (index_t p = 0; p < d; ++p) {
-          gh[r * d + p] += gs * to_float(wr[p]);
-          gwr[p] += gs * h[i * d + p];
+      if (len < parallel_inside) {  // a short run, on one thread: one fused pass, no buffer
+        if (gwr) std::fill(gwr, gwr + d, 0.f);
+        float bias_acc = 0.f;
+        for (index_t i = 0; i < len; ++i) {
+          const index_t r = run.begin + i;
+          float sc;
+          detail::gather_dot(h + i * d, w, bias, node, 1, &sc);
+          const bool first = tv.step(tgt[r], run.level).child == 0;
+          loss[r] += detail::softplus(first ? -sc : sc);
+          if (!gwr) continue;
+          const float g = (detail::sigmoid(sc) - (first ? 1.f : 0.f)) * up[r];
+          for (index_t p = 0; p < d; ++p) {
+            gh[r * d + p] += g * to_float(wr[p]);
+            gwr[p] += g * h[i * d + p];
+          }
+          bias_acc += g;
         }
-        bias_acc += gs;
+        if (gb) gb[run.grad_offset] = bias_acc;
+        return;
       }
-      if (gb) gb[run.grad_offset] = bias_acc;
+      std::vector<float> gs_buffer(gwr ? static_cast<std::size_t>(len) : 0);
+      float* gs = gs_buffer.data();
+      const index_t level = run.level, begin = run.begin;
+      detail::parallel_for(inner_policy, len, [=](index_t i) {
+        const index_t r = begin + i;
+        float sc;
+        detail::gather_dot(h + i * d, w, bias, node, 1, &sc);
+        const bool first = tv.step(tgt[r], level).child == 0;
+        loss[r] += detail::softplus(first ? -sc : sc);
+        if (!gwr) return;
+        const float g = (detail::sigmoid(sc) - (first ? 1.f : 0.f)) * up[r];
+        gs[i] = g;
+        for (index_t p = 0; p < d; ++p) gh[r * d + p] += g * to_float(wr[p]);
+      });
+      if (!gwr) return;
+      constexpr index_t column_block = 16;  // 64 bytes of a row per sample and block
+      detail::parallel_for(inner_policy, (d + column_block - 1) / column_block, [=](index_t cb) {
+        const index_t p0 = cb * column_block, p1 = p0 + column_block < d ? p0 + column_block : d;
+        float acc[column_block] = {};
+        for (index_t i = 0; i < len; ++i)
+          for (index_t p = p0; p < p1; ++p) acc[p - p0] += gs[i] * h[i * d + p];
+        for (index_t p = p0; p < p1; ++p) gwr[p] = acc[p - p0];
+      });
+      if (gb) {
+        float bias_acc = 0.f;
+        for (index_t i = 0; i < len; ++i) bias_acc += gs[i];
+        gb[run.grad_offset] = bias_acc;
+      }
     } else if (len >= gemm_min_run) {
       // A dense softmax of the run's rows over the node's block, chunked over the block's columns,
       // so a wide node (the root of a shallow tree) never holds more than len x chunk scores.
@@ -288,7 +327,6 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
 
   // Long runs (the root's, wide top levels) use the whole policy inside one GEMM; the many short
   // runs of deeper levels run side by side, one thread each.
-  constexpr index_t parallel_inside = 256;
   for (std::size_t lv = 0; lv + 1 < level_first.size(); ++lv) {
     std::vector<run_range> small;
     for (std::size_t i = level_first[lv]; i < level_first[lv + 1]; ++i) {

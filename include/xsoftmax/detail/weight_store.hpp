@@ -6,6 +6,8 @@
 /// gradient never leaves the weights half-updated.
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/host/backend_ops.hpp>
+#include <xsoftmax/detail/primitives/finite_scan.hpp>
 #include <xsoftmax/detail/primitives/parallel_for.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
@@ -24,17 +26,6 @@
 #include <vector>
 
 namespace xsoftmax::detail {
-
-/// True when lr * v is not finite (v NaN or infinite, or lr times it past the float range). At
-/// namespace scope: nvcc rejects a private member type as a kernel's template argument.
-template <class Accum>
-struct not_finite_step {
-  float lr;
-  XSOFTMAX_HD bool operator()(Accum v) const {
-    const float step = lr * static_cast<float>(v);
-    return !(step - step == 0.f);  // NaN and +-inf fail
-  }
-};
 
 template <class T, class Backend>
 class weight_store {
@@ -137,8 +128,8 @@ class weight_store {
       }
       // A non-finite value (or one that lr scales past the float range) would poison its weight row
       // for good: rejected before anything is written, like every other bad input.
-      check_finite_values(where, policy, g.values, "values", cols_, lr);
-      check_finite_values(where, policy, g.bias_values, "bias_values", 1, lr);
+      check_finite_values(where, resources, g.values, "values", cols_, lr);
+      check_finite_values(where, resources, g.bias_values, "bias_values", 1, lr);
       parallel_for(policy, n,
                    sgd_row_update<Accum>{weights(), bias_, thrust::raw_pointer_cast(g.rows.data()),
                                          thrust::raw_pointer_cast(g.values.data()),
@@ -168,16 +159,17 @@ class weight_store {
  private:
   /// Every lr * v in `values` (rows of `width`) is finite; otherwise throws `non_finite_error` naming
   /// the gradient row and column.
-  template <class Policy, class Vector>
-  static void check_finite_values(const char* where, const Policy& policy, const Vector& values, const char* name,
-                                  index_t width, float lr) {
+  template <class Vector>
+  static void check_finite_values(const char* where, const backend_resources<Backend>& resources, const Vector& values,
+                                  const char* name, index_t width, float lr) {
     using Accum = typename Vector::value_type;
-    const auto hit = thrust::find_if(policy, values.begin(), values.end(), not_finite_step<Accum>{lr});
-    if (hit == values.end()) return;
-    const index_t i = static_cast<index_t>(hit - values.begin());
-    const thrust::host_vector<Accum> v(hit, hit + 1);  // error path only
-    expects<non_finite_error>(false, where, ": gradient ", name, "[", i / width, "][", i % width, "] = ",
-                              static_cast<float>(v[0]), " (times lr = ", lr, ") is not finite");
+    const index_t n = static_cast<index_t>(values.size());
+    const Accum* v = thrust::raw_pointer_cast(values.data());
+    const index_t i = first_non_finite(execution<Backend>{resources}, v, n, lr);
+    if (i == n) return;
+    const float bad = static_cast<float>(backend_ops<Backend>::read(resources, v + i));
+    expects<non_finite_error>(false, where, ": gradient ", name, "[", i / width, "][", i % width, "] = ", bad,
+                              " (times lr = ", lr, ") is not finite");
   }
 
   void rebind() {

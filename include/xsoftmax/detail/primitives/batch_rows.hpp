@@ -7,6 +7,7 @@
 /// synchronisation only for sizes and for reporting a bad value.
 
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/finite_scan.hpp>
 #include <xsoftmax/detail/shape_checks.hpp>
 #include <xsoftmax/precision.hpp>
 
@@ -35,15 +36,6 @@ struct batch_rows {
   [[nodiscard]] const index_t* target_data() const { return thrust::raw_pointer_cast(target.data()); }
 };
 
-template <class H>
-struct non_finite_element {
-  matrix_view<const H> m;
-  XSOFTMAX_HD bool operator()(index_t i) const {
-    const float v = to_float(m(i / m.cols, i % m.cols));
-    return !(v == v) || v == INFINITY || v == -INFINITY;
-  }
-};
-
 struct bad_target {
   const index_t* t;
   index_t num_classes, ignore_index;
@@ -63,17 +55,19 @@ struct kept_target {
   XSOFTMAX_HD bool operator()(index_t t) const { return t != ignore_index; }
 };
 
-/// `hidden`'s shape (see `check_hidden`) and values: every element finite. The values are read
-/// where they live; only an offending value comes back to the host, for the message.
+/// `hidden`'s shape (see `check_hidden_shape`) and values: every element finite. The rows are
+/// scanned where they live; only the offending row comes back to the host, for the message (which
+/// names the first bad element in row-major order).
 template <class Backend, class H>
 void check_hidden(const execution<Backend>& ex, const char* where, matrix_view<const H> hidden, index_t dim) {
   check_hidden_shape(where, hidden, dim);
-  const index_t total = hidden.rows * hidden.cols;
   const thrust::counting_iterator<index_t> first(0);
-  const index_t i = *thrust::find_if(ex.policy(), first, first + total, non_finite_element<H>{hidden});
-  if (i == total) return;
-  const float v = to_float(backend_ops<Backend>::read(ex.res, &hidden(i / hidden.cols, i % hidden.cols)));
-  expects<non_finite_error>(false, where, ": hidden[", i / hidden.cols, "][", i % hidden.cols, "] = ", v, " is not finite");
+  const index_t i = *thrust::find_if(ex.policy(), first, first + hidden.rows, row_has_non_finite<H>{hidden});
+  if (i == hidden.rows) return;
+  for (index_t j = 0; j < hidden.cols; ++j) {
+    const float v = to_float(backend_ops<Backend>::read(ex.res, hidden.row(i) + j));
+    expects<non_finite_error>(!non_finite_bit(v), where, ": hidden[", i, "][", j, "] = ", v, " is not finite");
+  }
 }
 
 /// One target per hidden row, each in [0, num_classes) or equal to `ignore_index`.
@@ -149,9 +143,7 @@ backend_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
     const float* g = grad_output.data;
     const index_t* sample = b.sample_data();
     parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { up[r] = g[sample[r]]; });
-    const thrust::counting_iterator<index_t> first(0);
-    const index_t i = *thrust::find_if(ex.policy(), first, first + b.rows,
-                                       [=] XSOFTMAX_HD_LAMBDA(index_t r) { return !::isfinite(up[r]); });
+    const index_t i = first_non_finite(ex, static_cast<const float*>(up), b.rows);
     if (i != b.rows)
       expects<non_finite_error>(false, where, ": grad_output gives a non-finite upstream gradient ",
                              backend_ops<Backend>::read(ex.res, up + i));

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Finding the first non-finite value of a buffer, on any backend, fast enough to run on every
+/// call: blocks of values are tested with a branch-free loop on the exponent bits (a float is NaN
+/// or infinite exactly when all eight are set), which vectorises on the host; only the first bad
+/// block is then searched element by element, on the error path.
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <thrust/find.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <cstdint>
+
+namespace xsoftmax::detail {
+
+/// 1 when `v` is NaN or +-inf, 0 otherwise, without a float comparison.
+XSOFTMAX_HD inline std::uint32_t non_finite_bit(float v) {
+  return (static_cast<std::uint32_t>(bits_of_float(v)) & 0x7F800000u) == 0x7F800000u ? 1u : 0u;
+}
+
+/// True for a block of `block` values (the last one shorter) holding a value whose `scale` times is
+/// not finite.
+template <class T>
+struct block_has_non_finite {
+  const T* values;
+  index_t n, block;
+  float scale;
+  XSOFTMAX_HD bool operator()(index_t b) const {
+    const index_t first = b * block, last = first + block < n ? first + block : n;
+    std::uint32_t bad = 0;
+    for (index_t i = first; i < last; ++i) bad |= non_finite_bit(scale * to_float(values[i]));
+    return bad != 0;
+  }
+};
+
+/// True for a row of `m` holding a NaN or an infinity (once widened to float).
+template <class H>
+struct row_has_non_finite {
+  matrix_view<const H> m;
+  XSOFTMAX_HD bool operator()(index_t r) const {
+    const H* row = m.row(r);
+    std::uint32_t bad = 0;
+    for (index_t j = 0; j < m.cols; ++j) bad |= non_finite_bit(to_float(row[j]));
+    return bad != 0;
+  }
+};
+
+/// The index of the first of `n` values (in the execution's memory) whose `scale` times is NaN or
+/// infinite, or n when there is none.
+template <class Backend, class T>
+index_t first_non_finite(const execution<Backend>& ex, const T* values, index_t n, float scale = 1.f) {
+  constexpr index_t block = 1024;
+  const index_t blocks = (n + block - 1) / block;
+  const thrust::counting_iterator<index_t> first(0);
+  const index_t b =
+      *thrust::find_if(ex.policy(), first, first + blocks, block_has_non_finite<T>{values, n, block, scale});
+  if (b == blocks) return n;
+  for (index_t i = b * block; i < n; ++i)  // error path: this block's values one by one
+    if (non_finite_bit(scale * to_float(backend_ops<Backend>::read(ex.res, values + i)))) return i;
+  return n;
+}
+
+}  // namespace xsoftmax::detail
