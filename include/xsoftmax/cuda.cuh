@@ -9,7 +9,7 @@
 ///    system on the resources' stream with their caching allocator for Thrust's temporaries
 ///    (`thrust::cuda::par_nosync(allocator).on(stream)`).
 ///  * `cuda_resources` (stream, cuBLAS handle bound to it, cached device workspace, Thrust
-///    allocator, device status word of the `_async` verbs; `synchronize()`, `check()`).
+///    allocator; `synchronize()`).
 ///  * The heads' verbs on the GPU, with the host backends' semantics, checks and messages. Every
 ///    pointer in the views passed to a `cuda` head (hidden, targets, outputs, grad_output) is a
 ///    device pointer; sparse gradients live in `thrust::device_vector`s. Every blocking verb runs
@@ -33,8 +33,8 @@
 /// the storage type and run their GEMMs on tensor cores (fp32 accumulation); fp32 heads use
 /// cuBLAS's fp32 path (no TF32). Linking needs CUDA::cublas.
 ///
-/// Throws what the host backends throw for bad input (the hierarchical softmax's `_async` verbs:
-/// deferred, see above), and `cuda_error` when a CUDA call fails.
+/// Throws what the host backends throw for bad input, from the call (`_async` verbs included), and
+/// `cuda_error` when a CUDA call fails.
 
 #if !defined(__CUDACC__)
 #error "xsoftmax/cuda.cuh needs a CUDA compiler (nvcc): compile this translation unit as CUDA"

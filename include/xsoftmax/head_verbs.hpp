@@ -233,8 +233,7 @@ class head_verbs {
   /// weights[rows] -= lr * gradient (and the bias). The whole gradient is checked first (rows in
   /// range and unique, shapes, finite values); a bad gradient changes nothing. Blocking on every
   /// backend. On a device backend it first waits for the head's stream (an `_async` verb may still
-  /// be writing `grad`) and throws a data error such a verb recorded, so a gradient computed from
-  /// bad input is never applied.
+  /// be writing `grad`).
   void apply_sgd(const gradient_type& grad, float lr) {
     Head& h = static_cast<Head&>(*this);
     h.store_.apply_sgd(where("apply_sgd").c_str(), grad, lr, h.resources());
@@ -259,7 +258,6 @@ class head_verbs {
   // range) run where the data lives and wait for their answer.
 
   [[nodiscard]] detail::execution<Backend> checked_execution() const {
-    detail::backend_ops<Backend>::check_pending(self().resources());
     return detail::execution<Backend>{self().resources()};
   }
 

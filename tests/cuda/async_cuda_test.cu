@@ -1,9 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// full_softmax's `_async` verbs on the cuda backend against its blocking verbs: fp32 / bf16 / fp16,
-// with and without ignored targets, every reduction; that they return without waiting for the
-// stream (a kernel queued before them spins until the host releases it after they returned); and
-// that a data error is recorded on the device and thrown by resources().check() (or the next
-// blocking verb) with the blocking verb's type and message.
+// The `_async` verbs on the cuda backend against the blocking verbs: fp32 / bf16 / fp16, with and
+// without ignored targets, every reduction; and that a data error is thrown with the blocking
+// verb's type and message (from the call: validation runs before anything is queued).
 
 #include "support.cuh"
 

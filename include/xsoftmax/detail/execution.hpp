@@ -35,7 +35,6 @@ namespace xsoftmax::detail {
 ///   static void gemm(const resources&, const gemm_args&);    // fp32 row-major GEMM (see host/gemm.hpp)
 ///   template <class T> static T read(const resources&, const T* p);   // one value, to the host
 ///   static void synchronize(const resources&);              // wait for the work queued so far
-///   static void check_pending(const resources&);            // throw an error an `_async` verb recorded
 template <class Backend>
 struct backend_ops {
   static_assert(dependent_false<Backend>,

@@ -94,7 +94,7 @@ class weight_store {
 
   /// w[rows[i]] -= lr * values[i] (and the bias likewise), after checking the whole gradient.
   /// Blocking. On a device backend it first waits for the head's stream (`resources`): an `_async`
-  /// verb may still be writing `g`, and a data error it recorded is thrown before any weight moves.
+  /// verb may still be writing `g`.
   template <class Accum>
   void apply_sgd(const char* where, const sparse_gradient<Backend, Accum>& g, float lr,
                  const backend_resources<Backend>& resources) {

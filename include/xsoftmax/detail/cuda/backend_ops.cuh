@@ -3,7 +3,7 @@
 /// \file
 /// `backend_ops<cuda>`: what the generic algorithms need from the GPU besides Thrust — cuBLAS's
 /// fp32 GEMM on the resources' stream, reading one value back (a wait for the stream), waiting for
-/// queued work, and throwing a data error an `_async` verb recorded.
+/// queued work.
 
 #include <xsoftmax/detail/cuda/backend.cuh>
 #include <xsoftmax/detail/cuda/error.cuh>
@@ -33,7 +33,6 @@ struct backend_ops<::xsoftmax::cuda> {
     return v;
   }
   static void synchronize(const cuda_resources& res) { res.synchronize(); }
-  static void check_pending(const cuda_resources& res) { res.check_pending(); }
 };
 
 }  // namespace xsoftmax::detail

@@ -4,9 +4,8 @@
 /// `device_heads<cuda>`: the definition the heads dispatch to when their backend is `cuda` (declared
 /// in backend.hpp) for the hierarchical softmax, whose CUDA implementation is still its own
 /// (hierarchical_softmax.cuh); the full softmax runs its generic algorithm on cuda and needs no
-/// entry here. All pointers in the views are device pointers.
-/// The blocking members first throw a failure an earlier `_async` verb on the same resources recorded
-/// (`cuda_resources::check_pending`); the `_async` members only queue work.
+/// entry here. All pointers in the views are device pointers; inputs were validated by head_verbs.
+/// The `_async` members queue work without the final wait.
 
 #include <xsoftmax/detail/cuda/hierarchical_softmax.cuh>
 
@@ -19,21 +18,18 @@ struct device_heads<::xsoftmax::cuda> {
                       vector_view<const index_t> targets, loss_options options, vector_view<float> per_sample,
                       matrix_view<float>* grad_hidden, sparse_gradient<::xsoftmax::cuda, float>* grad_weights,
                       vector_view<const float> grad_output) {
-    head.resources().check_pending();
     return gpu::hs_run(head, where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output);
   }
 
   template <class Head, class H>
   static void hs_topk(const Head& head, matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                       matrix_view<float> log_probs, search_options options) {
-    head.resources().check_pending();
     gpu::hs_topk(head, hidden, k, classes, log_probs, options);
   }
 
   template <class Head, class H>
   static void hs_log_distribution(const Head& head, matrix_view<const H> hidden, index_t class_begin,
                                   index_t class_end, matrix_view<float> out) {
-    head.resources().check_pending();
     gpu::hs_log_distribution(head, hidden, class_begin, class_end, out);
   }
 

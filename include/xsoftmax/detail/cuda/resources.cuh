@@ -9,7 +9,6 @@
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/cuda/caching_allocator.cuh>
-#include <xsoftmax/detail/cuda/device_status.cuh>
 #include <xsoftmax/detail/cuda/error.cuh>
 #include <xsoftmax/detail/cuda/workspace.cuh>
 #include <xsoftmax/error.hpp>
@@ -24,21 +23,15 @@
 namespace xsoftmax {
 
 /// Resources of a head on the `cuda` backend: a stream (not owned), a cuBLAS handle bound to it
-/// (created on first use), a device workspace, the caching allocator of Thrust's temporaries and
-/// the `_async` verbs' device status word. Copies share all of them, so a copy is cheap; the last
-/// copy destroys them.
+/// (created on first use), a device workspace and the caching allocator of Thrust's temporaries.
+/// Copies share all of them, so a copy is cheap; the last copy destroys them.
 ///
 /// Every blocking verb of a head runs on `stream()` and synchronises it before returning (they
 /// return host values such as the loss, and their outputs are ready on return). The `_async` verbs
 /// only queue their work on `stream()`: their outputs are ready once the stream is synchronised
-/// (`synchronize()`, `check()`, a blocking verb, or any CUDA synchronisation the caller does), and
-/// their inputs and outputs must stay alive until then.
-///
-/// Data checks of the `_async` verbs (finite hidden values, targets in range, finite upstream
-/// gradients) run on the device and record the first failure in a device status word held here;
-/// `check()`, `synchronize()` and the next blocking verb of any head on these resources read it and
-/// throw what the blocking verb would have thrown (same type, same message). The outputs of the
-/// failed call and of calls queued after it are unspecified.
+/// (`synchronize()`, a blocking verb, or any CUDA synchronisation the caller does), and their
+/// inputs and outputs must stay alive until then. Every verb, `_async` ones included, validates its
+/// inputs (data checks on the device) before it queues anything and throws from the call.
 ///
 /// Thread safety: like a cuBLAS handle, one `cuda_resources` (with its copies) must be used by one
 /// host thread at a time. Heads used concurrently from several threads each need their own
@@ -85,46 +78,13 @@ class cuda_resources {
   /// Thrust's temporary-storage allocator (see `detail::gpu::caching_allocator`).
   [[nodiscard]] detail::gpu::caching_allocator& thrust_allocator() const noexcept { return state_->alloc; }
 
-  /// Waits for everything queued on `stream()`, then throws a failure an `_async` verb recorded
-  /// (as `check()`). Throws `cuda_error`, or what the failed verb's blocking form throws.
-  void synchronize() const { check(); }
+  /// Waits for everything queued on `stream()`. Throws `cuda_error` when the stream reports a CUDA
+  /// error.
+  void synchronize() const { XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_)); }
 
-  /// Waits for everything queued on `stream()` and, when an `_async` verb queued since the last
-  /// check recorded a failed data check, clears it and throws what the blocking verb would have
-  /// thrown (`out_of_range`, `non_finite_error`, with the same message). Throws `cuda_error` when
-  /// the stream reports a CUDA error.
-  void check() const {
-    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_));
-    if (!state_->async_pending) return;
-    state_->async_pending = false;
-    detail::gpu::device_status s{};
-    XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(&s, state_->status, sizeof s, cudaMemcpyDeviceToHost, stream_));
-    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_));
-    if (s.kind == detail::gpu::device_status::none) return;
-    // Queued on the stream: every later recording kernel runs after the reset.
-    XSOFTMAX_CUDA_TRY(cudaMemsetAsync(state_->status, 0, sizeof s, stream_));
-    detail::gpu::throw_status(s);
-  }
-
-  /// `check()` when an `_async` verb has been queued since the last check (what the blocking verbs
-  /// call first); nothing otherwise, so code that never uses `_async` verbs pays nothing.
-  void check_pending() const {
-    if (state_->async_pending) check();
-  }
-
-  /// The device status word the `_async` verbs record failures in (allocated on first use, which
-  /// synchronises the device, and zeroed on the stream), marked as pending a check. For the verbs'
-  /// implementation.
-  [[nodiscard]] detail::gpu::device_status* begin_async() const {
-    if (!state_->status) {
-      void* p = nullptr;
-      XSOFTMAX_CUDA_TRY(cudaMalloc(&p, sizeof(detail::gpu::device_status)));
-      state_->status = static_cast<detail::gpu::device_status*>(p);
-      XSOFTMAX_CUDA_TRY(cudaMemsetAsync(p, 0, sizeof(detail::gpu::device_status), stream_));
-    }
-    state_->async_pending = true;
-    return state_->status;
-  }
+  /// `synchronize()` (the name the `_async` verbs' callers used before their data errors were
+  /// thrown from the call).
+  void check() const { synchronize(); }
 
  private:
   struct state {
@@ -132,14 +92,11 @@ class cuda_resources {
     cublasHandle_t handle = nullptr;
     detail::gpu::workspace ws;
     detail::gpu::caching_allocator alloc;
-    detail::gpu::device_status* status = nullptr;
-    bool async_pending = false;
     state() = default;
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
       if (handle) XSOFTMAX_CUBLAS_TRY_NOTHROW(cublasDestroy(handle));
-      if (status) XSOFTMAX_CUDA_TRY_NOTHROW(cudaFree(status));
     }
   };
 

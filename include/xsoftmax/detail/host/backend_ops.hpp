@@ -20,8 +20,6 @@ struct host_backend_ops {
     return *p;
   }
   static void synchronize(const host_resources&) {}
-  /// Host backends record no deferred errors: their verbs throw from the call.
-  static void check_pending(const host_resources&) {}
 };
 
 template <>
