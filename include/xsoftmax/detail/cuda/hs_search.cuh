@@ -274,7 +274,6 @@ void hs_log_distribution(const Head& head, matrix_view<const H> hidden, index_t 
                          matrix_view<float> out, bool wait = true) {
   using T = typename Head::storage_type;
   using Tree = typename Head::tree_type;
-  const char* where = "hierarchical_softmax::log_distribution";
   const cuda_resources& res = head.resources();
   const cudaStream_t stream = res.stream();
   const index_t n_cls = head.num_classes(), d = head.dim();
