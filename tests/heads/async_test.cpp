@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// full_softmax's `_async` verbs on the host backends: each one equals its blocking verb bit for bit
-// (the host backends run the blocking verb and write the loss to loss[0]); a loss view that is not
-// one element throws shape_error and changes nothing. The cuda backend's async path is tested in
+// The `_async` verbs on the host backends: each one equals its blocking verb bit for bit (the host
+// backends run the blocking verb and write the loss to loss[0]), and the full softmax's
+// forward_async also equals the float64 reference on its own (so the test does not rest on the
+// blocking verb being right); a loss view that is not one element throws shape_error and changes
+// nothing. The cuda backend's async path is tested in
 // tests/cuda/async_cuda_test.cu.
 
 #include "support/head_checks.hpp"
@@ -57,6 +59,25 @@ TEST_CASE_TEMPLATE("async: full_softmax's _async verbs equal the blocking verbs 
       head.forward_async(hb.view(), cvec(p.targets), mvec(loss_b), opt, mvec(per_b));
       CHECK_MESSAGE(bitwise_equal(&loss_a, loss_b.data(), 1), what, ": forward_async loss ", loss_b[0], " vs ", loss_a);
       CHECK_MESSAGE(bitwise_equal(per_a, per_b), what, ": forward_async per-sample losses");
+      // Independently of the blocking verb: the async outputs against the float64 reference.
+      {
+        ref_params rp;
+        rp.rows = n;
+        rp.dim = d;
+        rp.w = to_doubles(p.w);
+        if (bias) rp.b = to_doubles(p.b);
+        double total = 0;
+        index_t counted = 0;
+        for (index_t i = 0; i < batch; ++i) {
+          const index_t t = p.targets[static_cast<size_t>(i)];
+          const double want = t == -100 ? 0.0 : full_sample_loss(rp, to_doubles(p.h).data() + i * d, t);
+          CHECK_MESSAGE(per_b[static_cast<size_t>(i)] == doctest::Approx(want).epsilon(1e-5), what,
+                        ": forward_async per-sample loss ", i);
+          if (t != -100) total += want, ++counted;
+        }
+        const double want_loss = r == reduction::mean ? total / static_cast<double>(counted) : total;
+        CHECK_MESSAGE(loss_b[0] == doctest::Approx(want_loss).epsilon(1e-5), what, ": forward_async loss vs float64");
+      }
 
       // forward_backward
       const auto fb = run_forward_backward(head, hb, p.targets, opt, up);
