@@ -6,10 +6,11 @@
 #
 #   bench/cuda/gpu_run.sh build      configure + build the GPU tests, heads_cuda_bench, the CUDA example
 #   bench/cuda/gpu_run.sh test       every GPU test case (full doctest output), then the CUDA example
-#   bench/cuda/gpu_run.sh sanitize   compute-sanitizer memcheck and racecheck on the GPU test binary
+#   bench/cuda/gpu_run.sh sanitize   compute-sanitizer memcheck on the GPU test binary, racecheck on the CUDA cases
+#   bench/cuda/gpu_run.sh sanitize2  compute-sanitizer synccheck and initcheck on the CUDA cases
 #   bench/cuda/gpu_run.sh bench      heads_cuda_bench (--quick first, then the full sizes)
 #   bench/cuda/gpu_run.sh peer       bench/cuda/torch_peer.py, and the device-to-device copy rate
-#   bench/cuda/gpu_run.sh all        the five in order
+#   bench/cuda/gpu_run.sh all        the six in order
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -45,18 +46,32 @@ test_phase() {
 }
 
 sanitize() {
-  # memcheck on every case but the > 2^31-element one (minutes under the tool) and the no-wait
-  # test (a kernel spinning on a host flag); racecheck (much slower: it instruments shared memory)
-  # on the CUDA-specific cases, without the two-thread stream test.
+  # memcheck on every case but the > 2^31-element one (minutes under the tool); racecheck (much
+  # slower: it instruments shared memory) on the CUDA-specific cases, without the two-thread
+  # stream test.
   log "sanitize memcheck $(date -u +%FT%TZ)"
   compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case-exclude='*2^31*,*without waiting*' > "$out/memcheck.txt" 2>&1 || true
+    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case-exclude='*2^31*' > "$out/memcheck.txt" 2>&1 || true
   tail -n 5 "$out/memcheck.txt"
   log "sanitize racecheck $(date -u +%FT%TZ)"
   compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*,*without waiting*' \
+    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*' \
     > "$out/racecheck.txt" 2>&1 || true
   tail -n 5 "$out/racecheck.txt"
+}
+
+sanitize2() {
+  # synccheck (barriers and warp-synchronous code: the LSE, gather and search kernels) and initcheck
+  # (reads of uninitialised device memory: workspace pieces, gradient buffers) on the CUDA-specific
+  # cases, which cover every kernel; without the 2^31-element and two-stream cases (slow, and
+  # their kernels run in the other cases).
+  for tool in synccheck initcheck; do
+    log "sanitize2 $tool $(date -u +%FT%TZ)"
+    compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*' \
+      > "$out/$tool.txt" 2>&1 || true
+    tail -n 5 "$out/$tool.txt"
+  done
 }
 
 bench() {
@@ -92,8 +107,9 @@ case "${1:-all}" in
   build) build ;;
   test) test_phase ;;
   sanitize) sanitize ;;
+  sanitize2) sanitize2 ;;
   bench) bench ;;
   peer) peer ;;
-  all) build && test_phase && sanitize && bench && peer ;;
-  *) echo "usage: $0 build|test|sanitize|bench|peer|all" >&2; exit 2 ;;
+  all) build && test_phase && sanitize && sanitize2 && bench && peer ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all" >&2; exit 2 ;;
 esac
