@@ -6,7 +6,8 @@
 /// hierarchical_softmax.cuh). Evaluation (top-k, class-range log-probabilities) is in
 /// hierarchical_softmax_search.inl.
 
-#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
@@ -30,20 +31,20 @@ inline float softplus(float x) { return x > 0 ? x + std::log1p(std::exp(-x)) : s
 inline float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 /// Rows stable-sorted by their target's leaf rank: below any node, samples form one contiguous run.
-template <class Policy, class TreeView>
-packed_batch sort_by_leaf_rank(const Policy& policy, const TreeView& tree, const packed_batch& in,
-                               std::vector<float>& upstream) {
-  const index_t n = in.rows(), d = in.dim;
+template <class Policy, class TreeView, class Batch, class Upstream>
+Batch sort_by_leaf_rank(const Policy& policy, const TreeView& tree, const Batch& in, Upstream& upstream) {
+  const index_t n = in.rows, d = in.dim;
   std::vector<index_t> keys(static_cast<std::size_t>(n)), order(static_cast<std::size_t>(n));
   for (index_t r = 0; r < n; ++r) keys[r] = tree.leaf_rank(in.target[r]);
   thrust::sequence(policy, order.begin(), order.end());
   thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
-  packed_batch out;
+  Batch out;
   out.dim = d;
+  out.rows = n;
   out.sample.resize(static_cast<std::size_t>(n));
   out.target.resize(static_cast<std::size_t>(n));
   out.hidden.resize(in.hidden.size());
-  std::vector<float> up(upstream.size());
+  Upstream up(upstream.size());
   for (index_t r = 0; r < n; ++r) {
     out.sample[r] = in.sample[order[r]];
     out.target[r] = in.target[order[r]];
@@ -130,16 +131,18 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
                                                     gradient_type* grad_weights,
                                                     vector_view<const float> grad_output) const {
   const auto policy = backend_traits<B>::policy(resources_);
+  const detail::execution<B> ex{resources_};
   const auto tv = tree_.view();
   const index_t d = dim();
-  // Inputs were checked by head_verbs.
+  // Inputs were checked by head_verbs; packing, upstream gradients, scatter and the reduction are
+  // the generic primitives every head uses.
 
   const bool want_grad = grad_weights != nullptr;
-  std::vector<float> upstream;
-  const detail::packed_batch packed = detail::pack_batch(policy, hidden, targets, options.ignore_index);
-  if (want_grad) upstream = detail::upstream_gradients(where, packed, hidden.rows, options.reduce, grad_output);
-  const detail::packed_batch batch = detail::sort_by_leaf_rank(policy, tv, packed, upstream);
-  const index_t rows = batch.rows();
+  backend_vector<B, float> upstream;
+  const detail::batch_rows<B> packed = detail::pack_rows(ex, hidden, targets, options.ignore_index);
+  if (want_grad) upstream = detail::upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
+  const detail::batch_rows<B> batch = detail::sort_by_leaf_rank(policy, tv, packed, upstream);
+  const index_t rows = batch.rows;
 
   // Runs of samples sharing a node, level by level; each run's block gets its own gradient rows.
   std::vector<run_range> runs;
@@ -325,9 +328,9 @@ float hierarchical_softmax<Tree, P, B, F>::run_host(const char* where, matrix_vi
                          [=](index_t i) { process(thrust::cpp::par, sr[i]); });
   }
 
-  if (grad_hidden) detail::scatter_rows(policy, batch, grad_packed, *grad_hidden);
-  if (per_sample.size != 0) detail::scatter_losses(batch, losses, per_sample);
-  return detail::reduce_losses(losses, options.reduce);
+  if (grad_hidden) detail::scatter_rows(ex, batch, grad_packed.data(), *grad_hidden);
+  if (per_sample.size != 0) detail::scatter_losses(ex, batch, losses.data(), per_sample);
+  return detail::reduce_losses(ex, losses.data(), rows, options.reduce);
 }
 
 // The queue-only forms of the cuda backend (head_verbs runs the blocking verbs on host backends).

@@ -5,7 +5,8 @@
 /// log-probabilities of a class range (host backends; the cuda backend's are in
 /// detail/cuda/hs_search.cuh). Included by hierarchical_softmax.inl.
 
-#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
@@ -53,11 +54,11 @@ void hierarchical_softmax<Tree, P, B, F>::topk_host(matrix_view<const H> hidden,
   const auto policy = backend_traits<B>::policy(resources_);
   // hidden, k and the outputs were checked by head_verbs; the search options are this head's own.
   detail::expects(options.beam_width >= 0, where, ": beam_width = ", options.beam_width, " must be >= 0");
-  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
+  const detail::batch_rows<B> batch = detail::pack_rows(detail::execution<B>{resources_}, hidden, {}, 0);
   const auto tv = tree_.view();
   const index_t d = dim(), beam = options.beam_width;
   const float* hs = batch.hidden.data();
-  detail::parallel_for(policy, batch.rows(), [=](index_t r) {
+  detail::parallel_for(policy, batch.rows, [=](index_t r) {
     // Open nodes as a max-heap on log-probability (ties: smaller row first, for determinism).
     struct open_node {
       float log_prob;
@@ -118,11 +119,11 @@ template <class H>
 void hierarchical_softmax<Tree, P, B, F>::log_distribution_host(matrix_view<const H> hidden, index_t class_begin,
                                                                 index_t class_end, matrix_view<float> out) const {
   const auto policy = backend_traits<B>::policy(resources_);  // inputs were checked by head_verbs
-  const detail::packed_batch batch = detail::pack_all_rows(policy, hidden);
+  const detail::batch_rows<B> batch = detail::pack_rows(detail::execution<B>{resources_}, hidden, {}, 0);
   const auto tv = tree_.view();
   const index_t d = dim();
   const float* hs = batch.hidden.data();
-  detail::parallel_for(policy, batch.rows(), [=](index_t r) {
+  detail::parallel_for(policy, batch.rows, [=](index_t r) {
     std::unordered_map<index_t, std::vector<float>> node_log_probs;  // per block, computed once
     for (index_t c = class_begin; c < class_end; ++c) {
       float total = 0.f;

@@ -3,7 +3,8 @@
 /// \file
 /// Host implementation of `selective_softmax` (serial and omp backends).
 
-#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/selection/active_set_checks.hpp>
 #include <xsoftmax/detail/selection/per_sample_pass.hpp>
 #include <xsoftmax/detail/selection/shared_pass.hpp>
@@ -75,9 +76,10 @@ void selective_softmax<S, P, B>::select(matrix_view<const H> hidden, vector_view
                                         active_set& out, index_t ignore_index) const {
   const char* where = "selective_softmax::select";
   const auto policy = backend_traits<B>::policy(resources_);
-  detail::check_hidden(where, hidden, dim());
-  detail::check_targets(where, targets, hidden.rows, num_classes(), ignore_index);
-  const detail::packed_batch batch = detail::pack_batch(policy, hidden, targets, ignore_index);
+  const detail::execution<B> ex{resources_};
+  detail::check_hidden(ex, where, hidden, dim());
+  detail::check_targets(ex, where, targets, hidden.rows, num_classes(), ignore_index);
+  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, ignore_index);
   selection_request<storage_type> req;
   req.where = where;
   req.num_classes = num_classes();
@@ -85,8 +87,8 @@ void selective_softmax<S, P, B>::select(matrix_view<const H> hidden, vector_view
   req.weights = weights();
   req.bias = bias();
   req.hidden = batch.hidden_view();
-  req.targets = {batch.target.data(), batch.rows()};
-  req.samples = {batch.sample.data(), batch.rows()};
+  req.targets = {batch.target_data(), batch.rows};
+  req.samples = {batch.sample_data(), batch.rows};
   req.batch_rows = hidden.rows;
   selector_.select(policy, req, out);
   (void)detail::locate_targets(where, out, batch, num_classes());
@@ -113,14 +115,15 @@ float selective_softmax<S, P, B>::run_host(const char* where, matrix_view<const 
                                            vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                            gradient_type* grad_weights, vector_view<const float> grad_output) const {
   const auto policy = backend_traits<B>::policy(resources_);
+  const detail::execution<B> ex{resources_};
   const index_t n_cls = num_classes(), d = dim();
-  // Inputs were checked by head_verbs.
+  // Inputs were checked by head_verbs; packing, upstream gradients, scatter and the reduction are
+  // the generic primitives every head uses.
 
-  const detail::packed_batch batch = detail::pack_batch(policy, hidden, targets, options.ignore_index);
-  std::vector<float> upstream;
-  if (grad_weights)
-    upstream = detail::upstream_gradients(where, batch, hidden.rows, options.reduce, grad_output);
-  const index_t rows = batch.rows();
+  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
+  backend_vector<B, float> upstream;
+  if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
+  const index_t rows = batch.rows;
   std::vector<float> losses(static_cast<std::size_t>(rows));
   std::vector<float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
 
@@ -132,8 +135,8 @@ float selective_softmax<S, P, B>::run_host(const char* where, matrix_view<const 
     req.weights = weights();
     req.bias = bias();
     req.hidden = batch.hidden_view();
-    req.targets = {batch.target.data(), rows};
-    req.samples = {batch.sample.data(), rows};
+    req.targets = {batch.target_data(), rows};
+    req.samples = {batch.sample_data(), rows};
     req.batch_rows = hidden.rows;
     active_set set;
     selector_.select(policy, req, set);
@@ -152,9 +155,9 @@ float selective_softmax<S, P, B>::run_host(const char* where, matrix_view<const 
     grad_weights->values.clear();
     grad_weights->bias_values.clear();
   }
-  if (grad_hidden) detail::scatter_rows(policy, batch, grad_packed, *grad_hidden);
-  if (per_sample.size != 0) detail::scatter_losses(batch, losses, per_sample);
-  return detail::reduce_losses(losses, options.reduce);
+  if (grad_hidden) detail::scatter_rows(ex, batch, grad_packed.data(), *grad_hidden);
+  if (per_sample.size != 0) detail::scatter_losses(ex, batch, losses.data(), per_sample);
+  return detail::reduce_losses(ex, losses.data(), rows, options.reduce);
 }
 
 template <class S, class P, class B>

@@ -3,7 +3,7 @@
 /// \file
 /// Validates the active set a selector returned and locates every row's target in it.
 
-#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
@@ -14,9 +14,10 @@ namespace xsoftmax::detail {
 
 /// Checks `set` against the packed batch and N; returns, per packed row, the position of its target:
 /// an index into `set.classes` (shared) or into `set.ids` (per sample).
-inline std::vector<index_t> locate_targets(const char* where, const active_set& set, const packed_batch& batch,
-                                           index_t num_classes) {
-  const index_t rows = batch.rows();
+template <class Batch>
+std::vector<index_t> locate_targets(const char* where, const active_set& set, const Batch& batch,
+                                    index_t num_classes) {
+  const index_t rows = batch.rows;
   std::vector<index_t> pos(static_cast<std::size_t>(rows));
   if (set.layout == active_layout::shared) {
     const auto& u = set.classes;

@@ -5,7 +5,7 @@
 /// list with gather-dot (weight rows read in place, never copied). Weight-gradient contributions
 /// (one per (row, class) pair) are summed per class by the deterministic sparse accumulation.
 
-#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/primitives/sparse_accumulate.hpp>
@@ -19,12 +19,12 @@ namespace xsoftmax::detail {
 /// Losses of the packed rows (and, when `upstream` is non-null, their hidden gradient into
 /// `grad_packed` (rows x dim, zeroed) and the weight gradient of the union of the lists, ascending,
 /// into `g`). `target_pos[r]` is the entry of `set.ids` holding row r's target.
-template <class Policy, class T, class Gradient>
-void per_sample_pass(const Policy& policy, const packed_batch& batch, const active_set& set,
+template <class Policy, class Batch, class T, class Gradient>
+void per_sample_pass(const Policy& policy, const Batch& batch, const active_set& set,
                      const std::vector<index_t>& target_pos, matrix_view<const T> w, const T* bias,
                      const float* upstream, std::vector<float>& losses, std::vector<float>& grad_packed,
                      Gradient* g) {
-  const index_t rows = batch.rows(), d = batch.dim;
+  const index_t rows = batch.rows, d = batch.dim;
   const index_t nnz = static_cast<index_t>(set.ids.size());
   const index_t* off = set.offsets.data();
   const index_t* ids = set.ids.data();

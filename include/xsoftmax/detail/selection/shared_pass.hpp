@@ -7,7 +7,7 @@
 /// backward pass recomputes each chunk and produces the hidden gradient and the chunk's
 /// weight-gradient rows with two GEMMs). An all-classes set is exactly the full softmax's walk.
 
-#include <xsoftmax/detail/batch.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
@@ -18,8 +18,8 @@ namespace xsoftmax::detail {
 /// Losses of the packed rows into `losses` (zeroed; rows entries) and, when `upstream` is non-null,
 /// their hidden gradient into `grad_packed` (rows x dim, zeroed) and the weight gradient of the
 /// set's classes (ascending) into `g`. `target_pos[r]` is row r's target's position in `set.classes`.
-template <class Policy, class T, class Gradient>
-void shared_pass(const Policy& policy, const packed_batch& batch, const active_set& set,
+template <class Policy, class Batch, class T, class Gradient>
+void shared_pass(const Policy& policy, const Batch& batch, const active_set& set,
                  const std::vector<index_t>& target_pos, matrix_view<const T> w, const T* bias, index_t chunk,
                  const float* upstream, std::vector<float>& losses, std::vector<float>& grad_packed, Gradient* g) {
   const index_t n = static_cast<index_t>(set.classes.size()), d = batch.dim;
