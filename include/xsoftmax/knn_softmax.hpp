@@ -45,8 +45,7 @@ class knn_softmax : public selective_softmax<knn_selector, Precision, Backend> {
 
   /// Rebuilds the graph from the current weights now (into the same buffers).
   void rebuild_graph() {
-    this->selector().rebuild(backend_traits<Backend>::policy(resources_),
-                             matrix_view<const storage_type>(this->weights()));
+    this->selector().rebuild(detail::execution<Backend>{resources_}, matrix_view<const storage_type>(this->weights()));
   }
 
  private:

@@ -17,6 +17,7 @@
 /// by many samples, are summed with the deterministic sparse accumulation (no atomics).
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
 #include <xsoftmax/head_verbs.hpp>
 #include <xsoftmax/precision.hpp>
@@ -32,9 +33,8 @@ namespace xsoftmax {
 ///
 /// \tparam Selector  a type satisfying the selector concept of `selection/selection_types.hpp`.
 /// \tparam Precision `fp32`, `bf16` or `fp16` weight storage; arithmetic is fp32.
-/// \tparam Backend   `serial` or `omp`. The CUDA path is not written yet (the selectors and
-///                   `active_set` are host-side); the loss verbs already dispatch to
-///                   `detail::device_heads<Backend>::selective_run` for it.
+/// \tparam Backend   `serial`, `omp` (or `cuda` under nvcc). The algorithm is one for every
+///                   backend; on cuda the active set lives in device memory (see `active_set_for`).
 ///
 /// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
 /// `non_finite_error` or `invalid_argument` naming the argument and value; selectors add their own
@@ -48,9 +48,6 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
 
  public:
   static constexpr const char* head_name = "selective_softmax";
-  static_assert(is_host_backend<Backend>,
-                "xsoftmax: selective_softmax runs on the serial and omp backends; its CUDA path is not "
-                "written yet");
   using selector_type = Selector;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
@@ -83,7 +80,7 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   /// The active set the selector produces for this batch (rows: the non-ignored samples, packed),
   /// after the head's checks. For inspection: the other verbs call the selector themselves.
   template <class H>
-  void select(matrix_view<const H> hidden, vector_view<const index_t> targets, active_set& out,
+  void select(matrix_view<const H> hidden, vector_view<const index_t> targets, active_set_for<Backend>& out,
               index_t ignore_index = loss_options{}.ignore_index) const;
 
   // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
@@ -107,9 +104,21 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   void log_distribution_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                          matrix_view<float> out) const;
   template <class H>
-  float run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+  void topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                   matrix_view<float> log_probs, exact_search) const;
+  template <class H>
+  void log_distribution_async_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+                               matrix_view<float> out) const;
+  template <class H>
+  void run_async_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                  gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+  template <class H>
+  void run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-                 gradient_type* grad_weights, vector_view<const float> grad_output) const;
+                 gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+  [[nodiscard]] selection_request<storage_type> request_(const char* where, const detail::batch_rows<Backend>& batch,
+                                                         index_t batch_rows) const;
 
   Selector selector_;
   detail::weight_store<storage_type, Backend> store_;

@@ -34,6 +34,8 @@ namespace xsoftmax::detail {
 /// The operations of `Backend` that are not Thrust algorithms. Specialised per backend:
 ///   static void gemm(const resources&, const gemm_args&);    // fp32 row-major GEMM (see host/gemm.hpp)
 ///   template <class T> static T read(const resources&, const T* p);   // one value, to the host
+///   template <class T> static void copy(const resources&, T* dst, const T* src, index_t n);
+///                                                           // host <-> backend memory, blocking
 ///   static void synchronize(const resources&);              // wait for the work queued so far
 template <class Backend>
 struct backend_ops {

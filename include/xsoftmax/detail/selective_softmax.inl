@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Host implementation of `selective_softmax` (serial and omp backends).
+/// `selective_softmax`, one implementation for every backend.
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
@@ -15,18 +15,17 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace xsoftmax {
 
 namespace detail {
 
-/// Whether a selector has `next_step(policy, weights)` / `next_step()`.
-template <class S, class Policy, class T, class = void>
+/// Whether a selector has `next_step(execution, weights)` / `next_step()`.
+template <class S, class Ex, class T, class = void>
 struct has_weighted_step : std::false_type {};
-template <class S, class Policy, class T>
-struct has_weighted_step<S, Policy, T,
-                         std::void_t<decltype(std::declval<S&>().next_step(std::declval<const Policy&>(),
+template <class S, class Ex, class T>
+struct has_weighted_step<S, Ex, T,
+                         std::void_t<decltype(std::declval<S&>().next_step(std::declval<const Ex&>(),
                                                                            std::declval<matrix_view<const T>>()))>>
     : std::true_type {};
 template <class S, class = void>
@@ -63,23 +62,17 @@ index_t selective_softmax<S, P, B>::chunk_size_for(index_t batch_rows, index_t a
 
 template <class S, class P, class B>
 void selective_softmax<S, P, B>::next_step() {
-  const auto policy = backend_traits<B>::policy(resources_);
-  if constexpr (detail::has_weighted_step<S, decltype(policy), storage_type>::value)
-    selector_.next_step(policy, matrix_view<const storage_type>(weights()));
+  const detail::execution<B> ex{resources_};
+  if constexpr (detail::has_weighted_step<S, detail::execution<B>, storage_type>::value)
+    selector_.next_step(ex, matrix_view<const storage_type>(weights()));
   else if constexpr (detail::has_plain_step<S>::value)
     selector_.next_step();
 }
 
 template <class S, class P, class B>
-template <class H>
-void selective_softmax<S, P, B>::select(matrix_view<const H> hidden, vector_view<const index_t> targets,
-                                        active_set& out, index_t ignore_index) const {
-  const char* where = "selective_softmax::select";
-  const auto policy = backend_traits<B>::policy(resources_);
-  const detail::execution<B> ex{resources_};
-  detail::check_hidden(ex, where, hidden, dim());
-  detail::check_targets(ex, where, targets, hidden.rows, num_classes(), ignore_index);
-  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, ignore_index);
+selection_request<typename P::storage_type> selective_softmax<S, P, B>::request_(const char* where,
+                                                                                 const detail::batch_rows<B>& batch,
+                                                                                 index_t batch_rows) const {
   selection_request<storage_type> req;
   req.where = where;
   req.num_classes = num_classes();
@@ -89,9 +82,22 @@ void selective_softmax<S, P, B>::select(matrix_view<const H> hidden, vector_view
   req.hidden = batch.hidden_view();
   req.targets = {batch.target_data(), batch.rows};
   req.samples = {batch.sample_data(), batch.rows};
-  req.batch_rows = hidden.rows;
-  selector_.select(policy, req, out);
-  (void)detail::locate_targets(where, out, batch, num_classes());
+  req.batch_rows = batch_rows;
+  return req;
+}
+
+template <class S, class P, class B>
+template <class H>
+void selective_softmax<S, P, B>::select(matrix_view<const H> hidden, vector_view<const index_t> targets,
+                                        active_set_for<B>& out, index_t ignore_index) const {
+  const char* where = "selective_softmax::select";
+  const detail::execution<B> ex{resources_};
+  detail::check_hidden(ex, where, hidden, dim());
+  detail::check_targets(ex, where, targets, hidden.rows, num_classes(), ignore_index);
+  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, ignore_index);
+  selector_.select(ex, request_(where, batch, hidden.rows), out);
+  (void)detail::locate_targets(ex, where, out, batch, num_classes());
+  detail::backend_ops<B>::synchronize(resources_);
 }
 
 template <class S, class P, class B>
@@ -100,54 +106,52 @@ float selective_softmax<S, P, B>::run_(const char* where, matrix_view<const H> h
                                       vector_view<const index_t> targets, loss_options options,
                                       vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                       gradient_type* grad_weights, vector_view<const float> grad_output) const {
-  if constexpr (is_host_backend<B>) {
-    return run_host(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output);
-  } else {  // a device backend provides this verb in its header (the slot of backend.hpp)
-    return detail::device_heads<B>::selective_run(*this, where, hidden, targets, options, per_sample, grad_hidden,
-                                                  grad_weights, grad_output);
-  }
+  backend_vector<B, float> loss(1);
+  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, detail::raw(loss));
+  return detail::backend_ops<B>::read(resources_, detail::raw(loss));  // waits for the work queued
 }
 
 template <class S, class P, class B>
 template <class H>
-float selective_softmax<S, P, B>::run_host(const char* where, matrix_view<const H> hidden,
+void selective_softmax<S, P, B>::run_async_(const char* where, matrix_view<const H> hidden,
                                            vector_view<const index_t> targets, loss_options options,
                                            vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-                                           gradient_type* grad_weights, vector_view<const float> grad_output) const {
-  const auto policy = backend_traits<B>::policy(resources_);
-  const detail::execution<B> ex{resources_};
-  const index_t n_cls = num_classes(), d = dim();
-  // Inputs were checked by head_verbs; packing, upstream gradients, scatter and the reduction are
-  // the generic primitives every head uses.
+                                           gradient_type* grad_weights, vector_view<const float> grad_output,
+                                           float* loss) const {
+  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss);
+}
 
+// The algorithm, on every backend: pack the rows that count, ask the selector for the active set,
+// check it and find each row's target in it, one shared or per-sample pass, scatter back, reduce.
+template <class S, class P, class B>
+template <class H>
+void selective_softmax<S, P, B>::run_into_(const char* where, matrix_view<const H> hidden,
+                                           vector_view<const index_t> targets, loss_options options,
+                                           vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                                           gradient_type* grad_weights, vector_view<const float> grad_output,
+                                           float* loss) const {
+  const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
+  const index_t d = dim();
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
   backend_vector<B, float> upstream;
   if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
   const index_t rows = batch.rows;
-  std::vector<float> losses(static_cast<std::size_t>(rows));
-  std::vector<float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
+  backend_vector<B, float> losses(static_cast<std::size_t>(rows), 0.f);
+  backend_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
 
   if (rows > 0) {
-    selection_request<storage_type> req;
-    req.where = where;
-    req.num_classes = n_cls;
-    req.dim = d;
-    req.weights = weights();
-    req.bias = bias();
-    req.hidden = batch.hidden_view();
-    req.targets = {batch.target_data(), rows};
-    req.samples = {batch.sample_data(), rows};
-    req.batch_rows = hidden.rows;
-    active_set set;
-    selector_.select(policy, req, set);
-    const std::vector<index_t> pos = detail::locate_targets(where, set, batch, n_cls);
+    active_set_for<B> set;
+    selector_.select(ex, request_(where, batch, hidden.rows), set);
+    const backend_vector<B, index_t> pos = detail::locate_targets(ex, where, set, batch, num_classes());
     const auto w = matrix_view<const storage_type>(weights());
-    const float* up = grad_weights ? upstream.data() : nullptr;
+    const float* up = grad_weights ? detail::raw(upstream) : nullptr;
     if (set.layout == active_layout::shared) {
       const index_t chunk = chunk_size_for(rows, static_cast<index_t>(set.classes.size()));
-      detail::shared_pass(policy, batch, set, pos, w, store_.bias(), chunk, up, losses, grad_packed, grad_weights);
+      detail::shared_pass(ex, batch, set, thrust::raw_pointer_cast(pos.data()), w, store_.bias(), chunk, up,
+                          detail::raw(losses), detail::raw(grad_packed), grad_weights);
     } else {
-      detail::per_sample_pass(policy, batch, set, pos, w, store_.bias(), up, losses, grad_packed, grad_weights);
+      detail::per_sample_pass(ex, batch, set, thrust::raw_pointer_cast(pos.data()), w, store_.bias(), up,
+                              detail::raw(losses), detail::raw(grad_packed), grad_weights);
     }
   } else if (grad_weights) {  // every sample ignored: no row is touched
     grad_weights->dim = d;
@@ -155,9 +159,9 @@ float selective_softmax<S, P, B>::run_host(const char* where, matrix_view<const 
     grad_weights->values.clear();
     grad_weights->bias_values.clear();
   }
-  if (grad_hidden) detail::scatter_rows(ex, batch, grad_packed.data(), *grad_hidden);
-  if (per_sample.size != 0) detail::scatter_losses(ex, batch, losses.data(), per_sample);
-  return detail::reduce_losses(ex, losses.data(), rows, options.reduce);
+  if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
+  if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);
+  if (loss) detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss);
 }
 
 template <class S, class P, class B>
@@ -178,6 +182,24 @@ void selective_softmax<S, P, B>::log_distribution_(matrix_view<const H> hidden, 
   full_softmax<P, B> full(weights(), bias(), resources_);
   full.set_chunk_size(chunk_size_);
   full.log_distribution(hidden, class_begin, class_end, out);
+}
+
+template <class S, class P, class B>
+template <class H>
+void selective_softmax<S, P, B>::topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                             matrix_view<float> log_probs, exact_search) const {
+  full_softmax<P, B> full(weights(), bias(), resources_);
+  full.set_chunk_size(chunk_size_);
+  full.topk_async(hidden, k, classes, log_probs);
+}
+
+template <class S, class P, class B>
+template <class H>
+void selective_softmax<S, P, B>::log_distribution_async_(matrix_view<const H> hidden, index_t class_begin,
+                                                         index_t class_end, matrix_view<float> out) const {
+  full_softmax<P, B> full(weights(), bias(), resources_);
+  full.set_chunk_size(chunk_size_);
+  full.log_distribution_async(hidden, class_begin, class_end, out);
 }
 
 }  // namespace xsoftmax

@@ -10,6 +10,8 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
+#include <xsoftmax/detail/selection/host_fallback.hpp>
+#include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/selection/ivf_index.hpp>
@@ -20,6 +22,31 @@
 #include <vector>
 
 namespace xsoftmax {
+
+namespace detail {
+
+/// Row r's slots: its k top ids, then its target.
+struct top_and_target {
+  const index_t* top;  ///< rows x k
+  const index_t* targets;
+  index_t k;
+  index_t* out;  ///< rows x (k + 1)
+  XSOFTMAX_HD void operator()(index_t r) const {
+    for (index_t j = 0; j < k; ++j) out[r * (k + 1) + j] = top[r * k + j];
+    out[r * (k + 1) + k] = targets[r];
+  }
+};
+
+/// The row of each of a row's `width` slots.
+struct row_index_of {
+  index_t width;
+  index_t* out;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    for (index_t j = 0; j < width; ++j) out[r * width + j] = r;
+  }
+};
+
+}  // namespace detail
 
 /// Per-sample active set = sorted unique { t_i } U top-K classes of h_i . w_c + b_c. The IVF form
 /// scans the `nprobe` lists nearest to h_i; its index must be built with `similarity::inner_product`
@@ -60,50 +87,56 @@ class feature_query_selector {
   [[nodiscard]] const ivf_index& index() const { return index_; }
   [[nodiscard]] index_t steps() const { return steps_; }
 
-  /// Step hook: rebuilds the IVF index from `weights` when `rebuild_every` divides the step count.
-  template <class Policy, class T>
-  void next_step(const Policy& policy, matrix_view<const T> weights) {
+  /// Step hook: rebuilds the IVF index from `weights` when `rebuild_every` divides the step count
+  /// (on the host; on a device backend from a host copy of the weights).
+  template <class Ex, class T>
+  void next_step(const Ex& ex, matrix_view<const T> weights) {
     ++steps_;
     if (approximate_ && rebuild_every_ > 0 && steps_ % rebuild_every_ == 0) {
       rebuild_.num_lists = index_.num_lists();
-      index_.build_on(policy, weights, rebuild_);
+      std::vector<std::remove_cv_t<T>> host_copy;
+      index_.build_on(detail::host_policy_for(ex), detail::host_rows(ex, weights, host_copy), rebuild_);
     }
   }
 
-  /// Builds the per-sample active set of `req`; see the class comment for what it throws.
-  template <class Policy, class T>
-  void select(const Policy& policy, const selection_request<T>& req, active_set& out) const {
+  /// Builds the per-sample active set of `req` on `ex`'s backend; see the class comment for what it
+  /// throws. The exact form runs where the batch lives; the IVF search runs on the host (on a
+  /// device backend the packed hidden rows are copied there and the top-K ids back).
+  template <class Ex, class T, class Set>
+  void select(const Ex& ex_in, const selection_request<T>& req, Set& out) const {
     detail::check_count(req.where, "k", k_, req.num_classes, "num_classes");
+    const auto& ex = detail::as_execution(ex_in);
+    using execution_type = std::decay_t<decltype(ex)>;
+    using index_vector = typename execution_type::template vector<index_t>;
     const index_t rows = req.rows(), k = k_;
-    std::vector<index_t> top(static_cast<std::size_t>(rows * k));
+    // Row r's slots: its top k (-1: none found), then its target.
+    index_vector list(static_cast<std::size_t>(rows * (k + 1)));
     if (approximate_) {
       detail::check_built_for(req.where, "IVF index", index_.num_vectors(), index_.dim(), index_.element(),
                               req.num_classes, req.dim, element_name<std::remove_cv_t<T>>());
-      std::vector<float> scores(top.size());
-      index_.search_on(policy, req.hidden, k, nprobe_, matrix_view<index_t>(top.data(), rows, k),
-                       matrix_view<float>(scores.data(), rows, k), req.bias);
+      std::vector<float> hidden_copy, scores(static_cast<std::size_t>(rows * k));
+      std::vector<index_t> top(static_cast<std::size_t>(rows * k));
+      std::vector<T> bias_copy;
+      const T* bias = req.bias;
+      if (bias && !is_host_backend<typename execution_type::backend>) {
+        bias = detail::host_rows(ex, matrix_view<const T>(req.bias, 1, req.num_classes), bias_copy).data;
+      }
+      index_.search_on(detail::host_policy_for(ex), detail::host_rows(ex, req.hidden, hidden_copy), k, nprobe_,
+                       matrix_view<index_t>(top.data(), rows, k), matrix_view<float>(scores.data(), rows, k), bias);
+      index_vector top_here(top.begin(), top.end());
+      detail::parallel_for(ex, rows, detail::top_and_target{detail::raw(top_here), req.targets.data, k, detail::raw(list)});
     } else {  // dense scores chunk by chunk, folded into a running top-k (a full forward pass)
-      detail::row_topk_state best(rows, k);
-      detail::for_each_score_chunk(policy, req.hidden, req.weights, req.bias, 0, req.num_classes,
+      detail::basic_row_topk_state<typename execution_type::backend> best(rows, k);
+      detail::for_each_score_chunk(ex, req.hidden, req.weights, req.bias, 0, req.num_classes,
                                    detail::default_chunk_columns(rows), [&](index_t c0, index_t cn, const float* s) {
-                                     detail::row_topk_update(policy, s, rows, cn, cn, c0, best);
+                                     detail::row_topk_update(ex, s, rows, cn, cn, c0, best);
                                    });
-      std::copy(best.index.begin(), best.index.end(), top.begin());
+      detail::parallel_for(ex, rows, detail::top_and_target{detail::raw(best.index), req.targets.data, k, detail::raw(list)});
     }
+    index_vector row_of(list.size());
+    detail::parallel_for(ex, rows, detail::row_index_of{k + 1, detail::raw(row_of)});
     out.reset(active_layout::per_sample);
-    out.offsets.resize(static_cast<std::size_t>(rows + 1));
-    out.offsets[0] = 0;
-    out.ids.reserve(static_cast<std::size_t>(rows * (k + 1)));
-    std::vector<index_t> row;
-    for (index_t r = 0; r < rows; ++r) {
-      row.assign(top.begin() + r * k, top.begin() + (r + 1) * k);
-      row.erase(std::remove(row.begin(), row.end(), index_t(-1)), row.end());
-      row.push_back(req.targets[r]);
-      std::sort(row.begin(), row.end());
-      row.erase(std::unique(row.begin(), row.end()), row.end());
-      out.ids.insert(out.ids.end(), row.begin(), row.end());
-      out.offsets[r + 1] = static_cast<index_t>(out.ids.size());
-    }
+    detail::sorted_rows(ex, rows, row_of, list, out);
   }
 
  private:

@@ -9,6 +9,7 @@
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/config.hpp>
+#include <xsoftmax/detail/mirrored_vector.hpp>
 #include <xsoftmax/selection/ivf_index.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 #include <xsoftmax/types.hpp>
@@ -57,9 +58,12 @@ class knn_graph {
   /// caller-given lists.
   [[nodiscard]] const char* element() const { return element_; }
   /// The K neighbours of class c.
-  [[nodiscard]] const index_t* neighbors(index_t c) const { return ids_.data() + c * k_; }
+  [[nodiscard]] const index_t* neighbors(index_t c) const { return ids_.host().data() + c * k_; }
   /// All neighbour ids (N x K) and their similarities (N x K; empty for caller-given lists).
-  [[nodiscard]] const std::vector<index_t>& ids() const { return ids_; }
+  [[nodiscard]] const std::vector<index_t>& ids() const { return ids_.host(); }
+  /// The neighbour ids in `ex`'s memory (a device backend gets a copy made once per build).
+  template <class Ex>
+  [[nodiscard]] const index_t* ids_on(const Ex& ex) const { return ids_.data(ex); }
   [[nodiscard]] const std::vector<float>& similarities() const { return sims_; }
   /// How many times the graph was (re)built into this object.
   [[nodiscard]] index_t builds() const { return builds_; }
@@ -69,7 +73,7 @@ class knn_graph {
   index_t n_ = 0, d_ = 0, k_ = 0;
   similarity metric_ = similarity::cosine;
   const char* element_ = nullptr;
-  std::vector<index_t> ids_;
+  detail::mirrored_vector<index_t> ids_;
   std::vector<float> sims_;
   index_t builds_ = 0;
 };

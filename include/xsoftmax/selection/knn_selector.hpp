@@ -8,7 +8,10 @@
 /// them approximates the full one. The graph is rebuilt from the current weights every
 /// `rebuild_every` steps.
 
+#include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
+#include <xsoftmax/detail/selection/host_fallback.hpp>
+#include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/selection/knn_graph.hpp>
@@ -19,6 +22,24 @@
 #include <vector>
 
 namespace xsoftmax {
+
+namespace detail {
+
+/// Row r's slots: its target, then the first `used` of the target's K neighbours (-1: empty).
+struct target_and_neighbours {
+  const index_t* targets;
+  const index_t* graph;  ///< N x K
+  index_t k, used;
+  index_t* out;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const index_t t = targets[r];
+    index_t* o = out + r * (used + 1);
+    o[0] = t;
+    for (index_t j = 0; j < used; ++j) o[j + 1] = graph[t * k + j];
+  }
+};
+
+}  // namespace detail
 
 /// Options of `knn_selector` and `knn_softmax`.
 struct knn_options {
@@ -52,38 +73,38 @@ class knn_selector {
   /// Steps seen by `next_step` since construction.
   [[nodiscard]] index_t steps() const { return steps_; }
 
-  /// Rebuilds the graph from `weights` into the same buffers.
-  template <class Policy, class T>
-  void rebuild(const Policy& policy, matrix_view<const T> weights) {
-    builder_.build_on(policy, weights, graph_);
+  /// Rebuilds the graph from `weights` into the same buffers. `ex` is an execution or a Thrust host
+  /// policy; on a device backend the weights are copied to the host and the graph is built there
+  /// (see detail/selection/host_fallback.hpp), then copied to the device on the next `select`.
+  template <class Ex, class T>
+  void rebuild(const Ex& ex, matrix_view<const T> weights) {
+    std::vector<std::remove_cv_t<T>> host_copy;
+    builder_.build_on(detail::host_policy_for(ex), detail::host_rows(ex, weights, host_copy), graph_);
   }
 
   /// Step hook: counts the step and rebuilds the graph when `rebuild_every` divides the count.
-  template <class Policy, class T>
-  void next_step(const Policy& policy, matrix_view<const T> weights) {
+  template <class Ex, class T>
+  void next_step(const Ex& ex, matrix_view<const T> weights) {
     ++steps_;
-    if (options_.rebuild_every > 0 && steps_ % options_.rebuild_every == 0) rebuild(policy, weights);
+    if (options_.rebuild_every > 0 && steps_ % options_.rebuild_every == 0) rebuild(ex, weights);
   }
 
-  /// Builds the shared active set of `req`; see the class comment for what it throws.
-  template <class Policy, class T>
-  void select(const Policy&, const selection_request<T>& req, active_set& out) const {
+  /// Builds the shared active set of `req` on `ex`'s backend; see the class comment for what it
+  /// throws.
+  template <class Ex, class T, class Set>
+  void select(const Ex& ex_in, const selection_request<T>& req, Set& out) const {
     detail::expects(!graph_.empty(), req.where, ": the KNN graph is empty; build it first (knn_selector::rebuild)");
     detail::check_built_for(req.where, "KNN graph", graph_.num_classes(), graph_.dim(), graph_.element(),
                             req.num_classes, req.dim, element_name<std::remove_cv_t<T>>());
+    const auto& ex = detail::as_execution(ex_in);
     const index_t k = graph_.k();
     const index_t used = options_.neighbors_used > 0 ? std::min(options_.neighbors_used, k) : k;
     out.reset(active_layout::shared);
-    out.classes.reserve(static_cast<std::size_t>(req.rows() * (used + 1)));
-    for (index_t r = 0; r < req.rows(); ++r) {
-      const index_t t = req.targets[r];
-      out.classes.push_back(t);
-      const index_t* nb = graph_.neighbors(t);
-      for (index_t j = 0; j < used; ++j)
-        if (nb[j] >= 0) out.classes.push_back(nb[j]);
-    }
-    std::sort(out.classes.begin(), out.classes.end());
-    out.classes.erase(std::unique(out.classes.begin(), out.classes.end()), out.classes.end());
+    out.classes.resize(static_cast<std::size_t>(req.rows() * (used + 1)));
+    detail::parallel_for(ex, req.rows(),
+                         detail::target_and_neighbours{req.targets.data, graph_.ids_on(ex), k, used,
+                                                       detail::raw(out.classes)});
+    detail::sort_unique(ex, out.classes);  // drops the empty slots (-1) too
   }
 
  private:

@@ -9,6 +9,8 @@
 /// softmax as the number of negatives grows, and equals it when every class is drawn without
 /// replacement.
 
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/detail/selection/sampling.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
@@ -18,7 +20,39 @@
 #include <limits>
 #include <vector>
 
+#include <thrust/copy.h>
+
 namespace xsoftmax {
+
+namespace detail {
+
+/// The logit offsets of a sampled active set's class j: as the target, -log Q(c); as a negative,
+/// log k - log Q(c) when drawn k times, -inf (masked) when not drawn.
+struct sampled_offsets {
+  expected_count_of q;
+  const index_t* classes;
+  const index_t* drawn;  ///< ascending
+  const index_t* multiplicity;
+  index_t num_drawn;
+  float* negative_offset;
+  float* target_offset;
+  XSOFTMAX_HD void operator()(index_t j) const {
+    const index_t c = classes[j];
+    const double lq = q.log_q(c);
+    target_offset[j] = static_cast<float>(-lq);
+    index_t lo = 0, hi = num_drawn;  // lower bound of c in the draw
+    while (lo < hi) {
+      const index_t mid = lo + (hi - lo) / 2;
+      if (drawn[mid] < c) lo = mid + 1;
+      else hi = mid;
+    }
+    negative_offset[j] = lo < num_drawn && drawn[lo] == c
+                             ? static_cast<float>(::log(static_cast<double>(multiplicity[lo])) - lq)
+                             : -INFINITY;
+  }
+};
+
+}  // namespace detail
 
 /// Options of `sampled_negatives`.
 struct sampling_options {
@@ -93,31 +127,32 @@ class sampled_negatives {
       offset[j] = static_cast<float>(std::log(static_cast<double>(d.multiplicity[j])) - log_q(d, classes[j]));
   }
 
-  /// Builds the shared active set of `req`: targets U this step's negatives, with offsets. Throws
-  /// `shape_error` when the sampler was built for another number of classes than the head's.
-  template <class Policy, class T>
-  void select(const Policy&, const selection_request<T>& req, active_set& out) const {
+  /// Builds the shared active set of `req` on `ex`'s backend: targets U this step's negatives, with
+  /// offsets. The draw is made on the host (m classes); the union and the offsets where the batch
+  /// lives. Throws `shape_error` when the sampler was built for another number of classes than the
+  /// head's.
+  template <class Ex, class T, class Set>
+  void select(const Ex& ex_in, const selection_request<T>& req, Set& out) const {
     detail::expects<shape_error>(req.num_classes == sampler_.n, req.where, ": sampled_negatives was built for num_classes = ",
                                  sampler_.n, " but the head has num_classes = ", req.num_classes);
+    const auto& ex = detail::as_execution(ex_in);
+    using execution_type = std::decay_t<decltype(ex)>;
     const detail::class_draw d = draw();
+    const index_t drawn = static_cast<index_t>(d.classes.size()), rows = req.rows();
+    typename execution_type::template vector<index_t> negatives(d.classes.begin(), d.classes.end());
+    typename execution_type::template vector<index_t> multiplicity(d.multiplicity.begin(), d.multiplicity.end());
     out.reset(active_layout::shared);
-    out.classes.assign(d.classes.begin(), d.classes.end());
-    for (index_t r = 0; r < req.rows(); ++r) out.classes.push_back(req.targets[r]);
-    std::sort(out.classes.begin(), out.classes.end());
-    out.classes.erase(std::unique(out.classes.begin(), out.classes.end()), out.classes.end());
-    const std::size_t n = out.classes.size();
-    out.negative_offset.assign(n, -std::numeric_limits<float>::infinity());
-    out.target_offset.resize(n);
-    std::size_t k = 0;  // walk the (sorted) draw alongside the (sorted) active set
-    for (std::size_t j = 0; j < n; ++j) {
-      const index_t c = out.classes[j];
-      const double lq = log_q(d, c);
-      out.target_offset[j] = static_cast<float>(-lq);
-      if (k < d.classes.size() && d.classes[k] == c) {
-        out.negative_offset[j] = static_cast<float>(std::log(static_cast<double>(d.multiplicity[k])) - lq);
-        ++k;
-      }
-    }
+    out.classes.resize(static_cast<std::size_t>(drawn + rows));
+    thrust::copy(ex.policy(), negatives.begin(), negatives.end(), out.classes.begin());
+    if (rows > 0) thrust::copy(ex.policy(), req.targets.data, req.targets.data + rows, out.classes.begin() + drawn);
+    detail::sort_unique(ex, out.classes);
+    const index_t n = static_cast<index_t>(out.classes.size());
+    out.negative_offset.resize(static_cast<std::size_t>(n));
+    out.target_offset.resize(static_cast<std::size_t>(n));
+    detail::parallel_for(ex, n,
+                         detail::sampled_offsets{q_of(d, sampler_.probability_on(ex)), detail::raw(out.classes),
+                                                 detail::raw(negatives), detail::raw(multiplicity), drawn,
+                                                 detail::raw(out.negative_offset), detail::raw(out.target_offset)});
   }
 
  private:
@@ -127,7 +162,7 @@ class sampled_negatives {
     detail::expects(n >= 1, where, ": num_classes = ", n, " must be >= 1");
     sampler_.kind = kind;
     sampler_.n = n;
-    sampler_.cdf = std::move(cdf);
+    sampler_.cdf.assign(std::move(cdf));
     sampler_.support = n;
     if (kind == detail::sampler_kind::counts) {
       sampler_.support = 0;
@@ -143,10 +178,11 @@ class sampled_negatives {
   [[nodiscard]] detail::class_draw draw() const {
     return detail::draw_classes(sampler_, options_.num_sampled, options_.unique, options_.seed, step_);
   }
+  [[nodiscard]] detail::expected_count_of q_of(const detail::class_draw& d, detail::class_probability p) const {
+    return {p, options_.num_sampled, d.tries, options_.unique, d.exhaustive, options_.subtract_log_q};
+  }
   [[nodiscard]] double log_q(const detail::class_draw& d, index_t c) const {
-    if (!options_.subtract_log_q) return 0.0;
-    const double q = detail::expected_count(sampler_, d, options_.num_sampled, options_.unique, c);
-    return std::log(std::max(q, 1e-30));
+    return q_of(d, sampler_.probability_on_host()).log_q(c);
   }
 
   detail::class_sampler sampler_;

@@ -7,22 +7,28 @@
 ///
 /// A *selector* is any type with
 ///
-///     template <class Policy, class T>
-///     void select(const Policy& policy, const selection_request<T>& request, active_set& out) const;
+///     template <class Execution, class T>
+///     void select(const Execution& ex, const selection_request<T>& request,
+///                 active_set_for<typename Execution::backend>& out) const;
 ///
 /// and, optionally, a step hook called by `selective_softmax::next_step()` after each training step:
 ///
-///     template <class Policy, class T>
-///     void next_step(const Policy& policy, matrix_view<const T> weights);   // or: void next_step();
+///     template <class Execution, class T>
+///     void next_step(const Execution& ex, matrix_view<const T> weights);   // or: void next_step();
+///
+/// `Execution` is `detail::execution<Backend>` (`ex.policy()` is the backend's Thrust execution
+/// policy; the request's views and `out` are in the backend's memory). The library's selectors
+/// also accept a Thrust host policy (`thrust::cpp::par`, `thrust::omp::par`) in its place.
 ///
 /// `select` must be a pure function of the selector's state and the request, so that a forward
 /// and a backward pass of one step see the same active set; randomness (sampled negatives) comes
 /// from a seed and a step counter held by the selector and advanced by `next_step`.
 
+#include <xsoftmax/backend.hpp>
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/types.hpp>
 
-#include <vector>
+#include <type_traits>
 
 namespace xsoftmax {
 
@@ -38,9 +44,9 @@ enum class active_layout {
   per_sample,  ///< one class list per row (CSR): scored row by row with gather-dot
 };
 
-/// The classes a selective softmax scores for one batch. Rows are the batch's *packed* rows: the
-/// samples whose target is not `ignore_index`, in their original order (`selection_request::samples`
-/// maps them back).
+/// The classes a selective softmax scores for one batch, in `Backend`'s memory. Rows are the
+/// batch's *packed* rows: the samples whose target is not `ignore_index`, in their original order
+/// (`selection_request::samples` maps them back).
 ///
 /// `shared` layout: `classes` is strictly ascending, in [0, N), and holds every row's target. Row r
 /// scores every class `classes[j]` with logit `h_r . w_c + b_c + offset`, where offset is
@@ -52,17 +58,22 @@ enum class active_layout {
 /// `per_sample` layout: row r scores `ids[offsets[r] .. offsets[r + 1])`, which must include its
 /// target (a class listed twice counts twice), with logit offsets `id_offset` (empty: 0).
 ///
-/// Memory: host memory (a device backend copies it). Reusing one object avoids reallocation.
-struct active_set {
+/// Memory: the backend's vectors (host vectors on serial/omp, device vectors on cuda). Reusing one
+/// object avoids reallocation.
+template <class Backend>
+struct basic_active_set {
+  template <class T>
+  using vector = backend_vector<Backend, T>;
+
   active_layout layout = active_layout::shared;
   // shared layout
-  std::vector<index_t> classes;
-  std::vector<float> negative_offset;  ///< empty, or one per class
-  std::vector<float> target_offset;    ///< empty, or one per class
+  vector<index_t> classes;
+  vector<float> negative_offset;  ///< empty, or one per class
+  vector<float> target_offset;    ///< empty, or one per class
   // per_sample layout
-  std::vector<index_t> offsets;  ///< rows + 1 entries, offsets[0] = 0, non-decreasing
-  std::vector<index_t> ids;
-  std::vector<float> id_offset;  ///< empty, or one per entry of `ids`
+  vector<index_t> offsets;  ///< rows + 1 entries, offsets[0] = 0, non-decreasing
+  vector<index_t> ids;
+  vector<float> id_offset;  ///< empty, or one per entry of `ids`
 
   /// Empties every buffer (keeping capacity) and sets the layout.
   void reset(active_layout l) {
@@ -80,6 +91,13 @@ struct active_set {
     return static_cast<index_t>(layout == active_layout::shared ? classes.size() : ids.size());
   }
 };
+
+/// The active set of the host backends (`serial`, `omp`): host vectors.
+using active_set = basic_active_set<serial>;
+
+/// The active-set type of a head on `Backend`: `active_set` on the host backends.
+template <class Backend>
+using active_set_for = std::conditional_t<is_host_backend<Backend>, active_set, basic_active_set<Backend>>;
 
 /// What a head hands its selector for one batch. Views are valid for the duration of `select`.
 template <class T>

@@ -32,6 +32,15 @@ struct backend_ops<::xsoftmax::cuda> {
     XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(res.stream()));
     return v;
   }
+  /// `n` elements from `src` to `dst`, each host, device or managed memory (the runtime tells them
+  /// apart by unified addressing), after the work queued before it; complete on return.
+  template <class T>
+  static void copy(const cuda_resources& res, T* dst, const T* src, index_t n) {
+    if (n <= 0) return;
+    XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(dst, src, sizeof(T) * static_cast<std::size_t>(n), cudaMemcpyDefault,
+                                      res.stream()));
+    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(res.stream()));
+  }
   static void synchronize(const cuda_resources& res) { res.synchronize(); }
 };
 

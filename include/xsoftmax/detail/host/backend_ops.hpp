@@ -8,6 +8,8 @@
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/host_gemm.hpp>
 
+#include <algorithm>
+
 namespace xsoftmax::detail {
 
 template <class Backend>
@@ -18,6 +20,11 @@ struct host_backend_ops {
   template <class T>
   [[nodiscard]] static T read(const host_resources&, const T* p) {
     return *p;
+  }
+  /// `n` elements from `src` to `dst`, either of them host or backend memory (the same here).
+  template <class T>
+  static void copy(const host_resources&, T* dst, const T* src, index_t n) {
+    std::copy(src, src + n, dst);
   }
   static void synchronize(const host_resources&) {}
 };

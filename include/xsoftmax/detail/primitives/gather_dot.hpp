@@ -14,7 +14,7 @@ namespace xsoftmax::detail {
 /// dependent adds the compiler may not reorder (no -ffast-math), i.e. one add per FP-add latency;
 /// 16 lanes let it use one SIMD register (and stay deterministic: the order is fixed).
 template <class T>
-inline float dot_row(const float* h, const T* w, index_t d) {
+XSOFTMAX_HD inline float dot_row(const float* h, const T* w, index_t d) {
   constexpr index_t lanes = 16;
   float acc[lanes] = {};
   index_t p = 0;
@@ -28,7 +28,7 @@ inline float dot_row(const float* h, const T* w, index_t d) {
 
 /// out[j] = h . w[first + j] + bias[first + j] for j in [0, count).
 template <class T>
-void gather_dot(const float* h, matrix_view<const T> w, const T* bias, index_t first, index_t count,
+XSOFTMAX_HD void gather_dot(const float* h, matrix_view<const T> w, const T* bias, index_t first, index_t count,
                 float* out) {
   const index_t d = w.cols;
   for (index_t j = 0; j < count; ++j) {

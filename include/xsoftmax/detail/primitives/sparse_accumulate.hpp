@@ -1,12 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Sparse gradient accumulation without atomics: contributions (row key, value vector) from many
-/// samples are stably sorted by key and each key's run summed in input order. The result does not
-/// depend on the number of threads, so it is bit-for-bit repeatable.
+/// Sparse gradient accumulation without atomics, on any backend: contributions (row key, value
+/// vector) from many samples are stably sorted by key and each key's run summed in input order. The
+/// result does not depend on the number of threads or on the device, so it is bit-for-bit
+/// repeatable.
 
-#include <xsoftmax/detail/primitives/parallel_for.hpp>
+#include <xsoftmax/detail/execution.hpp>
 
+#include <thrust/copy.h>
+#include <thrust/iterator/counting_iterator.h>
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
 
@@ -14,37 +17,53 @@
 
 namespace xsoftmax::detail {
 
-/// Sums `values` rows (n x dim) that share a key in `keys` (n). Writes the unique keys ascending to
-/// `out_keys` and their sums to `out_values` (unique x dim).
-template <class Policy>
-void sparse_accumulate(const Policy& policy, const std::vector<index_t>& keys, const std::vector<float>& values,
-                       index_t dim, std::vector<index_t>& out_keys, std::vector<float>& out_values) {
-  const index_t n = static_cast<index_t>(keys.size());
-  std::vector<index_t> order(static_cast<std::size_t>(n));
-  std::vector<index_t> sorted = keys;
-  thrust::sequence(policy, order.begin(), order.end());
-  thrust::stable_sort_by_key(policy, sorted.begin(), sorted.end(), order.begin());
-  std::vector<index_t> run_start;
-  for (index_t i = 0; i < n; ++i)
-    if (i == 0 || sorted[i] != sorted[i - 1]) run_start.push_back(i);
-  const index_t runs = static_cast<index_t>(run_start.size());
-  run_start.push_back(n);
+/// Index i starts a run of equal keys in `sorted`.
+struct run_start_at {
+  const index_t* sorted;
+  XSOFTMAX_HD bool operator()(index_t i) const { return i == 0 || sorted[i] != sorted[i - 1]; }
+};
+
+/// Sums the `n` rows of `values` (n x dim, in the execution's memory) that share a key in `keys`
+/// (n). Resizes and fills `out_keys` with the unique keys ascending and `out_values` with their sums
+/// (unique x dim); both are vectors in the execution's memory.
+template <class Ex, class KeyVector, class ValueVector>
+void sparse_accumulate(const Ex& ex_in, const index_t* keys, index_t n, const float* values, index_t dim,
+                       KeyVector& out_keys, ValueVector& out_values) {
+  const auto& ex = as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  typename execution_type::template vector<index_t> sorted(static_cast<std::size_t>(n)),
+      order(static_cast<std::size_t>(n)), run_start(static_cast<std::size_t>(n + 1));
+  if (n > 0) thrust::copy(ex.policy(), keys, keys + n, sorted.begin());  // raw pointers: the policy says where
+  thrust::sequence(ex.policy(), order.begin(), order.end());
+  thrust::stable_sort_by_key(ex.policy(), sorted.begin(), sorted.end(), order.begin());
+  const index_t* sk = raw(sorted);
+  const thrust::counting_iterator<index_t> first(0);
+  const index_t runs =
+      static_cast<index_t>(thrust::copy_if(ex.policy(), first, first + n, run_start.begin(), run_start_at{sk}) -
+                           run_start.begin());
   out_keys.resize(static_cast<std::size_t>(runs));
-  out_values.assign(static_cast<std::size_t>(runs * dim), 0.f);
-  const index_t* start = run_start.data();
-  const index_t* ord = order.data();
-  const index_t* sk = sorted.data();
-  const float* v = values.data();
-  index_t* ok = out_keys.data();
-  float* ov = out_values.data();
-  parallel_for(policy, runs, [=](index_t r) {
-    ok[r] = sk[start[r]];
+  out_values.resize(static_cast<std::size_t>(runs * dim));
+  const index_t* start = raw(run_start);
+  const index_t* ord = raw(order);
+  index_t* ok = raw(out_keys);
+  float* ov = raw(out_values);
+  parallel_for(ex, runs, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    const index_t begin = start[r], end = r + 1 < runs ? start[r + 1] : n;
+    ok[r] = sk[begin];
     float* o = ov + r * dim;
-    for (index_t i = start[r]; i < start[r + 1]; ++i) {  // input order within a key: deterministic
-      const float* src = v + ord[i] * dim;
+    for (index_t j = 0; j < dim; ++j) o[j] = 0.f;
+    for (index_t i = begin; i < end; ++i) {  // input order within a key: deterministic
+      const float* src = values + ord[i] * dim;
       for (index_t j = 0; j < dim; ++j) o[j] += src[j];
     }
   });
+}
+
+/// The same over host vectors (host policies).
+template <class Policy>
+void sparse_accumulate(const Policy& policy, const std::vector<index_t>& keys, const std::vector<float>& values,
+                       index_t dim, std::vector<index_t>& out_keys, std::vector<float>& out_values) {
+  sparse_accumulate(policy, keys.data(), static_cast<index_t>(keys.size()), values.data(), dim, out_keys, out_values);
 }
 
 }  // namespace xsoftmax::detail

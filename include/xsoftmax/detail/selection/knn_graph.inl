@@ -33,7 +33,7 @@ inline knn_graph knn_graph::from_lists(index_t num_classes, index_t dim, index_t
   g.n_ = num_classes;
   g.d_ = dim;
   g.k_ = k;
-  g.ids_ = std::move(ids);
+  g.ids_.assign(std::move(ids));
   g.builds_ = 1;
   return g;
 }
@@ -57,7 +57,7 @@ void knn_graph_builder::build_on(const Policy& policy, matrix_view<const T> weig
   detail::expects(n >= 1 && d >= 1 && weights.data != nullptr, where, ": weights are ", n, " x ", d,
                   "; need at least one row and one column");
   detail::check_count(where, "k", options_.k, n, "num_classes");
-  out.ids_.resize(static_cast<std::size_t>(n * options_.k));
+  out.ids_.edit().resize(static_cast<std::size_t>(n * options_.k));  // drops a device copy
   out.sims_.resize(static_cast<std::size_t>(n * options_.k));
   if (options_.method == knn_build_method::exact) build_exact(policy, weights, out);
   else build_ivf(policy, weights, out);
@@ -111,7 +111,7 @@ void knn_graph_builder::build_exact(const Policy& policy, matrix_view<const T> w
       detail::row_topk_update(policy, s, qn, cn, cn, c0, best);
     }
     detail::row_topk_finish(policy, qn, best);
-    std::copy(best.index.begin(), best.index.begin() + qn * k, out.ids_.begin() + q0 * k);
+    std::copy(best.index.begin(), best.index.begin() + qn * k, out.ids_.edit().begin() + q0 * k);
     std::copy(best.score.begin(), best.score.begin() + qn * k, out.sims_.begin() + q0 * k);
   }
 }
@@ -142,7 +142,7 @@ void knn_graph_builder::build_ivf(const Policy& policy, matrix_view<const T> w, 
   const index_t* off = index_.list_offsets().data();
   const index_t* lid = index_.list_ids().data();
   const matrix_view<const float> lv = index_.list_vectors();
-  index_t* gids = out.ids_.data();
+  index_t* gids = out.ids_.edit().data();
   float* gsims = out.sims_.data();
   detail::parallel_for(policy, nl, [=](index_t a) {
     const index_t qa = off[a + 1] - off[a];

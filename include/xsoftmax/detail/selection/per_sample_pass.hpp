@@ -12,30 +12,29 @@
 #include <xsoftmax/selection/selection_types.hpp>
 
 #include <cmath>
-#include <vector>
 
 namespace xsoftmax::detail {
 
 /// Losses of the packed rows (and, when `upstream` is non-null, their hidden gradient into
 /// `grad_packed` (rows x dim, zeroed) and the weight gradient of the union of the lists, ascending,
-/// into `g`). `target_pos[r]` is the entry of `set.ids` holding row r's target.
-template <class Policy, class Batch, class T, class Gradient>
-void per_sample_pass(const Policy& policy, const Batch& batch, const active_set& set,
-                     const std::vector<index_t>& target_pos, matrix_view<const T> w, const T* bias,
-                     const float* upstream, std::vector<float>& losses, std::vector<float>& grad_packed,
-                     Gradient* g) {
+/// into `g`). `target_pos[r]` is the entry of `set.ids` holding row r's target. Every pointer is in
+/// the execution's memory.
+template <class Backend, class Set, class T, class Gradient>
+void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch, const Set& set,
+                     const index_t* target_pos, matrix_view<const T> w, const T* bias, const float* upstream,
+                     float* losses, float* grad_packed, Gradient* g) {
   const index_t rows = batch.rows, d = batch.dim;
   const index_t nnz = static_cast<index_t>(set.ids.size());
-  const index_t* off = set.offsets.data();
-  const index_t* ids = set.ids.data();
-  const float* eoff = set.id_offset.empty() ? nullptr : set.id_offset.data();
-  const index_t* tpos = target_pos.data();
-  const float* h = batch.hidden.data();
-  float* loss = losses.data();
-  float* gh = grad_packed.data();
-  std::vector<float> scores(static_cast<std::size_t>(nnz));
-  float* s = scores.data();
-  parallel_for(policy, rows, [=](index_t r) {
+  const index_t* off = thrust::raw_pointer_cast(set.offsets.data());
+  const index_t* ids = thrust::raw_pointer_cast(set.ids.data());
+  const float* eoff = set.id_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.id_offset.data());
+  const index_t* tpos = target_pos;
+  const float* h = thrust::raw_pointer_cast(batch.hidden.data());
+  float* loss = losses;
+  float* gh = grad_packed;
+  backend_vector<Backend, float> scores(static_cast<std::size_t>(nnz));
+  float* s = raw(scores);
+  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     const float* hr = h + r * d;
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
       gather_dot(hr, w, bias, ids[e], 1, s + e);
@@ -46,7 +45,7 @@ void per_sample_pass(const Policy& policy, const Batch& batch, const active_set&
     if (!upstream) return;
     float* ghr = gh + r * d;
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
-      s[e] = std::exp(s[e] - lse) * upstream[r] - (e == tpos[r] ? upstream[r] : 0.f);
+      s[e] = ::expf(s[e] - lse) * upstream[r] - (e == tpos[r] ? upstream[r] : 0.f);
       const T* wr = w.row(ids[e]);
       for (index_t p = 0; p < d; ++p) ghr[p] += s[e] * to_float(wr[p]);
     }
@@ -55,9 +54,9 @@ void per_sample_pass(const Policy& policy, const Batch& batch, const active_set&
 
   // One contribution g_e * h_r (and g_e for the bias, as an extra column) per entry.
   const index_t dv = bias ? d + 1 : d;
-  std::vector<float> contrib(static_cast<std::size_t>(nnz * dv));
-  float* cv = contrib.data();
-  parallel_for(policy, rows, [=](index_t r) {
+  backend_vector<Backend, float> contrib(static_cast<std::size_t>(nnz * dv));
+  float* cv = raw(contrib);
+  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     const float* hr = h + r * d;
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
       float* c = cv + e * dv;
@@ -65,18 +64,16 @@ void per_sample_pass(const Policy& policy, const Batch& batch, const active_set&
       if (dv > d) c[d] = s[e];
     }
   });
-  std::vector<index_t> keys(set.ids.begin(), set.ids.end()), out_keys;
-  std::vector<float> sums;
-  sparse_accumulate(policy, keys, contrib, dv, out_keys, sums);
-  const index_t n = static_cast<index_t>(out_keys.size());
+  backend_vector<Backend, float> sums;
   g->dim = d;
-  g->rows.assign(out_keys.begin(), out_keys.end());
+  sparse_accumulate(ex, ids, nnz, cv, dv, g->rows, sums);
+  const index_t n = static_cast<index_t>(g->rows.size());
   g->values.resize(static_cast<std::size_t>(n * d));
   g->bias_values.resize(bias ? static_cast<std::size_t>(n) : 0);
-  float* gv = thrust::raw_pointer_cast(g->values.data());
-  float* gb = bias ? thrust::raw_pointer_cast(g->bias_values.data()) : nullptr;
-  const float* sv = sums.data();
-  parallel_for(policy, n, [=](index_t i) {
+  float* gv = raw(g->values);
+  float* gb = bias ? raw(g->bias_values) : nullptr;
+  const float* sv = raw(sums);
+  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
     for (index_t p = 0; p < d; ++p) gv[i * d + p] = sv[i * dv + p];
     if (gb) gb[i] = sv[i * dv + d];
   });

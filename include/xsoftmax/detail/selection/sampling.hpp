@@ -7,6 +7,7 @@
 /// expected count Q(c), whose log the sampled softmax subtracts from the logits.
 
 #include <xsoftmax/config.hpp>
+#include <xsoftmax/detail/mirrored_vector.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -28,21 +29,38 @@ inline std::uint64_t mix_seed(std::uint64_t x) {
 /// Which distribution a sampler draws from.
 enum class sampler_kind { uniform, log_uniform, counts };
 
+/// The probability of one draw, on the host or a device: `cdf` (counts only) is in the memory of
+/// the code that calls it.
+struct class_probability {
+  sampler_kind kind = sampler_kind::uniform;
+  index_t n = 0;
+  const double* cdf = nullptr;  ///< counts: cumulative weights (n entries, last = total)
+
+  XSOFTMAX_HD double operator()(index_t c) const {
+    switch (kind) {
+      case sampler_kind::uniform: return 1.0 / static_cast<double>(n);
+      case sampler_kind::log_uniform: return ::log((c + 2.0) / (c + 1.0)) / ::log(static_cast<double>(n) + 1.0);
+      default: return (cdf[c] - (c > 0 ? cdf[c - 1] : 0.0)) / cdf[n - 1];
+    }
+  }
+};
+
 /// A distribution over [0, n) and one draw of `m` classes from it.
 struct class_sampler {
   sampler_kind kind = sampler_kind::uniform;
   index_t n = 0;
-  std::vector<double> cdf;  ///< counts: cumulative weights (n entries, last = total)
-  index_t support = 0;      ///< classes with non-zero probability
+  mirrored_vector<double> cdf;  ///< counts: cumulative weights (n entries, last = total)
+  index_t support = 0;          ///< classes with non-zero probability
 
-  [[nodiscard]] double probability(index_t c) const {
-    switch (kind) {
-      case sampler_kind::uniform: return 1.0 / static_cast<double>(n);
-      case sampler_kind::log_uniform:
-        return std::log((c + 2.0) / (c + 1.0)) / std::log(static_cast<double>(n) + 1.0);
-      default: return (cdf[c] - (c > 0 ? cdf[c - 1] : 0.0)) / cdf.back();
-    }
+  /// The probability in `ex`'s memory (the cumulative weights are copied to a device once).
+  template <class Ex>
+  [[nodiscard]] class_probability probability_on(const Ex& ex) const {
+    return {kind, n, cdf.empty() ? nullptr : cdf.data(ex)};
   }
+  [[nodiscard]] class_probability probability_on_host() const {
+    return {kind, n, cdf.empty() ? nullptr : cdf.host().data()};
+  }
+  [[nodiscard]] double probability(index_t c) const { return probability_on_host()(c); }
 
   template <class Rng>
   index_t one(Rng& rng) const {
@@ -54,9 +72,10 @@ struct class_sampler {
         return std::clamp<index_t>(static_cast<index_t>(v), 0, n - 1);
       }
       default: {
-        const double x = u01(rng) * cdf.back();
-        const auto it = std::upper_bound(cdf.begin(), cdf.end(), x);
-        return std::min<index_t>(static_cast<index_t>(it - cdf.begin()), n - 1);
+        const std::vector<double>& c = cdf.host();
+        const double x = u01(rng) * c.back();
+        const auto it = std::upper_bound(c.begin(), c.end(), x);
+        return std::min<index_t>(static_cast<index_t>(it - c.begin()), n - 1);
       }
     }
   }
@@ -124,13 +143,27 @@ inline class_draw draw_classes(const class_sampler& s, index_t m, bool unique, u
 /// Q(c): the expected number of times class c appears among the draw's candidates (TF's
 /// `expected_count`): m p(c) with replacement; for unique draws 1 - (1 - p)^tries, except that a
 /// uniform unique draw includes each class with probability exactly m / n and an exhaustive draw
-/// with probability 1.
-inline double expected_count(const class_sampler& s, const class_draw& d, index_t m, bool unique, index_t c) {
-  if (d.exhaustive) return 1.0;
-  const double p = s.probability(c);
-  if (!unique) return static_cast<double>(m) * p;
-  if (s.kind == sampler_kind::uniform) return static_cast<double>(m) / static_cast<double>(s.n);
-  return -std::expm1(static_cast<double>(d.tries) * std::log1p(-std::min(p, 1.0)));
-}
+/// with probability 1. `log_q(c)` is log max(Q(c), 1e-30), or 0 without the correction.
+struct expected_count_of {
+  class_probability p;
+  index_t m = 0;
+  index_t tries = 0;
+  bool unique = true;
+  bool exhaustive = false;
+  bool subtract_log_q = true;
+
+  XSOFTMAX_HD double operator()(index_t c) const {
+    if (exhaustive) return 1.0;
+    const double pc = p(c);
+    if (!unique) return static_cast<double>(m) * pc;
+    if (p.kind == sampler_kind::uniform) return static_cast<double>(m) / static_cast<double>(p.n);
+    return -::expm1(static_cast<double>(tries) * ::log1p(-(pc < 1.0 ? pc : 1.0)));
+  }
+  XSOFTMAX_HD double log_q(index_t c) const {
+    if (!subtract_log_q) return 0.0;
+    const double q = (*this)(c);
+    return ::log(q > 1e-30 ? q : 1e-30);
+  }
+};
 
 }  // namespace xsoftmax::detail

@@ -11,38 +11,37 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
-#include <vector>
-
 namespace xsoftmax::detail {
 
-/// Losses of the packed rows into `losses` (zeroed; rows entries) and, when `upstream` is non-null,
+/// Losses of the packed rows into `losses` (rows entries, zeroed) and, when `upstream` is non-null,
 /// their hidden gradient into `grad_packed` (rows x dim, zeroed) and the weight gradient of the
-/// set's classes (ascending) into `g`. `target_pos[r]` is row r's target's position in `set.classes`.
-template <class Policy, class Batch, class T, class Gradient>
-void shared_pass(const Policy& policy, const Batch& batch, const active_set& set,
-                 const std::vector<index_t>& target_pos, matrix_view<const T> w, const T* bias, index_t chunk,
-                 const float* upstream, std::vector<float>& losses, std::vector<float>& grad_packed, Gradient* g) {
+/// set's classes (ascending) into `g`. `target_pos[r]` is row r's target's position in
+/// `set.classes`. Every pointer is in the execution's memory.
+template <class Backend, class Set, class T, class Gradient>
+void shared_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch, const Set& set,
+                 const index_t* target_pos, matrix_view<const T> w, const T* bias, index_t chunk,
+                 const float* upstream, float* losses, float* grad_packed, Gradient* g) {
   const index_t n = static_cast<index_t>(set.classes.size()), d = batch.dim;
   dense_softmax_args a;
   a.h = batch.hidden_view();
-  a.target = target_pos.data();
+  a.target = target_pos;
   a.n = n;
   a.chunk = chunk;
-  a.loss = losses.data();
-  a.columns = set.classes.data();
-  a.negative_offset = set.negative_offset.empty() ? nullptr : set.negative_offset.data();
-  a.target_offset = set.target_offset.empty() ? nullptr : set.target_offset.data();
+  a.loss = losses;
+  a.columns = thrust::raw_pointer_cast(set.classes.data());
+  a.negative_offset = set.negative_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.negative_offset.data());
+  a.target_offset = set.target_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.target_offset.data());
   if (upstream) {
     g->dim = d;
     g->rows.assign(set.classes.begin(), set.classes.end());
     g->values.resize(static_cast<std::size_t>(n * d));
     g->bias_values.resize(bias ? static_cast<std::size_t>(n) : 0);
     a.upstream = upstream;
-    a.grad_h = grad_packed.data();
-    a.grad_w = thrust::raw_pointer_cast(g->values.data());
-    a.grad_b = bias ? thrust::raw_pointer_cast(g->bias_values.data()) : nullptr;
+    a.grad_h = grad_packed;
+    a.grad_w = raw(g->values);
+    a.grad_b = bias ? raw(g->bias_values) : nullptr;
   }
-  dense_softmax(policy, w, bias, a);
+  dense_softmax(ex, w, bias, a);
 }
 
 }  // namespace xsoftmax::detail
