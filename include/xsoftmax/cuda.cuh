@@ -2,7 +2,8 @@
 #pragma once
 /// \file
 /// The `cuda` backend: include this header (in a translation unit compiled by nvcc) to use
-/// `full_softmax<P, cuda>` and `hierarchical_softmax<Tree, P, cuda, NodeForm>`.
+/// `full_softmax<P, cuda>`, `hierarchical_softmax<Tree, P, cuda, NodeForm>`,
+/// `selective_softmax<Selector, P, cuda>` and `knn_softmax<P, cuda>`.
 ///
 /// What it provides:
 ///  * `backend_traits<cuda>`: `thrust::device_vector` storage, `cuda_resources`, and Thrust's CUDA
@@ -22,6 +23,12 @@
 ///    in the tests). Its `_async` verbs queue that work without the final wait,
 ///    but still wait for sizes (the packed row count) and data checks, whose errors they throw from
 ///    the call.
+///  * `selective_softmax` (every selector) and `knn_softmax` run their one generic algorithm too:
+///    active sets are built, checked and scored in device memory (`active_set_for<cuda>`); caller
+///    candidate lists, a KNN graph and a sampler's class counts are copied to the device once per
+///    change. Sampled negatives are drawn on the host (m ids per step). The KNN graph build and the
+///    IVF index (build and search) are host algorithms: on cuda they copy their inputs to the host
+///    and run on OpenMP threads.
 ///  * `hierarchical_softmax`'s `_async` verbs: the same signatures; the loss goes to device memory
 ///    and the call does not wait for its last kernels, but it checks its data and plans each tree
 ///    level's runs on the host (one wait per level), and `topk_async` is blocking. See
@@ -48,5 +55,10 @@
 #include <xsoftmax/detail/cuda/resources.cuh>
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>
+#include <xsoftmax/knn_softmax.hpp>
+#include <xsoftmax/selection/explicit_candidates.hpp>
+#include <xsoftmax/selection/feature_query.hpp>
+#include <xsoftmax/selection/sampled_negatives.hpp>
+#include <xsoftmax/selective_softmax.hpp>
 
 

@@ -10,6 +10,9 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/primitives/sparse_accumulate.hpp>
+#include <xsoftmax/detail/selection/active_set_checks.hpp>
+#include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/xsoftmax.hpp>
 
 #include "support/test_memory.hpp"
@@ -18,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -242,6 +246,80 @@ void one_step(const Head& head, index_t classes, index_t d) {
 
 }  // namespace
 
+TEST_CASE_TEMPLATE("generic primitives: sparse_accumulate, sorted row lists and target lookup equal plain loops", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(6);
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  // sparse_accumulate: sums per key in input order, keys ascending; float64 reference.
+  const index_t n = 3000, dim = 5;
+  std::vector<index_t> keys_host(static_cast<std::size_t>(n));
+  for (auto& k : keys_host) k = static_cast<index_t>(g() % 97) * 3;
+  const std::vector<float> values_host = random_floats(g, static_cast<std::size_t>(n * dim));
+  const test_vector<index_t> keys = to_test(keys_host);
+  const test_vector<float> values = to_test(values_host);
+  xs::backend_vector<B, index_t> out_keys;
+  xs::backend_vector<B, float> out_values;
+  xs::detail::sparse_accumulate(ex, keys.data(), n, values.data(), dim, out_keys, out_values);
+  std::map<index_t, std::vector<double>> want;
+  for (index_t i = 0; i < n; ++i) {
+    auto& w = want[keys_host[i]];
+    w.resize(static_cast<std::size_t>(dim));
+    for (index_t j = 0; j < dim; ++j) w[j] += values_host[i * dim + j];
+  }
+  const thrust::host_vector<index_t> got_keys(out_keys);
+  const thrust::host_vector<float> got_values(out_values);
+  REQUIRE(got_keys.size() == want.size());
+  std::size_t r = 0;
+  for (const auto& [key, sum] : want) {
+    CHECK(got_keys[r] == key);
+    for (index_t j = 0; j < dim; ++j) CHECK(got_values[r * dim + j] == doctest::Approx(sum[j]).epsilon(1e-5));
+    ++r;
+  }
+
+  // sorted_rows: per-row lists with duplicates and empty slots become ascending unique rows.
+  const index_t rows = 40, slots = 6;
+  std::vector<index_t> row_host, id_host;
+  std::vector<std::vector<index_t>> lists(static_cast<std::size_t>(rows));
+  for (index_t i = 0; i < rows * slots; ++i) {
+    const index_t row = static_cast<index_t>(g() % rows), id = static_cast<index_t>(g() % 12) - 2;  // -2, -1: empty
+    row_host.push_back(row);
+    id_host.push_back(id);
+    if (id >= 0) lists[row].push_back(id);
+  }
+  xs::backend_vector<B, index_t> row_of(row_host.begin(), row_host.end()), ids(id_host.begin(), id_host.end());
+  xs::active_set_for<B> set;
+  set.reset(xs::active_layout::per_sample);
+  xs::detail::sorted_rows(ex, rows, row_of, ids, set);
+  const thrust::host_vector<index_t> off(set.offsets), flat(set.ids);
+  REQUIRE(off.size() == std::size_t(rows + 1));
+  for (index_t row = 0; row < rows; ++row) {
+    auto& l = lists[row];
+    std::sort(l.begin(), l.end());
+    l.erase(std::unique(l.begin(), l.end()), l.end());
+    CHECK(std::vector<index_t>(flat.begin() + off[row], flat.begin() + off[row + 1]) == l);
+  }
+
+  // locate_targets: positions of the targets in a shared set; a missing target names its sample.
+  const test_vector<float> h = to_test(random_floats(g, 4 * 3));
+  const test_vector<index_t> t = to_test(std::vector<index_t>{7, -100, 2, 9});
+  const auto batch = xs::detail::pack_rows(ex, xs::matrix_view<const float>(h.data(), 4, 3),
+                                           xs::vector_view<const index_t>(t.data(), 4), -100);
+  xs::active_set_for<B> shared;
+  const std::vector<index_t> classes{1, 2, 7, 9, 11};
+  shared.classes.assign(classes.begin(), classes.end());
+  const thrust::host_vector<index_t> pos(xs::detail::locate_targets(ex, "test", shared, batch, 12));
+  CHECK(std::vector<index_t>(pos.begin(), pos.end()) == std::vector<index_t>{2, 1, 3});
+  const std::vector<index_t> without_nine{1, 2, 7, 11};
+  shared.classes.assign(without_nine.begin(), without_nine.end());
+  CHECK_THROWS_WITH_AS(xs::detail::locate_targets(ex, "test", shared, batch, 12),
+                       "xsoftmax: test: the active set lacks the target 9 of sample 3", xs::invalid_argument);
+  const std::vector<index_t> unsorted{1, 7, 2, 9};
+  shared.classes.assign(unsorted.begin(), unsorted.end());
+  CHECK_THROWS_WITH_AS(xs::detail::locate_targets(ex, "test", shared, batch, 12),
+                       "xsoftmax: test: active set classes are not strictly ascending at [2] (7 then 2)", xs::invalid_argument);
+}
+
 TEST_CASE_TEMPLATE("every head instantiates and trains a step on every backend of the build", B,
                    XSOFTMAX_TEST_BACKENDS) {
   const index_t n = 40, d = 6;
@@ -256,11 +334,19 @@ TEST_CASE_TEMPLATE("every head instantiates and trains a step on every backend o
   one_step(xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, B, xs::sigmoid_nodes>(huffman, d), n, d);
   one_step(xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, B>(xs::runtime_tree<>::huffman(counts, 3), d), n,
            d);
-#if XSOFTMAX_TEST_HOST_BUILD
-  // The active-set heads (host backends until their generic form lands in the cuda build).
+  // The active-set heads, with each selector.
   xs::sampling_options so;
   so.num_sampled = 8;
   one_step(xs::selective_softmax<xs::sampled_negatives, xs::fp32, B>(xs::sampled_negatives::uniform(n, so), n, d), n,
            d);
-#endif
+  one_step(xs::selective_softmax<xs::sampled_negatives, xs::bf16, B>(xs::sampled_negatives::from_counts(counts, so), n,
+                                                                     d, true),
+           n, d);
+  xs::explicit_candidates shared;
+  shared.set_shared({0, 3, 4, 5, 17});
+  one_step(xs::selective_softmax<xs::explicit_candidates, xs::fp32, B>(shared, n, d), n, d);
+  xs::knn_options ko;
+  ko.graph.k = 5;
+  one_step(xs::knn_softmax<xs::fp32, B>(n, d, ko, true), n, d);
+  one_step(xs::selective_softmax<xs::feature_query_selector, xs::fp16, B>(xs::feature_query_selector(4), n, d), n, d);
 }

@@ -35,7 +35,7 @@ std::string message_of(const std::function<void()>& f) {
   return "no exception";
 }
 
-xsoftmax::ivf_index ip_index(const std::vector<float>& w, index_t n, index_t d, index_t lists) {
+xsoftmax::ivf_index ip_index(const test_vector<float>& w, index_t n, index_t d, index_t lists) {
   xsoftmax::ivf_index index;
   xsoftmax::ivf_options o;
   o.num_lists = lists;
@@ -46,8 +46,7 @@ xsoftmax::ivf_index ip_index(const std::vector<float>& w, index_t n, index_t d, 
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("feature query: exact top-K per sample; reference and finite differences", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("feature query: exact top-K per sample; reference and finite differences", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(501);
   const index_t n = 50, d = 5, batch = 8, k = 4;
   for (bool bias : {false, true}) {
@@ -56,9 +55,10 @@ TEST_CASE_TEMPLATE("feature query: exact top-K per sample; reference and finite 
     p.targets[2] = -100;
     fq_head<B> head(feature_query_selector(k), mview(p.w, n, d), bias ? p.b.data() : nullptr);
     const auto hb = make_hidden<float>(p.h, batch, d);
-    xsoftmax::active_set set;
+    xsoftmax::active_set_for<B> set;
     head.select(hb.view(), cvec(p.targets), set);
     REQUIRE(set.layout == xsoftmax::active_layout::per_sample);
+    const auto set_ids = on_host(set.ids), set_offsets = on_host(set.offsets);
     // Each packed row: its top-k logits in double, plus its target.
     const ref_params params = p.params();
     std::map<index_t, std::vector<index_t>> set_of;
@@ -73,7 +73,8 @@ TEST_CASE_TEMPLATE("feature query: exact top-K per sample; reference and finite 
       std::vector<index_t> want{t};
       for (index_t j = 0; j < k; ++j) want.push_back(s[size_t(j)].second);
       want = with_targets(want, {});
-      const std::vector<index_t> got(set.ids.begin() + set.offsets[size_t(row)], set.ids.begin() + set.offsets[size_t(row + 1)]);
+      const std::vector<index_t> got(set_ids.begin() + set_offsets[size_t(row)],
+                                     set_ids.begin() + set_offsets[size_t(row + 1)]);
       CHECK(got == want);
       set_of[t] = want;
       ++row;
@@ -90,10 +91,10 @@ TEST_CASE_TEMPLATE("feature query: exact top-K per sample; reference and finite 
 }
 
 TEST_CASE_TEMPLATE("feature query: IVF with every list probed selects what the exact form selects", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(502);
   const index_t n = 200, d = 6, batch = 10, k = 7, lists = 8;
-  std::vector<float> w(static_cast<size_t>(n * d)), h(static_cast<size_t>(batch * d)), bias(static_cast<size_t>(n));
+  test_vector<float> w(static_cast<size_t>(n * d)), h(static_cast<size_t>(batch * d)), bias(static_cast<size_t>(n));
   for (auto& x : w) x = static_cast<float>(rng.integer(-3, 3));  // exact arithmetic: ties broken by id
   for (auto& x : h) x = static_cast<float>(rng.integer(-2, 2));
   for (auto& x : bias) x = static_cast<float>(rng.integer(-1, 1));
@@ -101,17 +102,17 @@ TEST_CASE_TEMPLATE("feature query: IVF with every list probed selects what the e
   fq_head<B> exact(feature_query_selector(k), mview(w, n, d), bias.data());
   fq_head<B> approx(feature_query_selector(k, ip_index(w, n, d, lists), lists), mview(w, n, d), bias.data());
   const auto hb = make_hidden<float>(h, batch, d);
-  xsoftmax::active_set a, b;
+  xsoftmax::active_set_for<B> a, b;
   exact.select(hb.view(), cvec(targets), a);
   approx.select(hb.view(), cvec(targets), b);
-  CHECK(a.offsets == b.offsets);
-  CHECK(a.ids == b.ids);
+  CHECK(on_host(a.offsets) == on_host(b.offsets));
+  CHECK(on_host(a.ids) == on_host(b.ids));
   const auto oa = run_forward_backward(exact, hb, targets, {});
   const auto ob = run_forward_backward(approx, hb, targets, {});
   CHECK(same_outputs_across(oa, ob));
   // One probe: a smaller (or equal) candidate pool, every row still holds its target.
   fq_head<B> narrow(feature_query_selector(k, ip_index(w, n, d, lists), 1), mview(w, n, d), bias.data());
-  xsoftmax::active_set c;
+  xsoftmax::active_set_for<B> c;
   narrow.select(hb.view(), cvec(targets), c);
   CHECK(c.offsets.size() == size_t(batch + 1));
   CHECK(std::isfinite(narrow.forward(hb.view(), cvec(targets))));

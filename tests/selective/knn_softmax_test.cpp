@@ -42,7 +42,7 @@ std::string message_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("knn softmax: K = N equals full_softmax bit for bit", B, xsoftmax::serial, xsoftmax::omp) {
+TEST_CASE_TEMPLATE("knn softmax: K = N equals full_softmax bit for bit", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(401);
   const index_t n = 48, d = 7, batch = 11;
   for (bool bias : {false, true}) {
@@ -72,7 +72,7 @@ TEST_CASE_TEMPLATE("knn softmax: K = N equals full_softmax bit for bit", B, xsof
 }
 
 TEST_CASE_TEMPLATE("knn softmax: the active set is the union of the targets' neighbours; reference and gradients", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(402);
   const index_t n = 60, d = 5, batch = 9, k = 6;
   for (bool bias : {false, true}) {
@@ -90,14 +90,14 @@ TEST_CASE_TEMPLATE("knn softmax: the active set is the union of the targets' nei
       }
       active = with_targets(active, {});
       CHECK(static_cast<index_t>(active.size()) < n);  // a real subset
-      xsoftmax::active_set set;
+      xsoftmax::active_set_for<B> set;
       const auto hb = make_hidden<float>(p.h, batch, d, 2);
       head.select(hb.view(), cvec(p.targets), set);
-      CHECK(set.classes == active);
+      CHECK(std::vector<index_t>(set.classes.begin(), set.classes.end()) == active);
       for (reduction r : {reduction::none, reduction::mean}) {
         loss_options opt;
         opt.reduce = r;
-        std::vector<float> grad_output;
+        test_vector<float> grad_output;
         if (r == reduction::none) grad_output = random_grad_output(rng, batch);
         const std::string what = std::string("bias ") + (bias ? "yes" : "no") + ", neighbours used " +
                                  std::to_string(used) + ", reduction " + reduction_name(r);
@@ -116,7 +116,7 @@ TEST_CASE("knn softmax: the graph is rebuilt from the current weights every rebu
   xsoftmax::knn_softmax<xsoftmax::fp32, xsoftmax::serial> head(mview(p.w, n, d), options_with_k(k, xsoftmax::similarity::cosine, every));
   CHECK(head.graph().builds() == 1);
   const auto hb = make_hidden<float>(p.h, batch, d);
-  std::vector<float> gh(static_cast<size_t>(batch * d));
+  test_vector<float> gh(static_cast<size_t>(batch * d));
   xsoftmax::knn_softmax<xsoftmax::fp32, xsoftmax::serial>::gradient_type g;
   for (index_t step = 1; step <= 7; ++step) {
     head.forward_backward(hb.view(), cvec(p.targets), mview(gh, batch, d), g);

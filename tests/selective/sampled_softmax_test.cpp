@@ -40,7 +40,8 @@ sampling_options opts(index_t m, bool unique, unsigned long long seed = 7) {
 }
 
 /// Relative L2 distance of `a` from `b`.
-double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+template <class A, class B>
+double rel_error(const A& a, const B& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
   return std::sqrt(num / den);
@@ -49,7 +50,7 @@ double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("sampled softmax: drawing every class without replacement equals full_softmax bit for bit", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(201);
   const index_t n = 45, d = 7, batch = 10;
   std::vector<long long> counts(static_cast<size_t>(n));
@@ -77,7 +78,7 @@ TEST_CASE_TEMPLATE("sampled softmax: drawing every class without replacement equ
 }
 
 TEST_CASE_TEMPLATE("sampled softmax: one draw matches the log-Q corrected reference and finite differences", B,
-                   xsoftmax::serial, xsoftmax::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(202);
   const index_t n = 40, d = 5, batch = 12;
   for (bool unique : {true, false}) {
@@ -119,7 +120,7 @@ TEST_CASE_TEMPLATE("sampled softmax: one draw matches the log-Q corrected refere
     for (reduction r : {reduction::none, reduction::mean, reduction::sum}) {
       loss_options opt;
       opt.reduce = r;
-      std::vector<float> grad_output;
+      test_vector<float> grad_output;
       if (r == reduction::none) grad_output = random_grad_output(rng, batch);
       const std::string what = std::string(unique ? "uniform unique" : "log-uniform with replacement") +
                                ", reduction " + reduction_name(r);

@@ -20,7 +20,7 @@ inline sample_loss_fn subset_reference(std::function<std::vector<index_t>(index_
                                        std::function<double(index_t, index_t)> offset = {}) {
   return [classes, offset](const ref_params& p, const double* h, index_t t) {
     const std::vector<index_t> set = classes(t);
-    std::vector<double> s;
+    test_vector<double> s;
     double target = 0;
     bool found = false;
     for (index_t c : set) {
@@ -39,8 +39,8 @@ inline sample_loss_fn shared_reference(const std::vector<index_t>& set) {
 }
 
 /// Sorted unique union of `a` and the targets that are not `ignore_index`.
-inline std::vector<index_t> with_targets(std::vector<index_t> a, const std::vector<index_t>& targets,
-                                         index_t ignore_index = -100) {
+template <class Targets = std::vector<index_t>>
+std::vector<index_t> with_targets(std::vector<index_t> a, const Targets& targets, index_t ignore_index = -100) {
   for (index_t t : targets)
     if (t != ignore_index) a.push_back(t);
   std::sort(a.begin(), a.end());
@@ -53,8 +53,9 @@ template <class HeadA, class HeadB>
 bool same_outputs_across(const head_outputs<HeadA>& a, const head_outputs<HeadB>& b) {
   return bitwise_equal(&a.loss, &b.loss, 1) && bitwise_equal(a.per_sample, b.per_sample) &&
          bitwise_equal(a.grad_hidden, b.grad_hidden) && a.grad.dim == b.grad.dim &&
-         bitwise_equal(a.grad.rows, b.grad.rows) && bitwise_equal(a.grad.values, b.grad.values) &&
-         bitwise_equal(a.grad.bias_values, b.grad.bias_values);
+         bitwise_equal(on_host(a.grad.rows), on_host(b.grad.rows)) &&
+         bitwise_equal(on_host(a.grad.values), on_host(b.grad.values)) &&
+         bitwise_equal(on_host(a.grad.bias_values), on_host(b.grad.bias_values));
 }
 
 /// The rows of a sparse gradient as a std::vector.

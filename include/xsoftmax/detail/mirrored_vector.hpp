@@ -31,10 +31,7 @@ class mirrored_vector {
     mirror_ = std::make_shared<mirror>();
     return host_;
   }
-  void assign(std::vector<T> v) {
-    edit();
-    host_ = std::move(v);
-  }
+  void assign(std::vector<T> v) { edit() = std::move(v); }
 
   /// The data in `ex`'s memory: the host vector on a host backend; on a device backend a copy made
   /// on the first call after a change (the copy is synchronous and shared by copies of this
