@@ -9,6 +9,7 @@
 #include <xsoftmax/detail/host/backend_ops.hpp>
 #include <xsoftmax/detail/primitives/finite_scan.hpp>
 #include <xsoftmax/detail/primitives/parallel_for.hpp>
+#include <xsoftmax/detail/sparse_gradient_checks.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/types.hpp>
@@ -100,36 +101,11 @@ class weight_store {
                  const backend_resources<Backend>& resources) {
     if constexpr (!is_host_backend<Backend>) resources.check();
     else (void)resources;
-    expects<non_finite_error>(std::isfinite(lr), where, ": learning rate ", lr, " is not finite");
-    expects<shape_error>(g.dim == cols_, where, ": gradient dim = ", g.dim, " but weights have ", cols_,
-                         " columns");
+    const execution<Backend> ex{resources};
+    check_sparse_gradient(where, ex, g, rows_, cols_, has_bias(), lr);
     const index_t n = g.num_rows();
-    expects<shape_error>(static_cast<index_t>(g.values.size()) == n * cols_, where, ": gradient has ",
-                         g.values.size(), " values for ", n, " rows of dim ", cols_);
-    expects<shape_error>(g.bias_values.empty() || static_cast<index_t>(g.bias_values.size()) == n, where,
-                         ": gradient has ", g.bias_values.size(), " bias values for ", n, " rows");
-    expects(g.bias_values.empty() || has_bias(), where, ": gradient carries bias values but the head has no bias");
     if (n > 0) {
       const auto policy = backend_traits<Backend>::policy();
-      const auto mm = thrust::minmax_element(policy, g.rows.begin(), g.rows.end());
-      const index_t lo = *mm.first, hi = *mm.second;
-      const index_t bad = lo < 0 ? lo : hi;
-      expects<out_of_range>(lo >= 0 && hi < rows_, where, ": gradient row[",
-                            (lo < 0 ? mm.first : mm.second) - g.rows.begin(), "] = ", bad,
-                            " is out of range [0, ", rows_, ")");
-      // Unique rows make the row updates independent (no races, no lost updates): checked on a
-      // sorted copy, O(n log n) against the update's O(n * dim).
-      backend_vector<Backend, index_t> sorted(g.rows);
-      thrust::sort(policy, sorted.begin(), sorted.end());
-      if (thrust::unique_count(policy, sorted.begin(), sorted.end()) != n) {
-        const thrust::host_vector<index_t> host(sorted);  // error path only
-        const auto dup = std::adjacent_find(host.begin(), host.end());
-        expects(false, where, ": gradient rows are not unique (row ", *dup, " appears more than once)");
-      }
-      // A non-finite value (or one that lr scales past the float range) would poison its weight row
-      // for good: rejected before anything is written, like every other bad input.
-      check_finite_values(where, resources, g.values, "values", cols_, lr);
-      check_finite_values(where, resources, g.bias_values, "bias_values", 1, lr);
       parallel_for(policy, n,
                    sgd_row_update<Accum>{weights(), bias_, thrust::raw_pointer_cast(g.rows.data()),
                                          thrust::raw_pointer_cast(g.values.data()),
@@ -157,21 +133,6 @@ class weight_store {
   };
 
  private:
-  /// Every lr * v in `values` (rows of `width`) is finite; otherwise throws `non_finite_error` naming
-  /// the gradient row and column.
-  template <class Vector>
-  static void check_finite_values(const char* where, const backend_resources<Backend>& resources, const Vector& values,
-                                  const char* name, index_t width, float lr) {
-    using Accum = typename Vector::value_type;
-    const index_t n = static_cast<index_t>(values.size());
-    const Accum* v = thrust::raw_pointer_cast(values.data());
-    const index_t i = first_non_finite(execution<Backend>{resources}, v, n, lr);
-    if (i == n) return;
-    const float bad = static_cast<float>(backend_ops<Backend>::read(resources, v + i));
-    expects<non_finite_error>(false, where, ": gradient ", name, "[", i / width, "][", i % width, "] = ", bad,
-                              " (times lr = ", lr, ") is not finite");
-  }
-
   void rebind() {
     data_ = thrust::raw_pointer_cast(owned_.data());
     bias_ = owned_bias_.empty() ? nullptr : thrust::raw_pointer_cast(owned_bias_.data());
