@@ -78,13 +78,15 @@ def _weight_gradients(grad_rows, grad_values, grad_bias, scale, weight_shape, we
     if need_weight:
         values = grad_values * scale
         if sparse_grad:
-            grad_weight = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape)
+            grad_weight = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape,
+                                                  check_invariants=False)
         else:
             grad_weight = values.to(weight_dtype)
     if need_bias and has_bias:
         values = grad_bias * scale
         if sparse_grad:
-            grad_b = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape[:1])
+            grad_b = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape[:1],
+                                             check_invariants=False)
         else:
             grad_b = values.to(weight_dtype)
     return grad_weight, grad_b

@@ -230,7 +230,8 @@ class _SoftmaxHead(nn.Module):
         if h.shape[0] == 0:
             return (h.new_empty(tuple(lead) + (k,), dtype=torch.float32),
                     h.new_empty(tuple(lead) + (k,), dtype=torch.int64))
-        values, indices = _ops.topk(h, self.weight, self.bias, int(k), head, int(beam_width))
+        with torch.no_grad():
+            values, indices = _ops.topk(h, self.weight, self.bias, int(k), head, int(beam_width))
         return values.reshape(tuple(lead) + (k,)), indices.reshape(tuple(lead) + (k,))
 
 
