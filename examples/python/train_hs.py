@@ -23,6 +23,7 @@ Needs the xsoftmax package (pip install --no-build-isolation ./python). The oper
 operators; --device cuda is refused until a CUDA build of them exists.
 """
 import argparse
+import functools
 import math
 import os
 import sys
@@ -140,7 +141,7 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=512, help="samples per step")
     p.add_argument("--steps", type=int, default=300, help="SGD steps")
     p.add_argument("--lr", type=float, default=None, help="head learning rate (default: 0.025 * batch)")
-    p.add_argument("--proj-lr", type=float, default=0.05, help="learning rate of the linear layer")
+    p.add_argument("--proj-lr", type=float, default=0.01, help="learning rate of the linear layer")
     p.add_argument("--tree", choices=["uniform", "huffman"], default="uniform",
                    help="uniform: two levels of ceil(sqrt(N)) (matches the data); huffman: binary Huffman "
                         "tree of the Zipf frequencies (word2vec style; ignores the data's groups)")
@@ -150,7 +151,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-batch", type=int, default=2048, help="held-out samples for the final evaluation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch / OpenMP threads (0: default)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (the summary lines are still printed)")
     return p.parse_args(argv)
 
 
@@ -174,7 +175,7 @@ def main(argv=None):
         tree = Tree.huffman(problem.prob)
     model = Model(n, d, tree, dtype)
     setup_s = time.perf_counter() - t0
-    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
+    log = functools.partial(print, flush=True)
     log(f"xsoftmax {xsoftmax.__version__}: hierarchical softmax, {n:,} classes, dim {d}, {tree}, "
         f"{model.head.weight.shape[0]:,} weight rows ({args.dtype}), batch {args.batch}, {args.steps} steps, "
         f"lr {lr:g}; setup {setup_s:.1f} s")
