@@ -9,6 +9,7 @@ Environment variables:
                         toolkit from CUDA_HOME / CUDA_PATH / nvcc on PATH / /usr/local/cuda, else the
                         headers of the nvidia-cuda-runtime + nvidia-cuda-cccl pip packages)
   XSOFTMAX_CBLAS        "openblas" (or another library name) to link a CBLAS for the dense scores
+  XSOFTMAX_NATIVE       1: compile with -march=native (faster; the build then runs on this CPU only)
   XSOFTMAX_WITH_CUDA    1: reserved for a CUDA build of the operators (not implemented yet; the
                         CPU extension is built and a warning is printed)
   MAX_JOBS              parallel compile jobs (there is a single translation unit anyway)
@@ -75,9 +76,8 @@ def _extensions():
 
     include_dirs = [_library_include()] + _cuda_header_dirs()
     cxx = ["-O3", "-fopenmp", "-DNDEBUG", "-Wno-unused-parameter", "-Wno-deprecated"]
-    if sys.platform != "darwin":
-        cxx.append("-march=native" if os.environ.get("XSOFTMAX_NATIVE") == "1" else "-mavx2")
-        cxx.append("-mfma")
+    if os.environ.get("XSOFTMAX_NATIVE") == "1":  # tune for this machine's CPU (not portable)
+        cxx.append("-march=native")
     link = ["-fopenmp"]
     libraries = []
     cblas = os.environ.get("XSOFTMAX_CBLAS")
