@@ -410,6 +410,15 @@ loss_args prepare(const at::Tensor& hidden, const at::Tensor& weight, const c10:
   return a;
 }
 
+/// F.cross_entropy's mean over no sample is NaN (the library returns 0; the gradients are 0 in both).
+float mean_of_nothing_is_nan(float loss, const loss_args& a) {
+  if (a.options.reduce != xs::reduction::mean) return loss;
+  const int64_t* t = a.targets.data_ptr<int64_t>();
+  for (int64_t i = 0; i < a.targets.size(0); ++i)
+    if (t[i] != a.options.ignore_index) return loss;
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
 at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
                    const c10::optional<at::Tensor>& step, bool /*sparse_grad: used by the backward*/) {
@@ -424,7 +433,7 @@ at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10
                        xs::vector_view<float>(per_sample.data_ptr<float>(), b));
     });
     if (a.options.reduce == xs::reduction::none) return per_sample;
-    return at::scalar_tensor(loss, at::TensorOptions().dtype(at::kFloat));
+    return at::scalar_tensor(mean_of_nothing_is_nan(loss, a), at::TensorOptions().dtype(at::kFloat));
   });
 }
 
@@ -447,7 +456,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fuse
     });
     const bool has_bias = bias.has_value() && bias->defined();
     auto [rows, values, gbias] = gradient_tensors(g, weight.size(0), weight.size(1), has_bias, sparse_grad);
-    return std::make_tuple(at::scalar_tensor(loss, at::TensorOptions().dtype(at::kFloat)), grad_hidden, rows,
+    return std::make_tuple(at::scalar_tensor(mean_of_nothing_is_nan(loss, a), at::TensorOptions().dtype(at::kFloat)),
+                           grad_hidden, rows,
                            values, gbias);
   });
 }

@@ -155,3 +155,16 @@ def test_sgd_training_lowers_loss():
         opt.step()
         first = loss.item() if first is None else first
     assert head(hidden, targets).item() < 0.5 * first
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_every_sample_ignored(reduction):
+    head = FullSoftmaxLoss(N, D, reduction=reduction)
+    hidden = torch.randn(3, D, requires_grad=True)
+    targets = torch.full((3,), -100)
+    ref_h = hidden.detach().clone().requires_grad_()
+    ref = F.cross_entropy(F.linear(ref_h, head.weight), targets, reduction=reduction)
+    loss = head(hidden, targets)
+    torch.testing.assert_close(loss, ref.detach(), equal_nan=True)  # mean: nan, as F.cross_entropy
+    loss.sum().backward()
+    assert hidden.grad.abs().sum() == 0 and head.weight.grad.abs().sum() == 0
