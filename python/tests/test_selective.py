@@ -153,3 +153,21 @@ def test_knn_training_runs_and_lowers_loss():
     head.rebuild_graph()
     full_after = F.cross_entropy(F.linear(hidden, head.weight, head.bias), targets).item()
     assert full_after < 0.7 * full_before
+
+
+def test_knn_ivf_graph_trains():
+    n = 400
+    head = KNNSoftmaxLoss(n, 8, k=10, method="ivf", ivf_lists=10, nprobe=3, rebuild_every=3)
+    hidden = torch.randn(32, 8)
+    targets = torch.randint(0, n, (32,))
+    opt = torch.optim.SGD(head.parameters(), lr=1.0)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        loss = head(hidden, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    touched = int(head.weight.grad.abs().sum(1).gt(0).sum())
+    assert 32 <= touched < n  # the active set: targets and some of their neighbours, not every class
+    assert losses[-1] < losses[0]
