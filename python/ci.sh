@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# CI of the PyTorch package: installs torch / numpy / pytest when missing, builds and installs the
+# extension from this checkout (no build isolation: it builds against the installed torch), and
+# runs the Python tests. Exits non-zero on any failure.
+#
+#   python/ci.sh                 # from anywhere; PYTHON=python3.11 python/ci.sh to choose the interpreter
+#
+# Environment: PYTHON (default python3), MAX_JOBS (default 1), PYTEST_ARGS (extra pytest arguments),
+# XSOFTMAX_SKIP_INSTALL=1 (test the package already installed).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+py="${PYTHON:-python3}"
+export MAX_JOBS="${MAX_JOBS:-1}"
+# The heads open many short OpenMP parallel regions: spinning waiters starve each other on shared
+# CI machines (10-100x slower). libgomp reads this when torch loads it.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+
+echo "== xsoftmax python: interpreter $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+if ! "$py" -c "import torch, numpy, pytest" >/dev/null 2>&1; then
+  echo "== installing torch numpy pytest"
+  "$py" -m pip install torch numpy pytest
+fi
+"$py" -c "import torch; print('== torch', torch.__version__)"
+
+if [[ "${XSOFTMAX_SKIP_INSTALL:-0}" != 1 ]]; then
+  echo "== building and installing the extension (MAX_JOBS=$MAX_JOBS)"
+  start=$(date +%s)
+  # pip builds in place (./python/build); --no-build-isolation: use the installed torch
+  "$py" -m pip install --no-build-isolation --no-deps "$repo/python"
+  echo "== extension built and installed in $(( $(date +%s) - start )) s"
+fi
+
+# Run the tests against the installed package, not the source tree: from a directory that does not
+# hold the xsoftmax package.
+cd "$here/tests"
+"$py" -c "import xsoftmax, os; print('== testing', os.path.dirname(xsoftmax.__file__))"
+"$py" -m pytest -q -p no:cacheprovider --rootdir "$here/tests" "$here/tests" ${PYTEST_ARGS:-}
+echo "== xsoftmax python: all tests passed"

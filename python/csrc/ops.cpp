@@ -1,0 +1,684 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// PyTorch bindings of xsoftmax: one translation unit (compile time), CPU tensors, the `omp` backend.
+//
+// Operators (TORCH_LIBRARY(xsoftmax)); `head` is 0 for the full softmax or a handle made by one of
+// the `create_*` functions of the Python module (a tree, a sampler, a KNN configuration), `step`
+// an optional int64 scalar tensor (the training step of the sampled and KNN heads):
+//
+//   loss(hidden, weight, bias?, targets, reduction, ignore_index, head, step?, sparse_grad) -> loss
+//       reduction 0 none (loss: B values), 1 mean, 2 sum (loss: a scalar).
+//   loss_fused(...same...) -> (loss, grad_hidden, grad_rows, grad_values, grad_bias)
+//       the library's fused forward_backward with an upstream gradient of 1.
+//   backward(...same..., grad_output) -> (grad_hidden, grad_rows, grad_values, grad_bias)
+//       the library's backward with the upstream gradient `grad_output` (a scalar or B values).
+//   topk(hidden, weight, bias?, k, head, beam_width) -> (log_probs, classes)
+//
+// Weight gradients: with sparse_grad = false, grad_values is the dense (rows x dim) gradient and
+// grad_rows is empty; with sparse_grad = true, grad_rows holds the touched rows and grad_values
+// their gradients (grad_bias likewise). All gradients are float32.
+//
+// The weights (and bias) are read and written in place: a head is a view of the tensor's memory.
+// The library's exceptions become Python exceptions: out_of_range -> IndexError, invalid_argument
+// (shape, non-finite, tree errors) -> ValueError, anything else -> RuntimeError; the message is
+// the library's, which names the verb, the argument and the offending value.
+
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/hierarchical_softmax.hpp>
+#include <xsoftmax/knn_softmax.hpp>
+#include <xsoftmax/selection/sampled_negatives.hpp>
+#include <xsoftmax/selective_softmax.hpp>
+#include <xsoftmax/tree/runtime_tree.hpp>
+
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace xs = xsoftmax;
+using xs::index_t;
+
+// torch's 16-bit floats and CUDA's are the same 2-byte raw bit patterns; a weight tensor's data
+// pointer is reinterpreted, never converted.
+static_assert(sizeof(at::BFloat16) == sizeof(__nv_bfloat16) && alignof(at::BFloat16) == alignof(__nv_bfloat16),
+              "at::BFloat16 and __nv_bfloat16 must be layout-compatible");
+static_assert(sizeof(at::Half) == sizeof(__half) && alignof(at::Half) == alignof(__half),
+              "at::Half and __half must be layout-compatible");
+static_assert(std::is_same_v<index_t, int64_t>, "xsoftmax::index_t must be int64");
+
+namespace {
+
+using tree_type = xs::runtime_tree<64>;
+using backend = xs::omp;
+
+// ------------------------------------------------------------------------------------------------
+// Errors
+// ------------------------------------------------------------------------------------------------
+
+/// Rethrows the exception being handled as the c10 error Python maps to the matching exception.
+[[noreturn]] void rethrow_as_torch_error() {
+  try {
+    throw;
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::out_of_range& e) {
+    C10_THROW_ERROR(IndexError, e.what());
+  } catch (const std::invalid_argument& e) {
+    C10_THROW_ERROR(ValueError, e.what());
+  } catch (const std::bad_alloc&) {
+    C10_THROW_ERROR(Error, "xsoftmax: out of host memory");
+  } catch (const std::exception& e) {
+    C10_THROW_ERROR(Error, e.what());
+  }
+}
+
+template <class F>
+auto guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (...) {
+    rethrow_as_torch_error();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Argument checks (the library checks values and shapes of what it is given; these check what a
+// tensor must be before a view of it can be made)
+// ------------------------------------------------------------------------------------------------
+
+void check_cpu(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "xsoftmax::", op, ": ", name, " is on ", t.device(),
+                    "; this build of xsoftmax runs on CPU tensors only");
+}
+
+/// hidden: a (B x dim) float32 CPU matrix with unit column stride (copied to such if not).
+at::Tensor prepare_hidden(const at::Tensor& hidden, const char* op) {
+  check_cpu(hidden, op, "hidden");
+  TORCH_CHECK_VALUE(hidden.dim() == 2, "xsoftmax::", op, ": hidden must be 2-D (B x dim), got shape ",
+                    hidden.sizes());
+  at::Tensor h = hidden.scalar_type() == at::kFloat ? hidden : hidden.to(at::kFloat);
+  if (h.size(0) > 0 && h.size(1) > 0 && (h.stride(1) != 1 || h.stride(0) < h.size(1))) h = h.contiguous();
+  return h;
+}
+
+at::Tensor prepare_targets(const at::Tensor& targets, const at::Tensor& hidden, const char* op) {
+  check_cpu(targets, op, "targets");
+  TORCH_CHECK_VALUE(targets.scalar_type() == at::kLong, "xsoftmax::", op, ": targets.dtype = ",
+                    targets.scalar_type(), ", expected int64 (torch.long)");
+  TORCH_CHECK_VALUE(targets.dim() == 1 && targets.size(0) == hidden.size(0), "xsoftmax::", op,
+                    ": targets has shape ", targets.sizes(), " but hidden has ", hidden.size(0),
+                    " rows (expected shape [", hidden.size(0), "])");
+  return targets.contiguous();
+}
+
+void check_weight(const at::Tensor& weight, const c10::optional<at::Tensor>& bias, const char* op) {
+  check_cpu(weight, op, "weight");
+  TORCH_CHECK_VALUE(weight.dim() == 2, "xsoftmax::", op, ": weight must be 2-D (rows x dim), got shape ",
+                    weight.sizes());
+  TORCH_CHECK_VALUE(weight.size(0) > 0 && weight.size(1) > 0, "xsoftmax::", op, ": weight has shape ",
+                    weight.sizes(), "; both sizes must be > 0");
+  TORCH_CHECK_VALUE(weight.stride(1) == 1 && weight.stride(0) >= weight.size(1), "xsoftmax::", op,
+                    ": weight must have unit column stride (row-major rows) to be used in place; got strides ",
+                    weight.strides(), " (call .contiguous() on the parameter once)");
+  if (bias.has_value() && bias->defined()) {
+    check_cpu(*bias, op, "bias");
+    TORCH_CHECK_VALUE(bias->scalar_type() == weight.scalar_type(), "xsoftmax::", op, ": bias.dtype = ",
+                      bias->scalar_type(), " differs from weight.dtype = ", weight.scalar_type());
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "xsoftmax::", op,
+                      ": bias has shape ", bias->sizes(), ", expected [", weight.size(0), "]");
+    TORCH_CHECK_VALUE(bias->is_contiguous(), "xsoftmax::", op, ": bias must be contiguous");
+  }
+}
+
+xs::loss_options make_options(int64_t reduction, int64_t ignore_index, const char* op) {
+  TORCH_CHECK_VALUE(reduction >= 0 && reduction <= 2, "xsoftmax::", op, ": reduction = ", reduction,
+                    " must be 0 (none), 1 (mean) or 2 (sum)");
+  xs::loss_options o;
+  o.reduce = reduction == 0 ? xs::reduction::none : reduction == 1 ? xs::reduction::mean : xs::reduction::sum;
+  o.ignore_index = ignore_index;
+  return o;
+}
+
+template <class S>
+xs::matrix_view<S> weight_view(const at::Tensor& w) {
+  return {reinterpret_cast<S*>(w.data_ptr()), w.size(0), w.size(1), w.stride(0)};
+}
+
+template <class S>
+S* bias_pointer(const c10::optional<at::Tensor>& bias) {
+  return bias.has_value() && bias->defined() ? reinterpret_cast<S*>(bias->data_ptr()) : nullptr;
+}
+
+xs::matrix_view<const float> hidden_view(const at::Tensor& h) {
+  return {h.data_ptr<float>(), h.size(0), h.size(1), h.size(0) > 0 ? h.stride(0) : h.size(1)};
+}
+
+xs::vector_view<const index_t> targets_view(const at::Tensor& t) {
+  return {t.data_ptr<int64_t>(), t.size(0)};
+}
+
+int64_t step_value(const c10::optional<at::Tensor>& step) {
+  if (!step.has_value() || !step->defined()) return 0;
+  TORCH_CHECK_VALUE(step->numel() == 1, "xsoftmax: step must hold one value, got shape ", step->sizes());
+  return step->to(at::kCPU).to(at::kLong).item<int64_t>();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Head states: handles held by the Python modules
+// ------------------------------------------------------------------------------------------------
+
+/// What a cached head was built over; the head is rebuilt when any of it changes.
+struct head_key {
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  int64_t rows = 0, cols = 0, stride = 0;
+  int dtype = -1;
+  bool operator==(const head_key& o) const {
+    return weight == o.weight && bias == o.bias && rows == o.rows && cols == o.cols && stride == o.stride &&
+           dtype == o.dtype;
+  }
+};
+
+head_key key_of(const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  head_key k;
+  k.weight = weight.data_ptr();
+  k.bias = bias.has_value() && bias->defined() ? bias->data_ptr() : nullptr;
+  k.rows = weight.size(0);
+  k.cols = weight.size(1);
+  k.stride = weight.stride(0);
+  k.dtype = static_cast<int>(weight.scalar_type());
+  return k;
+}
+
+struct head_cache {
+  head_key key;
+  std::shared_ptr<void> head;
+  bool fresh = false;  ///< true right after (re)construction
+
+  template <class Head, class Make>
+  Head& get(const head_key& k, Make&& make) {
+    fresh = false;
+    if (!head || !(key == k)) {
+      head.reset();  // a KNN head may hold a large graph: free it before building the next
+      head = std::shared_ptr<void>(make());
+      key = k;
+      fresh = true;
+    }
+    return *static_cast<Head*>(head.get());
+  }
+};
+
+struct state {
+  virtual ~state() = default;
+  std::mutex mu;
+  head_cache cache;
+};
+
+struct tree_state final : state {
+  explicit tree_state(tree_type t, bool s) : tree(std::move(t)), sigmoid(s) {}
+  tree_type tree;
+  bool sigmoid;
+};
+
+struct sampled_state final : state {
+  explicit sampled_state(xs::sampled_negatives s) : sampler(std::move(s)) {}
+  xs::sampled_negatives sampler;
+};
+
+struct knn_state final : state {
+  explicit knn_state(xs::knn_options o) : options(o) {}
+  xs::knn_options options;
+  int64_t built_step = 0;  ///< the step whose weights the graph was last built from
+};
+
+std::mutex registry_mutex;
+std::unordered_map<int64_t, std::shared_ptr<state>>& registry() {
+  static auto* r = new std::unordered_map<int64_t, std::shared_ptr<state>>();  // never destroyed
+  return *r;
+}
+int64_t next_handle = 1;
+
+int64_t register_state(std::shared_ptr<state> s) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const int64_t h = next_handle++;
+  registry().emplace(h, std::move(s));
+  return h;
+}
+
+std::shared_ptr<state> find_state(int64_t handle, const char* op) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(handle);
+  TORCH_CHECK_VALUE(it != registry().end(), "xsoftmax::", op, ": head = ", handle,
+                    " is not a live xsoftmax head handle (released, or made in another process)");
+  return it->second;
+}
+
+void release_state(int64_t handle) {
+  std::shared_ptr<state> s;  // destroyed outside the registry lock
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(handle);
+  if (it != registry().end()) {
+    s = std::move(it->second);
+    registry().erase(it);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dispatch: weight dtype -> precision, handle -> head type
+// ------------------------------------------------------------------------------------------------
+
+template <class F>
+decltype(auto) dispatch_precision(at::ScalarType t, const char* op, F&& f) {
+  switch (t) {
+    case at::kFloat:
+      return f(xs::fp32{});
+    case at::kBFloat16:
+      return f(xs::bf16{});
+    case at::kHalf:
+      return f(xs::fp16{});
+    default:
+      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": weight.dtype = ", t,
+                        " is not supported (float32, bfloat16 or float16)");
+  }
+}
+
+/// Calls `f(head)` with the head `handle` names, attached to `weight` / `bias`. Selective heads
+/// (sampled, KNN) only when `Selective`; the others are full softmax (handle 0) and hierarchical.
+template <bool Selective, class F>
+void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+               const c10::optional<at::Tensor>& step, const char* op, F&& f) {
+  dispatch_precision(weight.scalar_type(), op, [&](auto precision) {
+    using P = decltype(precision);
+    using S = typename P::storage_type;
+    const xs::matrix_view<S> w = weight_view<S>(weight);
+    S* const b = bias_pointer<S>(bias);
+    if (handle == 0) {
+      xs::full_softmax<P, backend> head(w, b);
+      f(head);
+      return;
+    }
+    const std::shared_ptr<state> st = find_state(handle, op);
+    std::lock_guard<std::mutex> lock(st->mu);
+    const head_key key = key_of(weight, bias);
+    if (auto* t = dynamic_cast<tree_state*>(st.get())) {
+      if (t->sigmoid) {
+        using head_t = xs::hierarchical_softmax<tree_type, P, backend, xs::sigmoid_nodes>;
+        f(st->cache.get<head_t>(key, [&] { return new head_t(t->tree, w, b); }));
+      } else {
+        using head_t = xs::hierarchical_softmax<tree_type, P, backend, xs::softmax_nodes>;
+        f(st->cache.get<head_t>(key, [&] { return new head_t(t->tree, w, b); }));
+      }
+      return;
+    }
+    if constexpr (Selective) {
+      if (auto* s = dynamic_cast<sampled_state*>(st.get())) {
+        using head_t = xs::selective_softmax<xs::sampled_negatives, P, backend>;
+        head_t& head = st->cache.get<head_t>(key, [&] { return new head_t(s->sampler, w, b); });
+        head.selector().set_step(static_cast<unsigned long long>(step_value(step)));
+        f(head);
+        return;
+      }
+      if (auto* k = dynamic_cast<knn_state*>(st.get())) {
+        using head_t = xs::knn_softmax<P, backend>;
+        const int64_t now = step_value(step);
+        head_t& head = st->cache.get<head_t>(key, [&] { return new head_t(w, k->options, b); });
+        if (st->cache.fresh) {
+          k->built_step = now;
+        } else if (k->options.rebuild_every > 0 && now - k->built_step >= k->options.rebuild_every) {
+          head.rebuild_graph();  // from the current weights (after the optimiser's updates)
+          k->built_step = now;
+        }
+        f(head);
+        return;
+      }
+      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": head = ", handle, " is not a head handle");
+    } else {
+      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": head = ", handle,
+                        " is a sampled or KNN head; this operator takes a full (0) or hierarchical head");
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// Gradients -> tensors
+// ------------------------------------------------------------------------------------------------
+
+using gradient = xs::sparse_gradient<backend, float>;
+
+/// (rows, values, bias) of a weight gradient: dense (rows empty, values rows x dim) or sparse.
+/// Sparse tensors share the gradient's buffers (no copy).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gradient_tensors(const std::shared_ptr<gradient>& g,
+                                                                 int64_t weight_rows, int64_t dim, bool has_bias,
+                                                                 bool sparse) {
+  const int64_t r = g->num_rows();
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  auto keep = [g](void*) {};  // the deleter holds the gradient object alive
+  at::Tensor rows, values, bias;
+  if (r == 0) {
+    rows = at::empty({0}, i64);
+    values = at::empty({0, dim}, f32);
+    bias = at::empty({0}, f32);
+  } else {
+    rows = torch::from_blob(thrust::raw_pointer_cast(g->rows.data()), {r}, keep, i64);
+    values = torch::from_blob(thrust::raw_pointer_cast(g->values.data()), {r, dim}, keep, f32);
+    bias = has_bias ? torch::from_blob(thrust::raw_pointer_cast(g->bias_values.data()), {r}, keep, f32)
+                    : at::empty({0}, f32);
+  }
+  if (!has_bias) bias = at::empty({0}, f32);
+  if (sparse) return {rows, values, bias};
+
+  // Dense. The full softmax produces every row in order: its values are the dense gradient.
+  bool identity = r == weight_rows;
+  if (identity) {
+    const int64_t* p = rows.data_ptr<int64_t>();
+    for (int64_t i = 0; i < r && identity; ++i) identity = p[i] == i;
+  }
+  if (identity) return {at::empty({0}, i64), values, bias};
+  at::Tensor dense = at::zeros({weight_rows, dim}, f32);
+  at::Tensor dense_bias = at::zeros({has_bias ? weight_rows : 0}, f32);
+  if (r > 0) {
+    dense.index_copy_(0, rows, values);
+    if (has_bias) dense_bias.index_copy_(0, rows, bias);
+  }
+  return {at::empty({0}, i64), dense, dense_bias};
+}
+
+// ------------------------------------------------------------------------------------------------
+// Operators
+// ------------------------------------------------------------------------------------------------
+
+struct loss_args {
+  at::Tensor hidden, targets;
+  xs::loss_options options;
+};
+
+loss_args prepare(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                  const at::Tensor& targets, int64_t reduction, int64_t ignore_index, const char* op) {
+  check_weight(weight, bias, op);
+  loss_args a;
+  a.hidden = prepare_hidden(hidden, op);
+  a.targets = prepare_targets(targets, a.hidden, op);
+  a.options = make_options(reduction, ignore_index, op);
+  return a;
+}
+
+/// F.cross_entropy's mean over no sample is NaN (the library returns 0; the gradients are 0 in both).
+float mean_of_nothing_is_nan(float loss, const loss_args& a) {
+  if (a.options.reduce != xs::reduction::mean) return loss;
+  const int64_t* t = a.targets.data_ptr<int64_t>();
+  for (int64_t i = 0; i < a.targets.size(0); ++i)
+    if (t[i] != a.options.ignore_index) return loss;
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
+at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                   const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
+                   const c10::optional<at::Tensor>& step, bool /*sparse_grad: used by the backward*/) {
+  return guarded([&] {
+    const char* op = "loss";
+    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    const int64_t b = a.hidden.size(0);
+    at::Tensor per_sample = at::empty({b}, at::TensorOptions().dtype(at::kFloat));
+    float loss = 0;
+    with_head<true>(head, weight, bias, step, op, [&](auto& h) {
+      loss = h.forward(hidden_view(a.hidden), targets_view(a.targets), a.options,
+                       xs::vector_view<float>(per_sample.data_ptr<float>(), b));
+    });
+    if (a.options.reduce == xs::reduction::none) return per_sample;
+    return at::scalar_tensor(mean_of_nothing_is_nan(loss, a), at::TensorOptions().dtype(at::kFloat));
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fused_op(
+    const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
+    const c10::optional<at::Tensor>& step, bool sparse_grad) {
+  return guarded([&] {
+    const char* op = "loss_fused";
+    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    TORCH_CHECK_VALUE(a.options.reduce != xs::reduction::none, "xsoftmax::", op,
+                      ": reduction none needs the upstream gradient; use loss + backward");
+    const int64_t b = a.hidden.size(0), d = a.hidden.size(1);
+    at::Tensor grad_hidden = at::empty({b, d}, at::TensorOptions().dtype(at::kFloat));
+    auto g = std::make_shared<gradient>();
+    float loss = 0;
+    with_head<true>(head, weight, bias, step, op, [&](auto& h) {
+      loss = h.forward_backward(hidden_view(a.hidden), targets_view(a.targets),
+                                xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, a.options);
+    });
+    const bool has_bias = bias.has_value() && bias->defined();
+    auto [rows, values, gbias] = gradient_tensors(g, weight.size(0), weight.size(1), has_bias, sparse_grad);
+    return std::make_tuple(at::scalar_tensor(mean_of_nothing_is_nan(loss, a), at::TensorOptions().dtype(at::kFloat)),
+                           grad_hidden, rows,
+                           values, gbias);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
+    const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
+    const c10::optional<at::Tensor>& step, bool sparse_grad, const at::Tensor& grad_output) {
+  return guarded([&] {
+    const char* op = "backward";
+    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    check_cpu(grad_output, op, "grad_output");
+    const at::Tensor go = grad_output.to(at::kFloat).contiguous();
+    const int64_t b = a.hidden.size(0), d = a.hidden.size(1);
+    at::Tensor grad_hidden = at::empty({b, d}, at::TensorOptions().dtype(at::kFloat));
+    auto g = std::make_shared<gradient>();
+    with_head<true>(head, weight, bias, step, op, [&](auto& h) {
+      h.backward(hidden_view(a.hidden), targets_view(a.targets),
+                 xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, a.options,
+                 xs::vector_view<const float>(go.data_ptr<float>(), go.numel()));
+    });
+    const bool has_bias = bias.has_value() && bias->defined();
+    auto [rows, values, gbias] = gradient_tensors(g, weight.size(0), weight.size(1), has_bias, sparse_grad);
+    return std::make_tuple(grad_hidden, rows, values, gbias);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden, const at::Tensor& weight,
+                                           const c10::optional<at::Tensor>& bias, int64_t k, int64_t head,
+                                           int64_t beam_width) {
+  return guarded([&] {
+    const char* op = "topk";
+    check_weight(weight, bias, op);
+    const at::Tensor h = prepare_hidden(hidden, op);
+    const int64_t b = h.size(0);
+    TORCH_CHECK_VALUE(k >= 1, "xsoftmax::topk: k = ", k, " must be >= 1");
+    TORCH_CHECK_VALUE(beam_width >= 0, "xsoftmax::topk: beam_width = ", beam_width, " must be >= 0");
+    at::Tensor log_probs = at::empty({b, k}, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor classes = at::empty({b, k}, at::TensorOptions().dtype(at::kLong));
+    with_head<false>(head, weight, bias, c10::nullopt, op, [&](auto& hd) {
+      using head_t = std::decay_t<decltype(hd)>;
+      const xs::matrix_view<index_t> cv(classes.data_ptr<int64_t>(), b, k);
+      const xs::matrix_view<float> lv(log_probs.data_ptr<float>(), b, k);
+      if constexpr (std::is_same_v<typename head_t::search_options_type, xs::search_options>) {
+        xs::search_options so;
+        so.beam_width = beam_width;
+        hd.topk(hidden_view(h), k, cv, lv, so);
+      } else {
+        hd.topk(hidden_view(h), k, cv, lv);
+      }
+    });
+    return std::make_tuple(log_probs, classes);
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// Handles (Python module functions; not traced)
+// ------------------------------------------------------------------------------------------------
+
+std::vector<index_t> to_index_vector(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == 1, "xsoftmax: ", name, " must be 1-D, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type()) &&
+                        t.scalar_type() != at::kBool,
+                    "xsoftmax: ", name, " must hold integers, got dtype ", t.scalar_type());
+  const at::Tensor c = t.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  return std::vector<index_t>(p, p + c.numel());
+}
+
+int64_t create_tree(const at::Tensor& parent, const c10::optional<at::Tensor>& leaf_class, int64_t num_classes,
+                    bool sigmoid) {
+  return guarded([&] {
+    std::vector<index_t> p = to_index_vector(parent, "parent");
+    tree_type tree;
+    {
+      pybind11::gil_scoped_release no_gil;
+      tree = leaf_class.has_value() && leaf_class->defined()
+                 ? tree_type::from_parents(std::move(p), to_index_vector(*leaf_class, "leaf_class"), num_classes)
+                 : tree_type::from_parents(std::move(p), num_classes);
+    }
+    if (sigmoid)
+      TORCH_CHECK_VALUE(tree.is_binary(), "xsoftmax: node='sigmoid' needs a binary tree (every internal node with ",
+                        "exactly 2 children); this tree is not binary");
+    return register_state(std::make_shared<tree_state>(std::move(tree), sigmoid));
+  });
+}
+
+at::Tensor huffman_parents(const at::Tensor& counts, int64_t arity) {
+  return guarded([&] {
+    TORCH_CHECK_VALUE(counts.dim() == 1, "xsoftmax: huffman: counts must be 1-D, got shape ", counts.sizes());
+    TORCH_CHECK_VALUE(arity >= 2 && arity <= std::numeric_limits<int>::max(), "xsoftmax: huffman: arity = ", arity,
+                      " must be >= 2");
+    const at::Tensor c = counts.to(at::kCPU).to(at::kDouble).contiguous();
+    std::vector<double> v(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+    std::vector<index_t> p =
+        xs::detail::huffman_parents(v, static_cast<int>(arity), "runtime_tree::huffman: ");
+    at::Tensor out = at::empty({static_cast<int64_t>(p.size())}, at::TensorOptions().dtype(at::kLong));
+    std::memcpy(out.data_ptr<int64_t>(), p.data(), p.size() * sizeof(int64_t));
+    return out;
+  });
+}
+
+/// The tree's layout arrays (see runtime_tree.hpp) and scalars.
+pybind11::dict tree_arrays(int64_t handle) {
+  const std::shared_ptr<state> st = find_state(handle, "tree_arrays");
+  auto* t = dynamic_cast<tree_state*>(st.get());
+  TORCH_CHECK_VALUE(t != nullptr, "xsoftmax: tree_arrays: head = ", handle, " is not a tree");
+  auto tensor = [](const std::vector<index_t>& v) {
+    at::Tensor out = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kLong));
+    if (!v.empty()) std::memcpy(out.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+    return out;
+  };
+  pybind11::dict d;
+  d["num_classes"] = t->tree.num_classes();
+  d["num_rows"] = t->tree.num_rows();
+  d["num_internal_nodes"] = t->tree.num_internal_nodes();
+  d["height"] = t->tree.height();
+  d["is_binary"] = t->tree.is_binary();
+  d["sigmoid"] = t->sigmoid;
+  d["weight_rows"] = t->sigmoid ? t->tree.num_rows() / 2 : t->tree.num_rows();
+  d["path_offset"] = tensor(t->tree.path_offsets());
+  d["path_row"] = tensor(t->tree.path_rows());
+  d["leaf_rank"] = tensor(t->tree.leaf_ranks());
+  d["row_parent"] = tensor(t->tree.row_parents());
+  d["row_child"] = tensor(t->tree.row_children());
+  d["block_offset"] = tensor(t->tree.block_offsets());
+  return d;
+}
+
+int64_t create_sampled(int64_t num_classes, const std::string& distribution, const c10::optional<at::Tensor>& counts,
+                       double power, int64_t num_sampled, bool unique, bool subtract_log_q, int64_t seed) {
+  return guarded([&] {
+    xs::sampling_options o;
+    o.num_sampled = num_sampled;
+    o.unique = unique;
+    o.subtract_log_q = subtract_log_q;
+    o.seed = static_cast<unsigned long long>(seed);
+    if (distribution == "uniform")
+      return register_state(std::make_shared<sampled_state>(xs::sampled_negatives::uniform(num_classes, o)));
+    if (distribution == "log_uniform")
+      return register_state(std::make_shared<sampled_state>(xs::sampled_negatives::log_uniform(num_classes, o)));
+    TORCH_CHECK_VALUE(distribution == "counts", "xsoftmax: sampler = '", distribution,
+                      "' must be 'uniform', 'log_uniform' or 'counts'");
+    TORCH_CHECK_VALUE(counts.has_value() && counts->defined(), "xsoftmax: sampler = 'counts' needs counts");
+    TORCH_CHECK_VALUE(counts->dim() == 1 && counts->size(0) == num_classes, "xsoftmax: counts has shape ",
+                      counts->sizes(), ", expected [", num_classes, "]");
+    const at::Tensor c = counts->to(at::kCPU).to(at::kDouble).contiguous();
+    std::vector<double> v(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+    return register_state(std::make_shared<sampled_state>(xs::sampled_negatives::from_counts(v, o, power)));
+  });
+}
+
+int64_t create_knn(int64_t k, const std::string& metric, const std::string& method, int64_t neighbors_used,
+                   int64_t rebuild_every, int64_t ivf_lists, int64_t nprobe) {
+  return guarded([&] {
+    xs::knn_options o;
+    o.graph.k = k;
+    TORCH_CHECK_VALUE(metric == "cosine" || metric == "inner_product", "xsoftmax: metric = '", metric,
+                      "' must be 'cosine' or 'inner_product'");
+    o.graph.metric = metric == "cosine" ? xs::similarity::cosine : xs::similarity::inner_product;
+    TORCH_CHECK_VALUE(method == "exact" || method == "ivf", "xsoftmax: method = '", method,
+                      "' must be 'exact' or 'ivf'");
+    o.graph.method = method == "exact" ? xs::knn_build_method::exact : xs::knn_build_method::ivf;
+    if (ivf_lists > 0) o.graph.ivf.num_lists = ivf_lists;
+    if (nprobe > 0) o.graph.nprobe = nprobe;
+    o.neighbors_used = neighbors_used;
+    o.rebuild_every = rebuild_every;
+    (void)xs::knn_selector(o);  // validates the options now (throws naming the value)
+    return register_state(std::make_shared<knn_state>(o));
+  });
+}
+
+/// Rebuilds a KNN head's graph now (from the weights it is attached to), if it has been used.
+void knn_rebuild(int64_t handle) {
+  const std::shared_ptr<state> st = find_state(handle, "knn_rebuild");
+  auto* k = dynamic_cast<knn_state*>(st.get());
+  TORCH_CHECK_VALUE(k != nullptr, "xsoftmax: knn_rebuild: head = ", handle, " is not a KNN head");
+  std::lock_guard<std::mutex> lock(st->mu);
+  if (!st->cache.head) return;
+  guarded([&] {
+    dispatch_precision(static_cast<at::ScalarType>(st->cache.key.dtype), "knn_rebuild", [&](auto precision) {
+      using head_t = xs::knn_softmax<decltype(precision), backend>;
+      static_cast<head_t*>(st->cache.head.get())->rebuild_graph();
+    });
+  });
+}
+
+bool has_cblas() { return xs::detail::host::has_cblas(); }
+
+}  // namespace
+
+TORCH_LIBRARY(xsoftmax, m) {
+  m.def("loss(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
+        "int head, Tensor? step, bool sparse_grad) -> Tensor");
+  m.def("loss_fused(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
+        "int head, Tensor? step, bool sparse_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
+        "int head, Tensor? step, bool sparse_grad, Tensor grad_output) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("topk(Tensor hidden, Tensor weight, Tensor? bias, int k, int head, int beam_width) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(xsoftmax, CPU, m) {
+  m.impl("loss", &loss_op);
+  m.impl("loss_fused", &loss_fused_op);
+  m.impl("backward", &backward_op);
+  m.impl("topk", &topk_op);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "xsoftmax PyTorch operators (CPU) and head handles";
+  m.def("create_tree", &create_tree, pybind11::arg("parent"), pybind11::arg("leaf_class"),
+        pybind11::arg("num_classes"), pybind11::arg("sigmoid"));
+  m.def("huffman_parents", &huffman_parents, pybind11::arg("counts"), pybind11::arg("arity"));
+  m.def("tree_arrays", &tree_arrays, pybind11::arg("head"));
+  m.def("create_sampled", &create_sampled, pybind11::arg("num_classes"), pybind11::arg("distribution"),
+        pybind11::arg("counts"), pybind11::arg("power"), pybind11::arg("num_sampled"), pybind11::arg("unique"),
+        pybind11::arg("subtract_log_q"), pybind11::arg("seed"));
+  m.def("create_knn", &create_knn, pybind11::arg("k"), pybind11::arg("metric"), pybind11::arg("method"),
+        pybind11::arg("neighbors_used"), pybind11::arg("rebuild_every"), pybind11::arg("ivf_lists"),
+        pybind11::arg("nprobe"));
+  m.def("knn_rebuild", &knn_rebuild, pybind11::arg("head"));
+  m.def("release", &release_state, pybind11::arg("head"));
+  m.def("has_cblas", &has_cblas);
+}

@@ -1,0 +1,119 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build of the xsoftmax PyTorch extension (CPU; CUDA opt-in, see XSOFTMAX_WITH_CUDA below).
+
+    pip install --no-build-isolation ./python
+
+Environment variables:
+  XSOFTMAX_INCLUDE      the library's include directory (default: ../include next to this file)
+  XSOFTMAX_CUDA_INCLUDE a directory holding cuda_bf16.h / cuda_fp16.h and cccl/ (default: the CUDA
+                        toolkit from CUDA_HOME / CUDA_PATH / nvcc on PATH / /usr/local/cuda, else the
+                        headers of the nvidia-cuda-runtime + nvidia-cuda-cccl pip packages)
+  XSOFTMAX_CBLAS        "openblas" (or another library name) to link a CBLAS for the dense scores
+  XSOFTMAX_NATIVE       1: compile with -march=native (faster; the build then runs on this CPU only)
+  XSOFTMAX_WITH_CUDA    1: reserved for a CUDA build of the operators (not implemented yet; the
+                        CPU extension is built and a warning is printed)
+  MAX_JOBS              parallel compile jobs (there is a single translation unit anyway)
+"""
+import glob
+import os
+import shutil
+import sys
+import sysconfig
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _library_include():
+    env = os.environ.get("XSOFTMAX_INCLUDE")
+    candidates = [env] if env else [os.path.join(HERE, "..", "include")]
+    for c in candidates:
+        c = os.path.abspath(c)
+        if os.path.isfile(os.path.join(c, "xsoftmax", "full_softmax.hpp")):
+            return c
+    sys.exit(
+        "xsoftmax: cannot find the library headers (looked for xsoftmax/full_softmax.hpp in %s). "
+        "Build from the repository checkout (pip install --no-build-isolation ./python) or set "
+        "XSOFTMAX_INCLUDE to the repository's include/ directory." % ", ".join(map(str, candidates)))
+
+
+def _cuda_header_dirs():
+    """Directories with cuda_bf16.h / cuda_fp16.h and CCCL (thrust/, cub/, cuda/)."""
+    roots = []
+    if os.environ.get("XSOFTMAX_CUDA_INCLUDE"):
+        roots.append(("include", os.environ["XSOFTMAX_CUDA_INCLUDE"]))
+    for var in ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT"):
+        if os.environ.get(var):
+            roots.append(("root", os.environ[var]))
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.append(("root", os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))))
+    roots.append(("root", "/usr/local/cuda"))
+    # pip wheels (nvidia-cuda-runtime, nvidia-cuda-cccl), installed with CUDA builds of torch
+    site = sysconfig.get_paths()["purelib"]
+    for inc in sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include")), reverse=True):
+        roots.append(("include", inc))
+    for kind, r in roots:
+        inc = r if kind == "include" else os.path.join(r, "include")
+        if os.path.isfile(os.path.join(inc, "cuda_bf16.h")):
+            dirs = [inc]
+            for cccl in (os.path.join(inc, "cccl"), os.path.join(os.path.dirname(inc), "cccl", "include")):
+                if os.path.isdir(os.path.join(cccl, "thrust")):
+                    dirs.insert(0, cccl)
+                    break
+            else:
+                if not os.path.isdir(os.path.join(inc, "thrust")):
+                    continue
+            return dirs
+    sys.exit("xsoftmax: cannot find <cuda_bf16.h> and CCCL (thrust). The library's headers need the CUDA "
+             "toolkit headers even for a CPU build: install the CUDA toolkit, set CUDA_HOME, or set "
+             "XSOFTMAX_CUDA_INCLUDE to a directory holding cuda_bf16.h (and cccl/).")
+
+
+def _extensions():
+    from torch.utils.cpp_extension import CppExtension
+
+    include_dirs = [_library_include()] + _cuda_header_dirs()
+    cxx = ["-O3", "-fopenmp", "-DNDEBUG", "-Wno-unused-parameter", "-Wno-deprecated"]
+    if os.environ.get("XSOFTMAX_NATIVE") == "1":  # tune for this machine's CPU (not portable)
+        cxx.append("-march=native")
+    link = ["-fopenmp"]
+    libraries = []
+    cblas = os.environ.get("XSOFTMAX_CBLAS")
+    if cblas:
+        cxx.append("-DXSOFTMAX_HAS_CBLAS=1")
+        libraries.append(cblas)
+    if os.environ.get("XSOFTMAX_WITH_CUDA") == "1":
+        print("xsoftmax: XSOFTMAX_WITH_CUDA=1: the CUDA operators are not written yet; building the CPU "
+              "extension only", file=sys.stderr)
+    print("xsoftmax: include directories: %s" % include_dirs, file=sys.stderr)
+    return [CppExtension(
+        name="xsoftmax._C",
+        sources=[os.path.join("csrc", "ops.cpp")],
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx},
+        extra_link_args=link,
+        libraries=libraries,
+    )]
+
+
+def _build_ext():
+    from torch.utils.cpp_extension import BuildExtension
+    return BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)
+
+
+os.chdir(HERE)
+setup(
+    name="xsoftmax",
+    version="0.1.0",
+    description="PyTorch softmax heads for extreme classification (full, hierarchical, sampled, KNN) "
+                "on the xsoftmax C++ library",
+    license="Apache-2.0",
+    packages=find_packages(include=["xsoftmax", "xsoftmax.*"]),
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": _build_ext()},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4"],
+    zip_safe=False,
+)

@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Bad input raises a Python exception naming the argument (never a crash)."""
+import copy
+import pickle
+
+import pytest
+import torch
+
+from xsoftmax import FullSoftmaxLoss, HierarchicalSoftmaxLoss, KNNSoftmaxLoss, SampledSoftmaxLoss, Tree, _ops
+
+N, D = 12, 5
+ERRORS = (RuntimeError, ValueError, IndexError)
+
+
+def heads():
+    return {
+        "full": FullSoftmaxLoss(N, D),
+        "hs": HierarchicalSoftmaxLoss(N, D, tree=Tree.uniform(N, 2, 4)),
+        "sampled": SampledSoftmaxLoss(N, D, num_sampled=3),
+        "knn": KNNSoftmaxLoss(N, D, k=3),
+    }
+
+
+@pytest.mark.parametrize("name", ["full", "hs", "sampled", "knn"])
+@pytest.mark.parametrize("grad", [True, False])
+def test_bad_inputs(name, grad):
+    head = heads()[name]
+    h = torch.randn(4, D)
+    t = torch.tensor([0, 1, 2, 3])
+    ctx = torch.enable_grad() if grad else torch.no_grad()
+    with ctx:
+        # target out of range: the library's message names the argument, index and value
+        with pytest.raises(ERRORS, match=r"targets\[2\] = 12 is out of range \[0, 12\)"):
+            head(h, torch.tensor([0, 1, 12, 3]))
+        with pytest.raises(ERRORS, match=r"targets\[0\] = -5 is out of range"):
+            head(h, torch.tensor([-5, 1, 2, 3]))
+        # NaN / inf hidden
+        bad = h.clone()
+        bad[1, 3] = float("nan")
+        with pytest.raises(ValueError, match=r"hidden\[1\]\[3\] = -?nan is not finite"):
+            head(bad, t)
+        bad[1, 3] = float("inf")
+        with pytest.raises(ValueError, match=r"hidden\[1\]\[3\] = inf is not finite"):
+            head(bad, t)
+        # shapes and dtypes
+        with pytest.raises(ValueError, match="hidden has shape .*dim = 5"):
+            head(torch.randn(4, D + 1), t)
+        with pytest.raises(ValueError, match="targets has shape"):
+            head(h, t[:3])
+        with pytest.raises(ValueError, match="targets.dtype"):
+            head(h, t.int())
+        with pytest.raises(ValueError, match="targets.dtype"):
+            head(h, t.float())
+
+
+def test_nothing_changes_after_an_error():
+    head = FullSoftmaxLoss(N, D, bias=True)
+    before = [p.detach().clone() for p in head.parameters()]
+    with pytest.raises(IndexError):
+        head(torch.randn(3, D, requires_grad=True), torch.tensor([0, 99, 1]))
+    assert head.weight.grad is None
+    for a, b in zip(before, head.parameters()):
+        assert torch.equal(a, b)
+    assert torch.isfinite(head(torch.randn(3, D), torch.tensor([0, 1, 2])))
+
+
+def test_operator_level_checks():
+    w = torch.randn(N, D)
+    h = torch.randn(3, D)
+    t = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match=r"weight.dtype = Double"):
+        _ops.loss(h, w.double(), None, t, 1, -100)
+    with pytest.raises(ValueError, match=r"weight must have unit column stride"):
+        _ops.loss(h, torch.randn(D, N).t(), None, t, 1, -100)
+    with pytest.raises(ValueError, match=r"bias has shape"):
+        _ops.loss(h, w, torch.zeros(N + 1), t, 1, -100)
+    with pytest.raises(ValueError, match=r"reduction = 7"):
+        _ops.loss(h, w, None, t, 7, -100)
+    with pytest.raises(ValueError, match=r"head = 987654 is not a live"):
+        _ops.loss(h, w, None, t, 1, -100, head=987654)
+    with pytest.raises(ValueError, match=r"k = 13 must be in \[1, num_classes = 12\]"):
+        _ops.topk(h, w, None, 13)
+    with pytest.raises(ValueError, match=r"hidden has 4 columns but the head's dim is 5"):
+        _ops.loss(torch.randn(3, D - 1), w, None, t, 1, -100)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="reduction"):
+        FullSoftmaxLoss(N, D, reduction="avg")
+    with pytest.raises(ValueError, match="dtype"):
+        FullSoftmaxLoss(N, D, dtype=torch.float64)
+    with pytest.raises(ValueError, match="num_classes = 0"):
+        FullSoftmaxLoss(0, D)
+    with pytest.raises(ValueError, match="num_sampled = 13"):
+        SampledSoftmaxLoss(N, D, num_sampled=13)
+    with pytest.raises(ValueError, match="sampler = 'zipf'"):
+        SampledSoftmaxLoss(N, D, sampler="zipf")
+    with pytest.raises(ValueError, match=r"counts\[1\] = -1"):
+        SampledSoftmaxLoss(3, D, num_sampled=1, sampler="counts", counts=[1.0, -1.0, 2.0])
+    with pytest.raises(ValueError, match="k = 13"):
+        KNNSoftmaxLoss(N, D, k=13)
+    with pytest.raises(ValueError, match="metric"):
+        KNNSoftmaxLoss(N, D, k=3, metric="l2")
+    with pytest.raises(ValueError, match="num_classes = 20 exceeds branching"):
+        Tree.uniform(20, 2, 4)
+    with pytest.raises(ValueError, match="arity"):
+        Tree.huffman([1.0, 2.0], arity=1)
+    with pytest.raises(ValueError, match=r"counts\[1\]"):
+        Tree.huffman([1.0, float("nan")])
+    with pytest.raises(ValueError, match="sigmoid"):
+        HierarchicalSoftmaxLoss(N, D, tree=Tree.uniform(N, 2, 4), node="sigmoid")
+    with pytest.raises(ValueError, match="tree has 12 classes"):
+        HierarchicalSoftmaxLoss(13, D, tree=Tree.uniform(N, 2, 4))
+
+
+@pytest.mark.parametrize("parent, n, what", [
+    ([3, 3, 4, 4, 3], 3, "root"),            # no root
+    ([2, 2, -1, -1], 2, "root"),              # two roots
+    ([4, 2, 3, 2, -1], 2, "cycle|orphan|reach"),  # 2 -> 3 -> 2
+    ([2, 7, -1], 2, "parent"),                # parent out of range
+    ([2, 1, -1], 2, "."),                     # class 1 is its own parent
+])
+def test_malformed_trees(parent, n, what):
+    with pytest.raises(ValueError, match=what):
+        HierarchicalSoftmaxLoss(n, D, tree=Tree.from_parents(parent, n))
+
+
+def test_non_cpu_device_is_rejected():
+    with pytest.raises(ValueError, match="CPU"):
+        FullSoftmaxLoss(N, D, device="meta")
+
+
+def test_copies_and_pickling_keep_working():
+    for head in heads().values():
+        clone = copy.deepcopy(head)
+        restored = pickle.loads(pickle.dumps(head))
+        h = torch.randn(3, D)
+        t = torch.tensor([0, 5, 11])
+        head.eval(), clone.eval(), restored.eval()
+        torch.testing.assert_close(clone(h, t), head(h, t))
+        torch.testing.assert_close(restored(h, t), head(h, t))
+        assert clone._handle.value != head._handle.value if hasattr(head, "_handle") else True
+        del head

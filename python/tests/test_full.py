@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: Apache-2.0
+"""FullSoftmaxLoss against F.cross_entropy(F.linear(h, W, b), t)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xsoftmax import FullSoftmaxLoss
+
+N, D = 37, 12
+
+
+def reference(hidden, targets, weight, bias, reduction, ignore_index):
+    """Loss and gradients (hidden, weight, bias) of the plain PyTorch computation, in fp32."""
+    h = hidden.detach().clone().requires_grad_()
+    w = weight.detach().float().clone().requires_grad_()
+    b = None if bias is None else bias.detach().float().clone().requires_grad_()
+    logits = F.linear(h, w, b)
+    loss = F.cross_entropy(logits.reshape(-1, w.shape[0]), targets.reshape(-1), reduction=reduction,
+                           ignore_index=ignore_index)
+    if reduction == "none":
+        loss = loss.reshape(targets.shape)
+    upstream = torch.linspace(0.5, 1.5, loss.numel()).reshape(loss.shape) if reduction == "none" else 1.3
+    (loss * upstream).sum().backward()
+    return loss.detach(), h.grad, w.grad, None if b is None else b.grad, upstream
+
+
+def run(head, hidden, targets, upstream):
+    h = hidden.detach().clone().requires_grad_()
+    head.zero_grad(set_to_none=True)
+    loss = head(h, targets)
+    (loss * upstream).sum().backward()
+    gb = None if head.bias is None else head.bias.grad
+    return loss.detach(), h.grad, head.weight.grad, gb
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(9,), (3, 5)])
+def test_matches_cross_entropy(reduction, bias, shape):
+    head = FullSoftmaxLoss(N, D, bias=bias, reduction=reduction, ignore_index=-100)
+    if bias:
+        with torch.no_grad():
+            head.bias.normal_()
+    hidden = torch.randn(*shape, D)
+    targets = torch.randint(0, N, shape)
+    targets.view(-1)[1] = -100  # ignored
+    ref_loss, ref_gh, ref_gw, ref_gb, upstream = reference(hidden, targets, head.weight, head.bias, reduction, -100)
+    loss, gh, gw, gb = run(head, hidden, targets, upstream)
+    assert loss.shape == ref_loss.shape
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gh, ref_gh, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gw, ref_gw, rtol=1e-5, atol=1e-6)
+    if bias:
+        torch.testing.assert_close(gb, ref_gb, rtol=1e-5, atol=1e-6)
+    if reduction == "none":
+        assert loss.view(-1)[1] == 0
+
+
+def test_custom_ignore_index_and_no_grad_path():
+    head = FullSoftmaxLoss(N, D, ignore_index=3)
+    hidden = torch.randn(8, D)
+    targets = torch.randint(0, N, (8,))
+    targets[0] = 3
+    targets[5] = 3
+    with torch.no_grad():
+        loss = head(hidden, targets)
+    ref = F.cross_entropy(F.linear(hidden, head.weight), targets, ignore_index=3)
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_weights(dtype):
+    head = FullSoftmaxLoss(N, D, bias=True, dtype=dtype)
+    with torch.no_grad():
+        head.bias.normal_()
+    hidden = torch.randn(10, D)
+    targets = torch.randint(0, N, (10,))
+    ref_loss, ref_gh, ref_gw, ref_gb, _ = reference(hidden, targets, head.weight, head.bias, "mean", -100)
+    loss, gh, gw, gb = run(head, hidden, targets, 1.3)
+    assert gw.dtype == dtype and gb.dtype == dtype
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gh, ref_gh, rtol=1e-4, atol=1e-5)
+    # fp32 gradients rounded to the storage type
+    torch.testing.assert_close(gw.float(), ref_gw, rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(gb.float(), ref_gb, rtol=1e-2, atol=1e-3)
+    # hidden in the storage type is accepted too
+    loss16 = head(hidden.to(dtype), targets)
+    torch.testing.assert_close(loss16.float(), F.cross_entropy(F.linear(hidden.to(dtype).float(), head.weight.float(),
+                                                                         head.bias.float()), targets).detach(),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_sparse_grad_equals_dense():
+    dense = FullSoftmaxLoss(N, D, bias=True)
+    sparse = FullSoftmaxLoss(N, D, bias=True, sparse_grad=True)
+    sparse.load_state_dict(dense.state_dict())
+    hidden = torch.randn(6, D)
+    targets = torch.randint(0, N, (6,))
+    dense(hidden, targets).backward()
+    sparse(hidden, targets).backward()
+    assert sparse.weight.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
+    torch.testing.assert_close(sparse.bias.grad.to_dense(), dense.bias.grad)
+    torch.optim.SparseAdam(list(sparse.parameters()), lr=0.01).step()  # accepted by the sparse optimiser
+
+
+def test_log_prob_and_predict():
+    head = FullSoftmaxLoss(N, D, bias=True)
+    with torch.no_grad():
+        head.bias.normal_()
+    hidden = torch.randn(2, 4, D)
+    logp = F.log_softmax(F.linear(hidden, head.weight, head.bias), -1).detach()
+    targets = torch.randint(0, N, (2, 4))
+    torch.testing.assert_close(head.log_prob(hidden, targets), logp.gather(-1, targets[..., None])[..., 0],
+                               rtol=1e-5, atol=1e-5)
+    values, indices = head.predict(hidden, k=5)
+    ref_v, ref_i = logp.topk(5, dim=-1)
+    assert values.shape == (2, 4, 5) and indices.shape == (2, 4, 5)
+    torch.testing.assert_close(values, ref_v, rtol=1e-5, atol=1e-5)
+    assert torch.equal(indices, ref_i)
+
+
+def test_weight_is_used_in_place():
+    head = FullSoftmaxLoss(N, D)
+    hidden = torch.randn(4, D)
+    targets = torch.randint(0, N, (4,))
+    before = head(hidden, targets).item()
+    with torch.no_grad():
+        head.weight.mul_(0)  # the operator reads the parameter's memory: uniform distribution now
+    assert head(hidden, targets).item() == pytest.approx(torch.log(torch.tensor(float(N))).item(), rel=1e-6)
+    assert before != pytest.approx(head(hidden, targets).item())
+
+
+def test_empty_batch():
+    head = FullSoftmaxLoss(N, D)
+    h = torch.randn(0, D, requires_grad=True)
+    t = torch.zeros(0, dtype=torch.long)
+    assert torch.isnan(head(h, t))
+    head.reduction = "sum"
+    assert head(h, t).item() == 0
+    head.reduction = "none"
+    assert head(h, t).shape == (0,)
+
+
+def test_sgd_training_lowers_loss():
+    head = FullSoftmaxLoss(N, D, bias=True)
+    hidden = torch.randn(64, D)
+    targets = torch.randint(0, N, (64,))
+    opt = torch.optim.SGD(head.parameters(), lr=1.0)
+    first = None
+    for _ in range(30):
+        opt.zero_grad()
+        loss = head(hidden, targets)
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+    assert head(hidden, targets).item() < 0.5 * first
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_every_sample_ignored(reduction):
+    head = FullSoftmaxLoss(N, D, reduction=reduction)
+    hidden = torch.randn(3, D, requires_grad=True)
+    targets = torch.full((3,), -100)
+    ref_h = hidden.detach().clone().requires_grad_()
+    ref = F.cross_entropy(F.linear(ref_h, head.weight), targets, reduction=reduction)
+    loss = head(hidden, targets)
+    torch.testing.assert_close(loss, ref.detach(), equal_nan=True)  # mean: nan, as F.cross_entropy
+    loss.sum().backward()
+    assert hidden.grad.abs().sum() == 0 and head.weight.grad.abs().sum() == 0

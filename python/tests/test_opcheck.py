@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+"""torch.library.opcheck of the operators: schema (no hidden mutation or aliasing), autograd
+registration, fake kernels against the real ones, AOT dispatch with dynamic shapes."""
+import pytest
+import torch
+
+from xsoftmax import HierarchicalSoftmaxLoss, KNNSoftmaxLoss, SampledSoftmaxLoss, Tree
+
+N, D, B = 20, 6, 5
+ops = torch.ops.xsoftmax
+
+
+def cases():
+    torch.manual_seed(0)
+    w = torch.randn(N, D, requires_grad=True)
+    b = torch.randn(N, requires_grad=True)
+    h = torch.randn(B, D, requires_grad=True)
+    t = torch.randint(0, N, (B,))
+    t[2] = -100
+    hs = HierarchicalSoftmaxLoss(N, D, tree=Tree.uniform(N, 2, 5), bias=True)
+    sig = HierarchicalSoftmaxLoss(N, D, tree=Tree.huffman(torch.arange(1.0, N + 1)), node="sigmoid")
+    sampled = SampledSoftmaxLoss(N, D, num_sampled=5)
+    knn = KNNSoftmaxLoss(N, D, k=4)
+    step = torch.tensor(3)
+    heads = {
+        "full": (w, b, 0, None),
+        "hs": (hs.weight, hs.bias, hs._handle.value, None),
+        "hs_sigmoid": (sig.weight, None, sig._handle.value, None),
+        "sampled": (sampled.weight, None, sampled._handle.value, step),
+        "knn": (knn.weight, None, knn._handle.value, step),
+    }
+    out = []
+    for name, (weight, bias, head, st) in heads.items():
+        for reduction in (0, 1, 2):
+            for sparse in (False, True):
+                out.append((f"{name}-r{reduction}-{'sparse' if sparse else 'dense'}",
+                            (h, weight, bias, t, reduction, -100, head, st, sparse), (name, head, weight, bias)))
+    return out, heads, [hs, sig, sampled, knn]  # the modules own the handles: keep them alive
+
+
+CASES, HEADS, _KEEP = cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_loss_ops(case):
+    _, args, _ = case
+    torch.library.opcheck(ops.loss, args)
+    if args[4] != 0:
+        torch.library.opcheck(ops.loss_fused, args)
+    grad_output = torch.rand(B) if args[4] == 0 else torch.tensor(0.7)
+    detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+    torch.library.opcheck(ops.backward, detached + (grad_output,))
+
+
+@pytest.mark.parametrize("name", ["full", "hs", "hs_sigmoid"])
+def test_topk_op(name):
+    weight, bias, head, _ = HEADS[name]
+    h = torch.randn(B, D)
+    torch.library.opcheck(ops.topk, (h, weight.detach(), None if bias is None else bias.detach(), 3, head, 0))

@@ -1,0 +1,155 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The xsoftmax operators: loading the C++ extension, fake (meta) kernels for torch.compile, autograd.
+
+Operators (schemas in csrc/ops.cpp), all on CPU tensors:
+
+* ``xsoftmax::loss`` -- the loss only. Differentiable: its backward calls ``xsoftmax::backward``
+  with the upstream gradient (a scalar for mean/sum, one value per sample for reduction none).
+* ``xsoftmax::loss_fused`` -- loss and gradients in one pass (the library's ``forward_backward``,
+  upstream gradient 1), for mean/sum. Differentiable: its backward scales the saved gradients by
+  the (scalar) upstream gradient.
+* ``xsoftmax::backward`` -- the gradients for a given upstream gradient.
+* ``xsoftmax::topk`` -- the k most probable classes and their log-probabilities.
+"""
+import torch
+
+from . import _C  # noqa: F401  (registers the operators)
+
+__all__ = ["REDUCTIONS", "loss", "topk", "INT64_MIN"]
+
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+INT64_MIN = -(2 ** 63)
+
+_ops = torch.ops.xsoftmax
+
+
+# --------------------------------------------------------------------------------------------------
+# Fake kernels: output shapes and dtypes without running anything (torch.compile, meta tensors)
+# --------------------------------------------------------------------------------------------------
+
+def _fake_gradients(hidden, weight, bias, sparse_grad):
+    b, d = hidden.shape
+    grad_hidden = hidden.new_empty((b, d), dtype=torch.float32)
+    if sparse_grad:
+        rows = torch.library.get_ctx().new_dynamic_size()
+        grad_rows = hidden.new_empty((rows,), dtype=torch.int64)
+        grad_values = hidden.new_empty((rows, d), dtype=torch.float32)
+        grad_bias = hidden.new_empty((rows if bias is not None else 0,), dtype=torch.float32)
+    else:
+        n = weight.shape[0]
+        grad_rows = hidden.new_empty((0,), dtype=torch.int64)
+        grad_values = hidden.new_empty((n, d), dtype=torch.float32)
+        grad_bias = hidden.new_empty((n if bias is not None else 0,), dtype=torch.float32)
+    return grad_hidden, grad_rows, grad_values, grad_bias
+
+
+@torch.library.register_fake("xsoftmax::loss")
+def _loss_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad):
+    if reduction == 0:
+        return hidden.new_empty((hidden.shape[0],), dtype=torch.float32)
+    return hidden.new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake("xsoftmax::loss_fused")
+def _loss_fused_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad):
+    loss = hidden.new_empty((), dtype=torch.float32)
+    return (loss,) + _fake_gradients(hidden, weight, bias, sparse_grad)
+
+
+@torch.library.register_fake("xsoftmax::backward")
+def _backward_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, grad_output):
+    return _fake_gradients(hidden, weight, bias, sparse_grad)
+
+
+@torch.library.register_fake("xsoftmax::topk")
+def _topk_fake(hidden, weight, bias, k, head, beam_width):
+    b = hidden.shape[0]
+    return (hidden.new_empty((b, k), dtype=torch.float32), hidden.new_empty((b, k), dtype=torch.int64))
+
+
+# --------------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------------
+
+def _weight_gradients(grad_rows, grad_values, grad_bias, scale, weight_shape, weight_dtype, has_bias, sparse_grad,
+                      need_weight, need_bias):
+    """The weight and bias gradients from the operator's (rows, values, bias) and the upstream scale."""
+    grad_weight = grad_b = None
+    if need_weight:
+        values = grad_values * scale
+        if sparse_grad:
+            grad_weight = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape,
+                                                  check_invariants=False)
+        else:
+            grad_weight = values.to(weight_dtype)
+    if need_bias and has_bias:
+        values = grad_bias * scale
+        if sparse_grad:
+            grad_b = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape[:1],
+                                             check_invariants=False)
+        else:
+            grad_b = values.to(weight_dtype)
+    return grad_weight, grad_b
+
+
+def _fused_setup_context(ctx, inputs, output):
+    hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad = inputs
+    _, grad_hidden, grad_rows, grad_values, grad_bias = output
+    ctx.save_for_backward(grad_hidden, grad_rows, grad_values, grad_bias)
+    ctx.info = (hidden.dtype, weight.shape, weight.dtype, bias is not None, sparse_grad)
+    ctx.mark_non_differentiable(grad_hidden, grad_rows, grad_values, grad_bias)
+
+
+def _fused_backward(ctx, grad_loss, *unused):
+    grad_hidden, grad_rows, grad_values, grad_bias = ctx.saved_tensors
+    hidden_dtype, weight_shape, weight_dtype, has_bias, sparse_grad = ctx.info
+    need = ctx.needs_input_grad
+    gh = (grad_hidden * grad_loss).to(hidden_dtype) if need[0] else None
+    gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, grad_loss, weight_shape, weight_dtype, has_bias,
+                               sparse_grad, need[1], need[2])
+    return gh, gw, gb, None, None, None, None, None, None
+
+
+def _loss_setup_context(ctx, inputs, output):
+    hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad = inputs
+    ctx.save_for_backward(hidden, weight, bias, targets, step)
+    ctx.args = (reduction, ignore_index, head, sparse_grad)
+    ctx.info = (hidden.dtype, weight.shape, weight.dtype, bias is not None)
+
+
+def _loss_backward(ctx, grad_loss):
+    hidden, weight, bias, targets, step = ctx.saved_tensors
+    reduction, ignore_index, head, sparse_grad = ctx.args
+    hidden_dtype, weight_shape, weight_dtype, has_bias = ctx.info
+    need = ctx.needs_input_grad
+    grad_hidden, grad_rows, grad_values, grad_bias = _ops.backward(
+        hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, grad_loss)
+    gh = grad_hidden.to(hidden_dtype) if need[0] else None
+    gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, 1.0, weight_shape, weight_dtype, has_bias,
+                               sparse_grad, need[1], need[2])
+    return gh, gw, gb, None, None, None, None, None, None
+
+
+torch.library.register_autograd("xsoftmax::loss_fused", _fused_backward, setup_context=_fused_setup_context)
+torch.library.register_autograd("xsoftmax::loss", _loss_backward, setup_context=_loss_setup_context)
+
+
+# --------------------------------------------------------------------------------------------------
+# Entry points used by the modules
+# --------------------------------------------------------------------------------------------------
+
+def loss(hidden, weight, bias, targets, reduction, ignore_index, head=0, step=None, sparse_grad=False):
+    """The loss of a (B x d) batch; fused forward+backward when a gradient will be needed.
+
+    ``reduction`` is an int (see ``REDUCTIONS``). Returns a scalar, or B values for reduction 0.
+    """
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    if needs_grad and reduction != 0:
+        return _ops.loss_fused(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad)[0]
+    return _ops.loss(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad)
+
+
+def topk(hidden, weight, bias, k, head=0, beam_width=0):
+    """(log-probabilities, classes) of the k most probable classes of each row, best first."""
+    return _ops.topk(hidden, weight, bias, k, head, beam_width)

@@ -1,0 +1,407 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PyTorch modules over the xsoftmax heads.
+
+Every module is a loss: ``module(hidden, targets)`` with ``hidden`` of shape (..., dim) and int64
+``targets`` of shape (...), with the conventions of ``F.cross_entropy`` (``reduction`` 'mean' |
+'sum' | 'none', ``ignore_index``). The class weights are ``module.weight`` (an ``nn.Parameter`` of
+float32, bfloat16 or float16; the C++ head reads and writes it in place) and ``module.bias``.
+
+* ``FullSoftmaxLoss``          exact softmax over all classes (never materialises the logits)
+* ``HierarchicalSoftmaxLoss``  softmax (or sigmoid, word2vec) nodes along a tree (``Tree``)
+* ``SampledSoftmaxLoss``       sampled softmax with log-Q correction (training); exact in eval
+* ``KNNSoftmaxLoss``           softmax over the targets' nearest classes (training); exact in eval
+
+Weight gradients are dense by default; ``sparse_grad=True`` gives sparse COO gradients of the rows
+a step touched (for ``torch.optim.SparseAdam`` / ``SGD``; eager mode only).
+"""
+import functools
+import math
+import weakref
+
+import torch
+from torch import nn
+
+from . import _C, _ops
+
+__all__ = ["Tree", "FullSoftmaxLoss", "HierarchicalSoftmaxLoss", "SampledSoftmaxLoss", "KNNSoftmaxLoss"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Handles of C++ head state (trees, samplers, KNN graphs)
+# --------------------------------------------------------------------------------------------------
+
+class _Handle:
+    """Owns one C++ head state; released when garbage-collected. Copies (deepcopy, pickling) make
+    a new state from the same recipe."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self.value = int(factory())
+        self._finalizer = weakref.finalize(self, _C.release, self.value)
+
+    def __deepcopy__(self, memo):
+        return _Handle(self._factory)
+
+    def __reduce__(self):
+        return (_Handle, (self._factory,))
+
+
+def _make_tree(parent, leaf_class, num_classes, sigmoid):
+    return _C.create_tree(parent, leaf_class, num_classes, sigmoid)
+
+
+def _make_sampled(*args):
+    return _C.create_sampled(*args)
+
+
+def _make_knn(*args):
+    return _C.create_knn(*args)
+
+
+# --------------------------------------------------------------------------------------------------
+# Trees
+# --------------------------------------------------------------------------------------------------
+
+class Tree:
+    """A class tree for ``HierarchicalSoftmaxLoss``, as a parent array.
+
+    Nodes 0..M-1; ``parent[i]`` is node i's parent (-1 for the root); ``leaf_class[i]`` the class
+    of leaf i (-1 for internal nodes). Children are ordered by node index. When ``leaf_class`` is
+    None, nodes 0..num_classes-1 are the classes. Validated by the C++ library when a head is
+    built (cycles, orphans, missing or duplicate classes raise ``ValueError`` naming the node).
+    """
+
+    def __init__(self, parent, num_classes, leaf_class=None, kind="parents"):
+        self.parent = torch.as_tensor(parent, dtype=torch.int64).reshape(-1).cpu()
+        self.leaf_class = None if leaf_class is None else torch.as_tensor(leaf_class, dtype=torch.int64).reshape(-1).cpu()
+        self.num_classes = int(num_classes)
+        self.kind = kind
+
+    @classmethod
+    def from_parents(cls, parent, num_classes=None, leaf_class=None):
+        """A user tree. Without ``leaf_class``, nodes 0..num_classes-1 are the classes (then
+        ``num_classes`` is required); with it, ``num_classes`` defaults to max(leaf_class) + 1."""
+        if num_classes is None:
+            if leaf_class is None:
+                raise ValueError("Tree.from_parents: num_classes is required when leaf_class is not given")
+            num_classes = int(torch.as_tensor(leaf_class).max().item()) + 1
+        return cls(parent, num_classes, leaf_class)
+
+    @classmethod
+    def uniform(cls, num_classes, depth, branching):
+        """Every internal node has ``branching`` children and every class sits at ``depth``; the
+        last nodes of a level are partial when num_classes < branching ** depth. Classes are
+        leaves in class order (the layout of the C++ ``uniform_tree<depth, branching>``)."""
+        n, depth, branching = int(num_classes), int(depth), int(branching)
+        if n < 1:
+            raise ValueError(f"Tree.uniform: num_classes = {n} must be >= 1")
+        if depth < 1:
+            raise ValueError(f"Tree.uniform: depth = {depth} must be >= 1")
+        if branching < 2:
+            raise ValueError(f"Tree.uniform: branching = {branching} must be >= 2")
+        if n > branching ** depth:
+            raise ValueError(f"Tree.uniform: num_classes = {n} exceeds branching ** depth = {branching ** depth}")
+        # Internal nodes of level l (root: l = 0): ceil(n / branching ** (depth - l)).
+        sizes = [-(-n // branching ** (depth - level)) for level in range(depth)]
+        base, offset = [], n
+        for s in sizes:
+            base.append(offset)
+            offset += s
+        parent = torch.empty(offset, dtype=torch.int64)
+        parent[base[0]] = -1
+        for level in range(1, depth):
+            idx = torch.arange(sizes[level], dtype=torch.int64)
+            parent[base[level]:base[level] + sizes[level]] = base[level - 1] + idx // branching
+        parent[:n] = base[depth - 1] + torch.arange(n, dtype=torch.int64) // branching
+        return cls(parent, n, kind=f"uniform(depth={depth}, branching={branching})")
+
+    @classmethod
+    def huffman(cls, counts, arity=2):
+        """The Huffman tree of the class counts (any arity >= 2; binary = word2vec / fastText):
+        frequent classes get short paths."""
+        counts = torch.as_tensor(counts).reshape(-1)
+        parent = _C.huffman_parents(counts, int(arity))
+        return cls(parent, counts.numel(), kind=f"huffman(arity={arity})")
+
+    def __repr__(self):
+        return f"Tree({self.kind}, num_classes={self.num_classes}, nodes={self.parent.numel()})"
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------------
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_reduction(reduction):
+    if reduction not in _ops.REDUCTIONS:
+        raise ValueError(f"reduction = {reduction!r} must be 'mean', 'sum' or 'none'")
+    return reduction
+
+
+class _SoftmaxHead(nn.Module):
+    """Shared parts: parameters, input checks, flattening of leading dimensions."""
+
+    def __init__(self, num_classes, dim, weight_rows, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                 init_scale=None):
+        super().__init__()
+        if int(num_classes) < 1:
+            raise ValueError(f"num_classes = {num_classes} must be >= 1")
+        if int(dim) < 1:
+            raise ValueError(f"dim = {dim} must be >= 1")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype = {dtype} must be torch.float32, torch.bfloat16 or torch.float16")
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"device = {device}: this build of xsoftmax runs on CPU tensors only")
+        self.num_classes = int(num_classes)
+        self.dim = int(dim)
+        self.reduction = _check_reduction(reduction)
+        self.ignore_index = int(ignore_index)
+        self.sparse_grad = bool(sparse_grad)
+        self.weight = nn.Parameter(torch.empty(int(weight_rows), self.dim, dtype=dtype, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(int(weight_rows), dtype=dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+        self._init_scale = init_scale
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        scale = self._init_scale if self._init_scale is not None else 1.0 / math.sqrt(self.dim)
+        with torch.no_grad():
+            self.weight.uniform_(-scale, scale)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def extra_repr(self):
+        return (f"num_classes={self.num_classes}, dim={self.dim}, weight_rows={self.weight.shape[0]}, "
+                f"bias={self.bias is not None}, dtype={self.weight.dtype}, reduction={self.reduction!r}, "
+                f"ignore_index={self.ignore_index}, sparse_grad={self.sparse_grad}")
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _hidden_2d(self, hidden):
+        if not isinstance(hidden, torch.Tensor):
+            raise TypeError(f"hidden must be a torch.Tensor, got {type(hidden).__name__}")
+        if hidden.dim() < 1 or hidden.shape[-1] != self.dim:
+            raise ValueError(f"hidden has shape {tuple(hidden.shape)}; its last dimension must be dim = {self.dim}")
+        if not hidden.is_floating_point():
+            raise ValueError(f"hidden.dtype = {hidden.dtype} must be a floating-point type")
+        if hidden.dtype not in (torch.float32, self.weight.dtype):
+            hidden = hidden.float()
+        return hidden.reshape(-1, self.dim)
+
+    def _targets_1d(self, targets, hidden):
+        if not isinstance(targets, torch.Tensor):
+            raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+        if targets.dtype != torch.int64:
+            raise ValueError(f"targets.dtype = {targets.dtype} must be torch.int64 (class indices)")
+        if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+            raise ValueError(f"targets has shape {tuple(targets.shape)} but hidden has shape {tuple(hidden.shape)}; "
+                             f"expected targets of shape {tuple(hidden.shape[:-1])}")
+        return targets.reshape(-1)
+
+    def _loss(self, hidden, targets, head, step, reduction=None, ignore_index=None, weight=None, bias=None):
+        reduction = self.reduction if reduction is None else _check_reduction(reduction)
+        ignore_index = self.ignore_index if ignore_index is None else ignore_index
+        weight = self.weight if weight is None else weight
+        bias = self.bias if bias is None else bias
+        lead = hidden.shape[:-1]
+        h = self._hidden_2d(hidden)
+        t = self._targets_1d(targets, hidden)
+        red = _ops.REDUCTIONS[reduction]
+        if h.shape[0] == 0:  # empty batch: F.cross_entropy's values (nan mean, 0 sum, empty none)
+            zero = h.sum() * 0.0 + weight.sum() * 0.0
+            if red == 0:
+                return hidden.new_zeros(lead, dtype=torch.float32)
+            return zero / 0.0 if red == 1 else zero
+        out = _ops.loss(h, weight, bias, t, red, ignore_index, head, step, self.sparse_grad)
+        return out.reshape(lead) if red == 0 else out
+
+    def _log_prob(self, hidden, targets, head):
+        return -self._loss(hidden, targets, head, None, reduction="none", ignore_index=_ops.INT64_MIN)
+
+    def _predict(self, hidden, k, head, beam_width=0):
+        lead = hidden.shape[:-1]
+        h = self._hidden_2d(hidden)
+        if not 1 <= int(k) <= self.num_classes:
+            raise ValueError(f"k = {k} must be in [1, num_classes = {self.num_classes}]")
+        if h.shape[0] == 0:
+            return (h.new_empty(tuple(lead) + (k,), dtype=torch.float32),
+                    h.new_empty(tuple(lead) + (k,), dtype=torch.int64))
+        with torch.no_grad():
+            values, indices = _ops.topk(h, self.weight, self.bias, int(k), head, int(beam_width))
+        return values.reshape(tuple(lead) + (k,)), indices.reshape(tuple(lead) + (k,))
+
+
+class FullSoftmaxLoss(_SoftmaxHead):
+    """Exact softmax cross-entropy over ``num_classes`` classes:
+    ``F.cross_entropy(F.linear(hidden, weight, bias), targets)`` without the logits matrix.
+
+    Args:
+        num_classes, dim: weight is (num_classes x dim).
+        bias: learn a per-class bias.
+        dtype: weight storage, torch.float32 / bfloat16 / float16 (arithmetic is float32).
+        reduction, ignore_index: as in ``F.cross_entropy``.
+        sparse_grad: sparse COO weight gradients (rows touched; for the full softmax, every row).
+    """
+
+    def __init__(self, num_classes, dim, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
+                 sparse_grad=False, device=None, init_scale=None):
+        super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                         init_scale)
+
+    def forward(self, hidden, targets):
+        return self._loss(hidden, targets, 0, None)
+
+    def log_prob(self, hidden, targets):
+        """log p(targets | hidden), shape of ``targets`` (differentiable)."""
+        return self._log_prob(hidden, targets, 0)
+
+    def predict(self, hidden, k=1):
+        """(log-probabilities, classes) of the k most probable classes, shape (..., k), best first."""
+        return self._predict(hidden, k, 0)
+
+
+class HierarchicalSoftmaxLoss(_SoftmaxHead):
+    """Hierarchical softmax: p(class) = product of node probabilities along its path in ``tree``.
+
+    Args:
+        num_classes, dim: classes and hidden width.
+        tree: a ``Tree`` (``Tree.uniform``, ``Tree.huffman``, ``Tree.from_parents``); default a
+            two-level uniform tree with branching ceil(sqrt(num_classes)).
+        node: 'softmax' (a softmax over each node's children, one weight row per child, any
+            arity) or 'sigmoid' (word2vec: one row per internal node of a binary tree).
+        bias, dtype, reduction, ignore_index, sparse_grad: as ``FullSoftmaxLoss``.
+
+    ``weight`` has one row per tree edge (softmax nodes) or per internal node (sigmoid nodes), in
+    the library's layout (see ``tree_arrays()``).
+    """
+
+    def __init__(self, num_classes, dim, tree=None, node="softmax", bias=False, dtype=torch.float32,
+                 reduction="mean", ignore_index=-100, sparse_grad=False, device=None, init_scale=None):
+        if tree is None:
+            n = int(num_classes)
+            branching = max(2, math.ceil(math.sqrt(n)))
+            tree = Tree.uniform(n, 2 if n > branching else 1, branching)
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be an xsoftmax.torch.Tree, got {type(tree).__name__}")
+        if tree.num_classes != int(num_classes):
+            raise ValueError(f"tree has {tree.num_classes} classes but num_classes = {num_classes}")
+        if node not in ("softmax", "sigmoid"):
+            raise ValueError(f"node = {node!r} must be 'softmax' or 'sigmoid'")
+        handle = _Handle(functools.partial(_make_tree, tree.parent, tree.leaf_class, tree.num_classes,
+                                           node == "sigmoid"))
+        rows = _C.tree_arrays(handle.value)["weight_rows"]
+        super().__init__(num_classes, dim, rows, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                         init_scale)
+        self.tree = tree
+        self.node = node
+        self._handle = handle
+
+    def extra_repr(self):
+        return f"tree={self.tree!r}, node={self.node!r}, " + super().extra_repr()
+
+    def tree_arrays(self):
+        """The tree's layout: path_offset, path_row, leaf_rank, row_parent, row_child, block_offset
+        (int64 tensors) and its sizes; see include/xsoftmax/tree/runtime_tree.hpp."""
+        return _C.tree_arrays(self._handle.value)
+
+    def forward(self, hidden, targets):
+        return self._loss(hidden, targets, self._handle.value, None)
+
+    def log_prob(self, hidden, targets):
+        """log p(targets | hidden), shape of ``targets`` (differentiable)."""
+        return self._log_prob(hidden, targets, self._handle.value)
+
+    def predict(self, hidden, k=1, beam_width=0):
+        """(log-probabilities, classes) of the k most probable classes, best first: exact
+        best-first tree search, or a beam search keeping ``beam_width`` open nodes when > 0."""
+        return self._predict(hidden, k, self._handle.value, beam_width)
+
+
+class _SelectiveHead(_SoftmaxHead):
+    """Heads whose training loss is a softmax over a per-step active set. Evaluation (``eval()``
+    with ``exact_eval``), ``log_prob`` and ``predict`` use the exact full softmax."""
+
+    def __init__(self, handle, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                 init_scale, exact_eval):
+        super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                         init_scale)
+        self._handle = handle
+        self.exact_eval = bool(exact_eval)
+        self.register_buffer("step", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, hidden, targets):
+        if not self.training and self.exact_eval:
+            return self._loss(hidden, targets, 0, None)
+        loss = self._loss(hidden, targets, self._handle.value, self.step.clone())
+        with torch.no_grad():
+            self.step.add_(1)
+        return loss
+
+    def log_prob(self, hidden, targets):
+        """Exact log p(targets | hidden) under the full softmax, shape of ``targets``."""
+        return self._log_prob(hidden, targets, 0)
+
+    def predict(self, hidden, k=1):
+        """(log-probabilities, classes) of the k most probable classes (exact), best first."""
+        return self._predict(hidden, k, 0)
+
+
+class SampledSoftmaxLoss(_SelectiveHead):
+    """Sampled softmax (TensorFlow's ``sampled_softmax_loss``): each step draws ``num_sampled``
+    shared negatives; logits are corrected by -log Q and accidental hits removed. The draw is a
+    function of (seed, ``self.step``), which every training forward advances.
+
+    Args:
+        num_sampled: negatives per step.
+        sampler: 'log_uniform' (Zipf, classes sorted by decreasing frequency), 'uniform', or
+            'counts' (P(c) proportional to counts[c] ** power).
+        unique: draw without replacement; subtract_log_q: the log-Q correction; seed.
+        exact_eval: in eval mode, the loss is the exact full softmax.
+    """
+
+    def __init__(self, num_classes, dim, num_sampled=64, sampler="log_uniform", counts=None, power=1.0, unique=True,
+                 subtract_log_q=True, seed=0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
+                 sparse_grad=False, device=None, init_scale=None, exact_eval=True):
+        if counts is not None:
+            counts = torch.as_tensor(counts, dtype=torch.float64).reshape(-1).cpu()
+        handle = _Handle(functools.partial(_make_sampled, int(num_classes), str(sampler), counts, float(power),
+                                           int(num_sampled), bool(unique), bool(subtract_log_q), int(seed)))
+        super().__init__(handle, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                         init_scale, exact_eval)
+        self.num_sampled = int(num_sampled)
+        self.sampler = sampler
+
+
+class KNNSoftmaxLoss(_SelectiveHead):
+    """KNN softmax (Alibaba, 100M classes): the active set of a step is the union of its targets'
+    ``k`` nearest classes in a graph over the class weights, rebuilt every ``rebuild_every``
+    training steps from the current weights. With k = num_classes it is the full softmax.
+
+    Args:
+        k: graph neighbours per class; neighbors_used: how many of them a target brings (0: k).
+        metric: 'cosine' or 'inner_product'; method: 'exact' (tiled brute force) or 'ivf'
+            (``ivf_lists`` lists, 0: sqrt(N); ``nprobe`` lists searched, 0: 8).
+        rebuild_every: steps between graph rebuilds (0: never; see ``rebuild_graph``).
+        exact_eval: in eval mode, the loss is the exact full softmax.
+    """
+
+    def __init__(self, num_classes, dim, k=50, metric="cosine", method="exact", neighbors_used=0, rebuild_every=100,
+                 ivf_lists=0, nprobe=0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
+                 sparse_grad=False, device=None, init_scale=None, exact_eval=True):
+        if not 1 <= int(k) <= int(num_classes):
+            raise ValueError(f"k = {k} must be in [1, num_classes = {num_classes}]")
+        handle = _Handle(functools.partial(_make_knn, int(k), str(metric), str(method), int(neighbors_used),
+                                           int(rebuild_every), int(ivf_lists), int(nprobe)))
+        super().__init__(handle, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                         init_scale, exact_eval)
+        self.k = int(k)
+        self.rebuild_every = int(rebuild_every)
+
+    def rebuild_graph(self):
+        """Rebuilds the KNN graph from the current weights now (it is built at the first training
+        forward and then every ``rebuild_every`` steps)."""
+        _C.knn_rebuild(self._handle.value)
