@@ -93,6 +93,8 @@ class hierarchical_softmax
 
  public:
   static constexpr const char* head_name = "hierarchical_softmax";
+  /// Whether `loss_options::label_smoothing` and `z_loss` are defined for this head.
+  static constexpr bool supports_loss_terms = false;
   using tree_type = Tree;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;

@@ -60,6 +60,14 @@ enum class reduction {
 struct loss_options {
   reduction reduce = reduction::mean;
   index_t ignore_index = -100;  ///< samples with this target contribute no loss and no gradient
+  /// epsilon in [0, 1]: the target distribution is (1 - epsilon) one-hot + epsilon uniform over the
+  /// classes the row scores (all N for the full softmax, the row's active set for the selective
+  /// heads), as `F.cross_entropy(label_smoothing=epsilon)`: loss = lse - (1 - eps) s_t - eps mean(s).
+  /// Not defined for `hierarchical_softmax` (it would need every class's probability).
+  float label_smoothing = 0.f;
+  /// z >= 0: adds z * lse^2 per sample (the z-loss of PaLM / ST-MoE), which keeps the log-partition
+  /// function near 0. Not defined for `hierarchical_softmax`.
+  float z_loss = 0.f;
 };
 
 /// A gradient of a weight matrix that is non-zero only on some rows: `rows[i]` holds the gradient

@@ -121,6 +121,8 @@ void full_softmax<P, B>::run_into_(const char* where, matrix_view<const H> hidde
   a.n = n_cls;
   a.chunk = chunk_size_for(rows);
   a.loss = detail::raw(losses);
+  a.label_smoothing = options.label_smoothing;
+  a.z_loss = options.z_loss;
   if (grad_weights) {
     gradient_type& g = *grad_weights;
     g.dim = d;

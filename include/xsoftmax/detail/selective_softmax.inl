@@ -147,10 +147,10 @@ void selective_softmax<S, P, B>::run_into_(const char* where, matrix_view<const 
     const float* up = grad_weights ? detail::raw(upstream) : nullptr;
     if (set.layout == active_layout::shared) {
       const index_t chunk = chunk_size_for(rows, static_cast<index_t>(set.classes.size()));
-      detail::shared_pass(ex, batch, set, thrust::raw_pointer_cast(pos.data()), w, store_.bias(), chunk, up,
+      detail::shared_pass(ex, batch, set, thrust::raw_pointer_cast(pos.data()), w, store_.bias(), chunk, options, up,
                           detail::raw(losses), detail::raw(grad_packed), grad_weights);
     } else {
-      detail::per_sample_pass(ex, batch, set, thrust::raw_pointer_cast(pos.data()), w, store_.bias(), up,
+      detail::per_sample_pass(ex, batch, set, thrust::raw_pointer_cast(pos.data()), w, store_.bias(), options, up,
                               detail::raw(losses), detail::raw(grad_packed), grad_weights);
     }
   } else if (grad_weights) {  // every sample ignored: no row is touched

@@ -9,6 +9,8 @@
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <cmath>
+
 namespace xsoftmax::detail {
 
 /// `hidden` must be a non-empty (B x dim) matrix with a valid stride.
@@ -28,6 +30,18 @@ void check_hidden_shape(const char* where, matrix_view<const H> hidden, index_t 
 inline void check_reduction(const char* where, reduction reduce) {
   expects(reduce == reduction::none || reduce == reduction::mean || reduce == reduction::sum, where,
           ": options.reduce = ", static_cast<int>(reduce), " is not a reduction (none = 0, mean = 1, sum = 2)");
+}
+
+/// label_smoothing in [0, 1] and z_loss >= 0, both finite; both 0 for a head that does not define
+/// them (`supported` false: the hierarchical softmax).
+inline void check_loss_terms(const char* where, const loss_options& o, bool supported, const char* head) {
+  expects(o.label_smoothing >= 0.f && o.label_smoothing <= 1.f, where, ": options.label_smoothing = ",
+          o.label_smoothing, " must be in [0, 1]");
+  expects(o.z_loss >= 0.f && o.z_loss < INFINITY, where, ": options.z_loss = ", o.z_loss,
+          " must be finite and >= 0");
+  expects(supported || (o.label_smoothing == 0.f && o.z_loss == 0.f), where, ": options.label_smoothing = ",
+          o.label_smoothing, " and options.z_loss = ", o.z_loss, " must be 0: ", head,
+          " does not define them (its loss is a product of node softmaxes, with no softmax over all classes)");
 }
 
 /// One target per hidden row.

@@ -36,6 +36,10 @@ struct dense_softmax_args {
   /// (-inf removes the column from that row's softmax; every row's target offset must be finite).
   const float* negative_offset = nullptr;
   const float* target_offset = nullptr;
+  /// Loss terms (see `loss_options`): label smoothing over the row's finite-score columns, z-loss.
+  float label_smoothing = 0.f;
+  float z_loss = 0.f;
+  [[nodiscard]] bool plain_loss() const { return label_smoothing == 0.f && z_loss == 0.f; }
 };
 
 /// Default columns per chunk for `rows` rows: about 32 MiB of fp32 scores, large enough for the
@@ -123,10 +127,26 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   };
 
   basic_online_lse_state<typename execution_type::backend> lse(rows);
+  // Label smoothing needs each row's sum and count of finite scores (masked columns are -inf).
+  const float eps = a.label_smoothing, z = a.z_loss;
+  fvector finite_sum(eps > 0.f ? static_cast<std::size_t>(rows) : 0, 0.f);
+  typename execution_type::template vector<index_t> finite_count(finite_sum.size(), 0);
+  float* fs = raw(finite_sum);
+  index_t* fc = raw(finite_count);
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
     score_chunk(c0, cn);
     online_lse_update(ex, s, rows, cn, cn, c0, a.target, lse);
+    if (eps > 0.f)
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+        const float* sr = s + r * cn;
+        float sum = 0.f;
+        index_t count = 0;
+        for (index_t j = 0; j < cn; ++j)
+          if (sr[j] > -INFINITY) sum += sr[j], ++count;
+        fs[r] += sum;
+        fc[r] += count;
+      });
   }
   fvector row_lse_buffer(static_cast<std::size_t>(rows));
   float* l = raw(row_lse_buffer);
@@ -134,7 +154,14 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   {
     float* loss = a.loss;
     const float* tl = raw(lse.target_logit);
-    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { loss[r] += l[r] - tl[r]; });
+    if (a.plain_loss()) {
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { loss[r] += l[r] - tl[r]; });
+    } else {
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+        const float smooth = eps > 0.f ? eps * (fs[r] / static_cast<float>(fc[r])) : 0.f;
+        loss[r] += l[r] - (1.f - eps) * tl[r] - smooth + z * l[r] * l[r];
+      });
+    }
   }
   if (!a.upstream) return;
 
@@ -143,14 +170,25 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
     const matrix_view<const float> wf = score_chunk(c0, cn);
     const float* u = a.upstream;
     const index_t* t = a.target;
-    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
-      float* sr = s + r * cn;
-      const float lr = l[r], ur = u[r];
-      XSOFTMAX_SIMD
-      for (index_t j = 0; j < cn; ++j) sr[j] = fast_exp(sr[j] - lr) * ur;
-      const index_t tj = t[r] - c0;
-      if (tj >= 0 && tj < cn) sr[tj] -= u[r];
-    });
+    if (a.plain_loss()) {
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+        float* sr = s + r * cn;
+        const float lr = l[r], ur = u[r];
+        XSOFTMAX_SIMD
+        for (index_t j = 0; j < cn; ++j) sr[j] = fast_exp(sr[j] - lr) * ur;
+        const index_t tj = t[r] - c0;
+        if (tj >= 0 && tj < cn) sr[tj] -= u[r];
+      });
+    } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite]
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+        float* sr = s + r * cn;
+        const float lr = l[r], ur = u[r], scale = ur * (1.f + 2.f * z * lr);
+        const float uniform = eps > 0.f ? eps * ur / static_cast<float>(fc[r]) : 0.f;
+        for (index_t j = 0; j < cn; ++j) sr[j] = sr[j] > -INFINITY ? fast_exp(sr[j] - lr) * scale - uniform : 0.f;
+        const index_t tj = t[r] - c0;
+        if (tj >= 0 && tj < cn) sr[tj] -= (1.f - eps) * ur;
+      });
+    }
     host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)
     dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
     dh.beta = 1.f, dh.c = a.grad_h, dh.ldc = d;

@@ -21,8 +21,8 @@ namespace xsoftmax::detail {
 /// the execution's memory.
 template <class Backend, class Set, class T, class Gradient>
 void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch, const Set& set,
-                     const index_t* target_pos, matrix_view<const T> w, const T* bias, const float* upstream,
-                     float* losses, float* grad_packed, Gradient* g) {
+                     const index_t* target_pos, matrix_view<const T> w, const T* bias, const loss_options& terms,
+                     const float* upstream, float* losses, float* grad_packed, Gradient* g) {
   const index_t rows = batch.rows, d = batch.dim;
   const index_t nnz = static_cast<index_t>(set.ids.size());
   const index_t* off = thrust::raw_pointer_cast(set.offsets.data());
@@ -34,6 +34,8 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   float* gh = grad_packed;
   backend_vector<Backend, float> scores(static_cast<std::size_t>(nnz));
   float* s = raw(scores);
+  const float eps = terms.label_smoothing, z = terms.z_loss;
+  const bool plain = eps == 0.f && z == 0.f;
   parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     const float* hr = h + r * d;
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
@@ -41,11 +43,23 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
       if (eoff) s[e] += eoff[e];
     }
     const float lse = row_logsumexp(s + off[r], off[r + 1] - off[r]);
-    loss[r] = lse - s[tpos[r]];
+    float uniform = 0.f;  // label smoothing: eps / (finite scores of the row), and their mean
+    if (plain) {
+      loss[r] = lse - s[tpos[r]];
+    } else {
+      float sum = 0.f;
+      index_t count = 0;
+      for (index_t e = off[r]; e < off[r + 1]; ++e)
+        if (s[e] > -INFINITY) sum += s[e], ++count;
+      uniform = eps > 0.f ? eps / static_cast<float>(count) : 0.f;
+      loss[r] = lse - (1.f - eps) * s[tpos[r]] - uniform * sum + z * lse * lse;
+    }
     if (!upstream) return;
     float* ghr = gh + r * d;
+    const float u = upstream[r], scale = u * (1.f + 2.f * z * lse);
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
-      s[e] = ::expf(s[e] - lse) * upstream[r] - (e == tpos[r] ? upstream[r] : 0.f);
+      if (plain) s[e] = ::expf(s[e] - lse) * u - (e == tpos[r] ? u : 0.f);
+      else s[e] = (s[e] > -INFINITY ? ::expf(s[e] - lse) * scale - uniform * u : 0.f) - (e == tpos[r] ? (1.f - eps) * u : 0.f);
       const T* wr = w.row(ids[e]);
       for (index_t p = 0; p < d; ++p) ghr[p] += s[e] * to_float(wr[p]);
     }

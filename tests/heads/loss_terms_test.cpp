@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+// Label smoothing and z-loss (loss_options::label_smoothing, z_loss) on the full softmax and the
+// selective / KNN heads: float64 references of their definitions and central finite differences;
+// every class active equals the full softmax bit for bit; the hierarchical softmax and bad values
+// are rejected with typed errors. Every backend of the build.
+
+#include "selective/selection_support.hpp"
+
+#include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/hierarchical_softmax.hpp>
+#include <xsoftmax/knn_softmax.hpp>
+#include <xsoftmax/selection/explicit_candidates.hpp>
+#include <xsoftmax/selective_softmax.hpp>
+#include <xsoftmax/tree/uniform_tree.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace xsoftmax_test;
+using xsoftmax::index_t;
+using xsoftmax::loss_options;
+using xsoftmax::reduction;
+
+/// lse - (1 - eps) s_t - eps mean(s) + z lse^2 over the classes `classes(t)` (all when empty).
+sample_loss_fn smoothed_reference(double eps, double z, std::function<std::vector<index_t>(index_t)> classes = {}) {
+  return [=](const ref_params& p, const double* h, index_t t) {
+    std::vector<index_t> set;
+    if (classes) set = classes(t);
+    else
+      for (index_t c = 0; c < p.rows; ++c) set.push_back(c);
+    test_vector<double> s;
+    double target = 0, sum = 0;
+    for (index_t c : set) {
+      s.push_back(p.score(c, h));
+      sum += s.back();
+      if (c == t) target = s.back();
+    }
+    const double lse = logsumexp(s);
+    return lse - (1 - eps) * target - eps * sum / static_cast<double>(set.size()) + z * lse * lse;
+  };
+}
+
+loss_options terms(double eps, double z, reduction r = reduction::mean) {
+  loss_options o;
+  o.reduce = r;
+  o.label_smoothing = static_cast<float>(eps);
+  o.z_loss = static_cast<float>(z);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("loss terms: full softmax with label smoothing and z-loss matches its definition and finite differences",
+                   B, XSOFTMAX_TEST_BACKENDS) {
+  test_rng rng(701);
+  const index_t n = 31, d = 6, batch = 9;
+  for (bool bias : {false, true}) {
+    problem p = make_problem(rng, n, n, d, batch, bias, 0.2);
+    xsoftmax::full_softmax<xsoftmax::fp32, B> head(mview(p.w, n, d), bias ? p.b.data() : nullptr);
+    const auto hb = make_hidden<float>(p.h, batch, d);
+    for (index_t chunk : {index_t(0), index_t(7)}) {
+      head.set_chunk_size(chunk);
+      for (auto [eps, z] : {std::pair{0.1, 0.0}, std::pair{0.0, 1e-2}, std::pair{0.3, 1e-3}, std::pair{1.0, 0.0}})
+        for (reduction r : {reduction::none, reduction::mean, reduction::sum}) {
+          const loss_options opt = terms(eps, z, r);
+          test_vector<float> grad_output;
+          if (r == reduction::none) grad_output = random_grad_output(rng, batch);
+          const std::string what = "eps " + std::to_string(eps) + ", z " + std::to_string(z) + ", bias " +
+                                   std::to_string(bias) + ", chunk " + std::to_string(chunk) + ", " + reduction_name(r);
+          check_forward(head, smoothed_reference(eps, z), p.params(), hb, p.targets, opt, what);
+          check_gradients(head, smoothed_reference(eps, z), p.params(), hb, p.targets, opt, grad_output, what);
+        }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("loss terms: selective and KNN heads smooth over each row's active set; all classes equals full",
+                   B, XSOFTMAX_TEST_BACKENDS) {
+  test_rng rng(702);
+  const index_t n = 29, d = 5, batch = 8;
+  problem p = make_problem(rng, n, n, d, batch, true, 0.2);
+  const auto hb = make_hidden<float>(p.h, batch, d);
+  const loss_options opt = terms(0.2, 5e-3);
+  // Every class active: bit for bit the full softmax (shared path = the same dense softmax).
+  xsoftmax::full_softmax<xsoftmax::fp32, B> full(mview(p.w, n, d), p.b.data());
+  xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, B> all(
+      xsoftmax::explicit_candidates::all_classes(n), mview(p.w, n, d), p.b.data());
+  CHECK(same_outputs_across(run_forward_backward(all, hb, p.targets, opt), run_forward_backward(full, hb, p.targets, opt)));
+  xsoftmax::knn_options ko;
+  ko.graph.k = n;
+  xsoftmax::knn_softmax<xsoftmax::fp32, B> knn(mview(p.w, n, d), ko, p.b.data());
+  CHECK(same_outputs_across(run_forward_backward(knn, hb, p.targets, opt), run_forward_backward(full, hb, p.targets, opt)));
+
+  // Per-sample candidates (gather-dot path): smoothing over the row's own list.
+  auto list_of = [n](index_t t) {
+    std::vector<index_t> c{(t * 5 + 2) % n, (t + 9) % n, (t * 3 + 1) % n, t};
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    return c;
+  };
+  std::vector<index_t> offsets{0}, ids;
+  for (index_t i = 0; i < batch; ++i) {
+    const auto c = p.targets[i] < 0 ? std::vector<index_t>{0} : list_of(p.targets[i]);
+    ids.insert(ids.end(), c.begin(), c.end());
+    offsets.push_back(static_cast<index_t>(ids.size()));
+  }
+  xsoftmax::explicit_candidates per_sample;
+  per_sample.set_per_sample(offsets, ids);
+  xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, B> head(per_sample, mview(p.w, n, d),
+                                                                                     p.b.data());
+  for (reduction r : {reduction::none, reduction::sum}) {
+    const loss_options o = terms(0.25, 1e-2, r);
+    test_vector<float> grad_output;
+    if (r == reduction::none) grad_output = random_grad_output(rng, batch);
+    const auto ref = smoothed_reference(0.25, 1e-2, list_of);
+    check_forward(head, ref, p.params(), hb, p.targets, o, std::string("per-sample, ") + reduction_name(r));
+    check_gradients(head, ref, p.params(), hb, p.targets, o, grad_output, std::string("per-sample, ") + reduction_name(r));
+  }
+}
+
+TEST_CASE_TEMPLATE("loss terms: out-of-range values and the hierarchical softmax are rejected, naming the value", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  test_rng rng(703);
+  const index_t n = 16, d = 4, batch = 3;
+  problem p = make_problem(rng, n, n, d, batch, false);
+  const auto hb = make_hidden<float>(p.h, batch, d);
+  xsoftmax::full_softmax<xsoftmax::fp32, B> full(mview(p.w, n, d));
+  CHECK_THROWS_WITH_AS((void)full.forward(hb.view(), cvec(p.targets), terms(1.5, 0)),
+                       doctest::Contains("options.label_smoothing = 1.5 must be in [0, 1]"), xsoftmax::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)full.forward(hb.view(), cvec(p.targets), terms(0, -1)),
+                       doctest::Contains("options.z_loss = -1 must be finite and >= 0"), xsoftmax::invalid_argument);
+  CHECK_THROWS_AS((void)full.forward(hb.view(), cvec(p.targets), terms(std::nan(""), 0)), xsoftmax::invalid_argument);
+  using tree = xsoftmax::uniform_tree<2, 4>;
+  xsoftmax::hierarchical_softmax<tree, xsoftmax::fp32, B> hs(tree(n), d);
+  CHECK_THROWS_WITH_AS((void)hs.forward(hb.view(), cvec(p.targets), terms(0.1, 0)),
+                       doctest::Contains("hierarchical_softmax does not define them"), xsoftmax::invalid_argument);
+  CHECK(std::isfinite(hs.forward(hb.view(), cvec(p.targets), terms(0, 0))));
+}
