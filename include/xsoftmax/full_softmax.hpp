@@ -10,6 +10,7 @@
 #include <xsoftmax/detail/weight_store.hpp>
 #include <xsoftmax/head_verbs.hpp>
 #include <xsoftmax/precision.hpp>
+#include <xsoftmax/sharding/class_sharding.hpp>
 #include <xsoftmax/types.hpp>
 
 namespace xsoftmax {
@@ -19,13 +20,25 @@ namespace xsoftmax {
 ///
 /// \tparam Precision `fp32`, `bf16` or `fp16` storage of the weights; arithmetic is fp32.
 /// \tparam Backend   `serial`, `omp` (or `cuda` under nvcc).
+/// \tparam Sharding  `no_sharding` (all classes here) or `class_sharding<Communicator>`: this
+///                   rank holds the classes [class_begin(), class_end()) of num_classes(); every
+///                   verb is collective (call it on every rank, in the same order) and gives what
+///                   the unsharded head gives — loss, log_prob and top-k over all classes (with
+///                   label smoothing and z-loss), `grad_hidden` of this rank's rows — with the
+///                   weight gradient and `apply_sgd` on the local rows (row 0 = class_begin()).
+///                   In the `data_parallel` layout each rank passes its own batch; its weight
+///                   gradient is that of the sum over ranks of each rank's reduced loss.
+///                   `log_distribution` is not offered sharded (it throws `invalid_argument`).
 ///
 /// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
 /// `non_finite_error` or `invalid_argument` naming the argument and value; nothing is changed then.
 /// Hidden rows may be any of float/double/bf16/fp16 in the backend's memory.
-template <class Precision = fp32, class Backend = serial>
-class full_softmax : public head_verbs<full_softmax<Precision, Backend>, Backend> {
-  using verbs = head_verbs<full_softmax<Precision, Backend>, Backend>;
+template <class Precision = fp32, class Backend = serial, class Sharding = no_sharding>
+class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding>, Backend> {
+  using verbs = head_verbs<full_softmax<Precision, Backend, Sharding>, Backend>;
+  static constexpr bool sharded = is_class_sharding<Sharding>;
+  static_assert(sharded || std::is_same_v<Sharding, no_sharding>,
+                "xsoftmax: full_softmax's Sharding must be no_sharding or class_sharding<Communicator>");
   friend verbs;
 
  public:
@@ -34,6 +47,7 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend>, Backend
   static constexpr bool supports_loss_terms = true;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
+  using sharding_type = Sharding;
   using typename verbs::gradient_type;
 
   /// Owns `num_classes x dim` weights initialised per `init`, and a zero bias when `with_bias`.
@@ -46,9 +60,30 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend>, Backend
   explicit full_softmax(matrix_view<storage_type> weights, storage_type* bias = nullptr,
                         backend_resources<Backend> resources = {});
 
-  [[nodiscard]] index_t num_classes() const { return store_.rows(); }
+  /// Sharded: owns this rank's `sharding.local_classes() x dim` weights, initialised per `init` with
+  /// seed `init.seed + rank` (not a slice of the unsharded initialisation), and a zero bias.
+  full_softmax(Sharding sharding, index_t dim, bool with_bias = false, init_options init = {},
+               backend_resources<Backend> resources = {});
+  /// Sharded: attaches to this rank's `local_weights` (local_classes() x dim) and `local_bias`.
+  /// Throws `shape_error` when local_weights.rows is not `sharding.local_classes()`.
+  full_softmax(Sharding sharding, matrix_view<storage_type> local_weights, storage_type* local_bias = nullptr,
+               backend_resources<Backend> resources = {});
+
+  /// Every class of the head (all ranks' when sharded): targets and top-k classes are in [0, this).
+  [[nodiscard]] index_t num_classes() const {
+    if constexpr (sharded) return sharding_.num_classes();
+    else return store_.rows();
+  }
+  /// The classes held here, [class_begin(), class_begin() + local_classes()): all of them unsharded.
+  [[nodiscard]] index_t class_begin() const {
+    if constexpr (sharded) return sharding_.class_begin();
+    else return 0;
+  }
+  [[nodiscard]] index_t local_classes() const { return store_.rows(); }
+  [[nodiscard]] const Sharding& sharding() const { return sharding_; }
   [[nodiscard]] index_t dim() const { return store_.cols(); }
   [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
+  /// The local weights (all of them unsharded): row i is class class_begin() + i.
   [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
   [[nodiscard]] storage_type* bias() const { return store_.bias(); }
   [[nodiscard]] const backend_resources<Backend>& resources() const { return resources_; }
@@ -104,6 +139,15 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend>, Backend
   void log_distribution_into_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                               matrix_view<float> out) const;
 
+  template <class H>
+  void run_sharded_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                         loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                         gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+  template <class H>
+  void topk_sharded_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                          matrix_view<float> log_probs) const;
+
+  Sharding sharding_;
   detail::weight_store<storage_type, Backend> store_;
   backend_resources<Backend> resources_;
   index_t chunk_size_ = 0;
@@ -112,3 +156,4 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend>, Backend
 }  // namespace xsoftmax
 
 #include <xsoftmax/detail/full_softmax.inl>
+#include <xsoftmax/detail/full_softmax_sharded.inl>

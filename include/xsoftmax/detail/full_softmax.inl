@@ -49,36 +49,40 @@ struct write_log_probs {
 };
 }  // namespace detail
 
-template <class P, class B>
-full_softmax<P, B>::full_softmax(index_t num_classes, index_t dim, bool with_bias, init_options init,
+template <class P, class B, class S>
+full_softmax<P, B, S>::full_softmax(index_t num_classes, index_t dim, bool with_bias, init_options init,
                                  backend_resources<B> resources)
-    : store_("full_softmax", num_classes, dim, with_bias, init), resources_(resources) {}
+    : store_("full_softmax", num_classes, dim, with_bias, init), resources_(resources) {
+  static_assert(!sharded, "full_softmax: a sharded head is constructed from its class_sharding");
+}
 
-template <class P, class B>
-full_softmax<P, B>::full_softmax(matrix_view<storage_type> weights, storage_type* bias,
+template <class P, class B, class S>
+full_softmax<P, B, S>::full_softmax(matrix_view<storage_type> weights, storage_type* bias,
                                  backend_resources<B> resources)
-    : store_("full_softmax", weights, bias), resources_(resources) {}
+    : store_("full_softmax", weights, bias), resources_(resources) {
+  static_assert(!sharded, "full_softmax: a sharded head is constructed from its class_sharding");
+}
 
-template <class P, class B>
-void full_softmax<P, B>::set_chunk_size(index_t classes) {
+template <class P, class B, class S>
+void full_softmax<P, B, S>::set_chunk_size(index_t classes) {
   detail::expects(classes >= 0, "full_softmax::set_chunk_size: classes = ", classes, " must be >= 0");
   chunk_size_ = classes;
 }
 
-template <class P, class B>
-index_t full_softmax<P, B>::chunk_size_for(index_t batch_rows) const {
+template <class P, class B, class S>
+index_t full_softmax<P, B, S>::chunk_size_for(index_t batch_rows) const {
   index_t c = chunk_size_;
   if (c == 0) {
     // ~32 MiB of fp32 scores: large enough that the GEMM runs near peak, small enough for L3-ish
     // reuse of the chunk between the score and gradient GEMMs.
     c = detail::default_chunk_columns(batch_rows);
   }
-  return std::min(c, num_classes());
+  return std::min(c, local_classes());
 }
 
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-float full_softmax<P, B>::run_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+float full_softmax<P, B, S>::run_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                                loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                gradient_type* grad_weights, vector_view<const float> grad_output) const {
   backend_vector<B, float> loss(1);
@@ -86,9 +90,9 @@ float full_softmax<P, B>::run_(const char* where, matrix_view<const H> hidden, v
   return detail::backend_ops<B>::read(resources_, detail::raw(loss));  // waits for the work queued
 }
 
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::run_async_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+void full_softmax<P, B, S>::run_async_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                                     loss_options options, vector_view<float> per_sample,
                                     matrix_view<float>* grad_hidden, gradient_type* grad_weights,
                                     vector_view<const float> grad_output, float* loss) const {
@@ -97,14 +101,18 @@ void full_softmax<P, B>::run_async_(const char* where, matrix_view<const H> hidd
 
 // The algorithm, on every backend: check, pack the rows that count, one dense softmax over every
 // class (chunked, online log-sum-exp, recomputed in the backward), scatter back, reduce.
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                                    loss_options options, vector_view<float> per_sample,
                                    matrix_view<float>* grad_hidden, gradient_type* grad_weights,
                                    vector_view<const float> grad_output, float* loss) const {
+  if constexpr (sharded) {
+    run_sharded_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss);
+    return;
+  }
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
-  const index_t n_cls = num_classes(), d = dim();
+  const index_t n_cls = local_classes(), d = dim();
 
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
   backend_vector<B, float> upstream;
@@ -142,28 +150,32 @@ void full_softmax<P, B>::run_into_(const char* where, matrix_view<const H> hidde
   if (loss) detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss);
 }
 
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+void full_softmax<P, B, S>::topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                                matrix_view<float> log_probs, exact_search) const {
   topk_into_(hidden, k, classes, log_probs);
   detail::backend_ops<B>::synchronize(resources_);
 }
 
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+void full_softmax<P, B, S>::topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                                      matrix_view<float> log_probs, exact_search) const {
   topk_into_(hidden, k, classes, log_probs);
 }
 
 // Every row's scores stream past a running top-k and an online log-sum-exp, chunk by chunk.
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::topk_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+void full_softmax<P, B, S>::topk_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                                     matrix_view<float> log_probs) const {
+  if constexpr (sharded) {
+    topk_sharded_into_(hidden, k, classes, log_probs);
+    return;
+  }
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
-  const index_t n_cls = num_classes();
+  const index_t n_cls = local_classes();
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
   const index_t rows = batch.rows;
   detail::basic_online_lse_state<B> lse(rows);
@@ -181,28 +193,30 @@ void full_softmax<P, B>::topk_into_(matrix_view<const H> hidden, index_t k, matr
                        detail::write_topk{detail::raw(best.score), detail::raw(best.index), l, k, classes, log_probs});
 }
 
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::log_distribution_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
+void full_softmax<P, B, S>::log_distribution_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                                            matrix_view<float> out) const {
   log_distribution_into_(hidden, class_begin, class_end, out);
   detail::backend_ops<B>::synchronize(resources_);
 }
 
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::log_distribution_async_(matrix_view<const H> hidden, index_t class_begin,
+void full_softmax<P, B, S>::log_distribution_async_(matrix_view<const H> hidden, index_t class_begin,
                                                  index_t class_end, matrix_view<float> out) const {
   log_distribution_into_(hidden, class_begin, class_end, out);
 }
 
 // The log-sum-exp needs every class; then only the asked range is scored again.
-template <class P, class B>
+template <class P, class B, class S>
 template <class H>
-void full_softmax<P, B>::log_distribution_into_(matrix_view<const H> hidden, index_t class_begin,
+void full_softmax<P, B, S>::log_distribution_into_(matrix_view<const H> hidden, index_t class_begin,
                                                 index_t class_end, matrix_view<float> out) const {
+  detail::expects(!sharded, "full_softmax::log_distribution: not offered by a class-sharded head (each rank holds ",
+                  "only its own classes); use topk or log_prob, or an unsharded head");
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
-  const index_t n_cls = num_classes();
+  const index_t n_cls = local_classes();
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
   const index_t rows = batch.rows, chunk = chunk_size_for(rows);
   const auto w = matrix_view<const storage_type>(weights());

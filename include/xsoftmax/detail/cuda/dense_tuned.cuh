@@ -21,7 +21,7 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   static constexpr bool available = !std::is_same_v<T, float>;
 
   [[nodiscard]] static bool applies(const dense_softmax_args& a) {
-    return !a.columns && !a.negative_offset && !a.target_offset && a.plain_loss();
+    return !a.columns && !a.negative_offset && !a.target_offset && a.plain_loss() && !a.combine_rows;
   }
 
   static void run(const execution<::xsoftmax::cuda>& ex, matrix_view<const T> w, const T* bias,

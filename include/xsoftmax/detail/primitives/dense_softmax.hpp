@@ -14,8 +14,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 namespace xsoftmax::detail {
+
+/// Each row's statistics after the first pass over a block, in the execution's memory: the online
+/// log-sum-exp state (running max, sum of exp(score - max)), the target's score (0 where the target
+/// is outside the block) and, with label smoothing, the sum and count of finite scores (else null).
+struct dense_row_statistics {
+  float* max = nullptr;
+  float* sum = nullptr;
+  float* target_logit = nullptr;
+  float* finite_sum = nullptr;
+  index_t* finite_count = nullptr;
+  index_t rows = 0;
+};
 
 /// One dense softmax problem: rows of `h` against weight rows [first, first + n).
 struct dense_softmax_args {
@@ -39,6 +52,9 @@ struct dense_softmax_args {
   /// Loss terms (see `loss_options`): label smoothing over the row's finite-score columns, z-loss.
   float label_smoothing = 0.f;
   float z_loss = 0.f;
+  /// Optional (class-sharded heads): called once between the two passes; replaces the block's row
+  /// statistics by those of every class (all-reduces over the ranks that hold the other blocks).
+  std::function<void(const dense_row_statistics&)> combine_rows;
   [[nodiscard]] bool plain_loss() const { return label_smoothing == 0.f && z_loss == 0.f; }
 };
 
@@ -148,6 +164,9 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
         fc[r] += count;
       });
   }
+  if (a.combine_rows)
+    a.combine_rows(dense_row_statistics{raw(lse.max), raw(lse.sum), raw(lse.target_logit), eps > 0.f ? fs : nullptr,
+                                        eps > 0.f ? fc : nullptr, rows});
   fvector row_lse_buffer(static_cast<std::size_t>(rows));
   float* l = raw(row_lse_buffer);
   online_lse_finish(ex, lse, rows, l);

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `full_softmax` over `class_sharding<Communicator>`: the unsharded algorithm on this rank's block
+/// of classes, with the rows gathered from every rank before it, the row statistics combined
+/// between its two passes, and the hidden gradients returned to their owners after it (as
+/// Megatron's vocab-parallel cross-entropy: one max and one sum all-reduce per step).
+
+#include <xsoftmax/detail/sharding/sharded_rows.hpp>
+
+namespace xsoftmax {
+
+namespace detail {
+/// Merges every rank's sorted top-k of a row (ranks x rows x k, best first, global class ids) into
+/// the row's top-k over all classes: the j-th pick is the best candidate ranked after the (j-1)-th
+/// by (score desc, class asc), a strict order, so ties resolve as on one rank.
+struct merge_ranked_topk {
+  const float* score;
+  const index_t* index;
+  const float* lse;
+  index_t ranks, rows, k, own_offset;
+  matrix_view<index_t> classes;
+  matrix_view<float> log_probs;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    const index_t r = own_offset + i;
+    float last_s = INFINITY;
+    index_t last_c = -1;
+    for (index_t j = 0; j < k; ++j) {
+      float best_s = -INFINITY;
+      index_t best_c = -1;
+      for (index_t q = 0; q < ranks; ++q) {
+        const index_t base = (q * rows + r) * k;
+        for (index_t e = 0; e < k; ++e) {
+          const float s = score[base + e];
+          const index_t c = index[base + e];
+          if (c < 0) continue;  // an unfilled slot (a rank with fewer than k classes)
+          const bool after_last = s < last_s || (s == last_s && c > last_c);
+          const bool better = best_c < 0 || s > best_s || (s == best_s && c < best_c);
+          if (after_last && better) best_s = s, best_c = c;
+        }
+      }
+      classes(i, j) = best_c;
+      log_probs(i, j) = best_s - lse[r];
+      last_s = best_s, last_c = best_c;
+    }
+  }
+};
+}  // namespace detail
+
+template <class P, class B, class S>
+full_softmax<P, B, S>::full_softmax(S sharding, index_t dim, bool with_bias, init_options init,
+                                    backend_resources<B> resources)
+    : sharding_(std::move(sharding)), resources_(resources) {
+  static_assert(sharded, "full_softmax: only a class-sharded head is constructed from a sharding");
+  init.seed += static_cast<unsigned long long>(sharding_.rank());
+  store_ = detail::weight_store<storage_type, B>("full_softmax", sharding_.local_classes(), dim, with_bias, init);
+}
+
+template <class P, class B, class S>
+full_softmax<P, B, S>::full_softmax(S sharding, matrix_view<storage_type> local_weights, storage_type* local_bias,
+                                    backend_resources<B> resources)
+    : sharding_(std::move(sharding)), store_("full_softmax", local_weights, local_bias), resources_(resources) {
+  static_assert(sharded, "full_softmax: only a class-sharded head is constructed from a sharding");
+  detail::expects<shape_error>(local_weights.rows == sharding_.local_classes(), "full_softmax: local_weights has ",
+                               local_weights.rows, " rows, but rank ", sharding_.rank(), " holds ",
+                               sharding_.local_classes(), " classes [", sharding_.class_begin(), ", ",
+                               sharding_.class_end(), ")");
+}
+
+// Gather the rows, one dense softmax over the local block with the row statistics combined between
+// its passes, return each row's hidden gradient to its owner, reduce the owner's losses.
+template <class P, class B, class S>
+template <class H>
+void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<const H> hidden,
+                                              vector_view<const index_t> targets, loss_options options,
+                                              vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                                              gradient_type* grad_weights, vector_view<const float> grad_output,
+                                              float* loss) const {
+  const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
+  const index_t d = dim(), n_local = local_classes();
+  detail::batch_rows<B> own = detail::pack_rows(ex, hidden, targets, options.ignore_index);
+  backend_vector<B, float> own_upstream;
+  if (grad_weights) own_upstream = detail::upstream_gradients(ex, where, own, hidden.rows, options.reduce, grad_output);
+  const index_t own_rows = own.rows;
+  const detail::batch_rows<B> own_rows_map = own;  // keeps the sample map: `own` moves in when replicated
+  detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, std::move(own), grad_weights ? &own_upstream : nullptr);
+  const index_t total = rows.all.rows;
+  const backend_vector<B, index_t> columns = detail::block_columns(ex, rows.all.target, class_begin());
+  const storage_type* bias = store_.bias();
+  backend_vector<B, float> losses(static_cast<std::size_t>(total), 0.f);
+  backend_vector<B, float> grad_all(grad_weights ? static_cast<std::size_t>(total * d) : 0, 0.f);
+
+  detail::dense_softmax_args a;
+  a.h = rows.all.hidden_view();
+  a.target = detail::raw(columns);
+  a.n = n_local;
+  a.chunk = chunk_size_for(total);
+  a.loss = detail::raw(losses);
+  a.label_smoothing = options.label_smoothing;
+  a.z_loss = options.z_loss;
+  a.combine_rows = [&](const detail::dense_row_statistics& st) {
+    detail::combine_row_statistics(ex, sharding_.communicator(), st);
+  };
+  if (grad_weights) {
+    gradient_type& g = *grad_weights;
+    g.dim = d;
+    const index_t touched = total > 0 ? n_local : 0;  // every local class, unless no rank has a row
+    g.rows.resize(static_cast<std::size_t>(touched));
+    thrust::sequence(ex.policy(), g.rows.begin(), g.rows.end());
+    g.values.resize(static_cast<std::size_t>(touched * d));
+    g.bias_values.resize(bias && touched ? static_cast<std::size_t>(touched) : 0);
+    a.upstream = detail::raw(rows.upstream);
+    a.grad_h = detail::raw(grad_all);
+    a.grad_w = detail::raw(g.values);
+    a.grad_b = g.bias_values.empty() ? nullptr : detail::raw(g.bias_values);
+  }
+  detail::dense_softmax(ex, matrix_view<const storage_type>(weights()), bias, a);
+  if (grad_hidden) {
+    backend_vector<B, float> own_grad = detail::return_row_gradients(ex, sharding_, rows, grad_all);
+    detail::scatter_rows(ex, own_rows_map, detail::raw(own_grad), *grad_hidden);
+  }
+  const float* own_losses = detail::raw(losses) + rows.own_offset;
+  if (per_sample.size != 0) detail::scatter_losses(ex, own_rows_map, own_losses, per_sample);
+  if (loss) detail::reduce_losses_into(ex, own_losses, own_rows, options.reduce, loss);
+}
+
+// Each rank keeps the top-k of its classes and the row statistics; the statistics are combined and
+// the candidates all-gathered and merged.
+template <class P, class B, class S>
+template <class H>
+void full_softmax<P, B, S>::topk_sharded_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                               matrix_view<float> log_probs) const {
+  const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
+  detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, detail::pack_rows(ex, hidden, {}, 0), nullptr);
+  const index_t total = rows.all.rows, local_k = std::min(k, local_classes());
+  detail::basic_online_lse_state<B> lse(total);
+  detail::basic_row_topk_state<B> best(total, local_k);
+  detail::for_each_score_chunk(ex, rows.all.hidden_view(), matrix_view<const storage_type>(weights()), store_.bias(),
+                               0, local_classes(), chunk_size_for(total), [&](index_t c0, index_t cn, const float* s) {
+                                 detail::online_lse_update(ex, s, total, cn, cn, c0, nullptr, lse);
+                                 detail::row_topk_update(ex, s, total, cn, cn, class_begin() + c0, best);
+                               });
+  detail::row_topk_finish(ex, total, best);
+  detail::combine_row_statistics(
+      ex, sharding_.communicator(),
+      detail::dense_row_statistics{detail::raw(lse.max), detail::raw(lse.sum), detail::raw(lse.target_logit), nullptr,
+                                   nullptr, total});
+  backend_vector<B, float> row_lse(static_cast<std::size_t>(total));
+  detail::online_lse_finish(ex, lse, total, detail::raw(row_lse));
+
+  // Every rank's candidates, k per row (slots past local_k unfilled: class -1).
+  const index_t ranks = sharding_.size(), per_rank = total * k;
+  thrust::host_vector<float> mine_s(static_cast<std::size_t>(per_rank), -INFINITY);
+  thrust::host_vector<index_t> mine_c(static_cast<std::size_t>(per_rank), -1);
+  {
+    const thrust::host_vector<float> s(best.score);
+    const thrust::host_vector<index_t> c(best.index);
+    for (index_t r = 0; r < total; ++r)
+      for (index_t e = 0; e < local_k; ++e) {
+        mine_s[static_cast<std::size_t>(r * k + e)] = s[static_cast<std::size_t>(r * local_k + e)];
+        mine_c[static_cast<std::size_t>(r * k + e)] = c[static_cast<std::size_t>(r * local_k + e)];
+      }
+  }
+  const std::vector<index_t> counts(static_cast<std::size_t>(ranks), per_rank);
+  thrust::host_vector<float> all_s(static_cast<std::size_t>(ranks * per_rank));
+  thrust::host_vector<index_t> all_c(all_s.size());
+  sharding_.communicator().all_gather(detail::raw(mine_s), per_rank, detail::raw(all_s), counts.data());
+  sharding_.communicator().all_gather(detail::raw(mine_c), per_rank, detail::raw(all_c), counts.data());
+  const backend_vector<B, float> cand_s(all_s);
+  const backend_vector<B, index_t> cand_c(all_c);
+  detail::parallel_for(ex, hidden.rows,
+                       detail::merge_ranked_topk{detail::raw(cand_s), detail::raw(cand_c), detail::raw(row_lse), ranks,
+                                                 total, k, rows.own_offset, classes, log_probs});
+}
+
+}  // namespace xsoftmax

@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The steps a class-sharded head adds around its local algorithm, on every backend: gather the
+/// batch's rows from every rank (data-parallel layout), combine each row's log-sum-exp statistics
+/// over the ranks' class ranges, and return each row's hidden gradient to the rank that owns it.
+/// Communicators work on host memory: a device backend's buffers are staged through host copies.
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/primitives/dense_softmax.hpp>
+#include <xsoftmax/sharding/class_sharding.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/host_vector.h>
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// Runs `f(host_pointer)` on `n` elements at `data` (the execution's memory): in place on a host
+/// backend, through a host copy (copied in, and back out when `write_back`) on a device backend.
+template <class B, class T, class F>
+void on_host(const execution<B>& ex, T* data, index_t n, bool write_back, F f) {
+  if constexpr (is_host_backend<B>) {
+    (void)ex, (void)n, (void)write_back;
+    f(data);
+  } else {
+    std::vector<std::remove_const_t<T>> h(static_cast<std::size_t>(n));
+    backend_ops<B>::copy(ex.res, h.data(), data, n);  // cudaMemcpyDefault: any direction
+    backend_ops<B>::synchronize(ex.res);
+    f(h.data());
+    if (write_back) {
+      backend_ops<B>::copy(ex.res, data, h.data(), n);
+      backend_ops<B>::synchronize(ex.res);
+    }
+  }
+}
+
+/// The rows every rank scores: the gathered batch (every rank's packed rows in rank order, or the
+/// replicated batch itself), where this rank's own rows start, and every rank's row count.
+template <class B>
+struct sharded_rows {
+  batch_rows<B> all;                 ///< `sample` is unused; `target` holds global class ids
+  backend_vector<B, float> upstream; ///< all.rows, when gradients are wanted
+  std::vector<index_t> counts;       ///< rows of each rank (replicated: every rank's = all.rows)
+  index_t own_offset = 0;            ///< first row of this rank's own rows in `all`
+};
+
+/// Gathers `own` (this rank's packed rows) and its `upstream` gradients (may be null) from every
+/// rank; in the replicated layout `own` already is the batch and is moved in.
+template <class B, class Comm>
+sharded_rows<B> gather_rows(const execution<B>& ex, const class_sharding<Comm>& sh, batch_rows<B> own,
+                            backend_vector<B, float>* upstream) {
+  sharded_rows<B> out;
+  const int size = sh.size();
+  if (sh.layout() == hidden_layout::replicated) {
+    out.counts.assign(static_cast<std::size_t>(size), own.rows);
+    out.all = std::move(own);
+    if (upstream) out.upstream = std::move(*upstream);
+    return out;
+  }
+  Comm& comm = sh.communicator();
+  std::vector<index_t> ones(static_cast<std::size_t>(size), 1);
+  out.counts.resize(static_cast<std::size_t>(size));
+  comm.all_gather(&own.rows, 1, out.counts.data(), ones.data());
+  index_t total = 0;
+  for (int q = 0; q < size; ++q) {
+    if (q == sh.rank()) out.own_offset = total;
+    total += out.counts[static_cast<std::size_t>(q)];
+  }
+  const index_t d = own.dim;
+  std::vector<index_t> element_counts(out.counts);
+  for (auto& c : element_counts) c *= d;
+  out.all.dim = d;
+  out.all.rows = total;
+  out.all.hidden.resize(static_cast<std::size_t>(total * d));
+  out.all.target.resize(static_cast<std::size_t>(total));
+  if (upstream) out.upstream.resize(static_cast<std::size_t>(total));
+  // Host staging of the gathered buffers: thrust::host_vector on every backend.
+  thrust::host_vector<float> h(out.all.hidden.size()), u(upstream ? out.upstream.size() : 0);
+  thrust::host_vector<index_t> t(out.all.target.size());
+  on_host(ex, raw(own.hidden), own.rows * d, false,
+          [&](float* p) { comm.all_gather(p, own.rows * d, raw(h), element_counts.data()); });
+  on_host(ex, raw(own.target), own.rows, false,
+          [&](index_t* p) { comm.all_gather(p, own.rows, raw(t), out.counts.data()); });
+  if (upstream)
+    on_host(ex, raw(*upstream), own.rows, false,
+            [&](float* p) { comm.all_gather(p, own.rows, raw(u), out.counts.data()); });
+  thrust::copy(h.begin(), h.end(), out.all.hidden.begin());
+  thrust::copy(t.begin(), t.end(), out.all.target.begin());
+  if (upstream) thrust::copy(u.begin(), u.end(), out.upstream.begin());
+  return out;
+}
+
+/// Row r's local (max, sum) rescaled to the global max (a rank whose classes all scored -inf for a
+/// row contributes nothing).
+struct rescale_to_global_max {
+  float* max;
+  float* sum;
+  const float* global_max;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const float g = global_max[r];
+    sum[r] = max[r] == -INFINITY ? 0.f : sum[r] * ::expf(max[r] - g);
+    max[r] = g;
+  }
+};
+
+/// Replaces a block's row statistics (see `dense_row_statistics`) by those over every rank's block:
+/// one max all-reduce, then one sum all-reduce of (rescaled sum, target score, finite sum) and, with
+/// label smoothing, one of the finite counts. The target's score is 0 on the ranks that do not hold
+/// the target, so the sum is the owner's.
+template <class B, class Comm>
+void combine_row_statistics(const execution<B>& ex, Comm& comm, const dense_row_statistics& st) {
+  const index_t rows = st.rows;
+  backend_vector<B, float> global_max(static_cast<std::size_t>(rows));
+  thrust::copy(ex.policy(), st.max, st.max + rows, global_max.begin());
+  on_host(ex, raw(global_max), rows, true, [&](float* p) { comm.all_reduce(p, rows, reduce_op::max); });
+  parallel_for(ex, rows, rescale_to_global_max{st.max, st.sum, raw(global_max)});
+  const index_t parts = st.finite_sum ? 3 : 2;
+  backend_vector<B, float> packed(static_cast<std::size_t>(parts * rows));
+  thrust::copy(ex.policy(), st.sum, st.sum + rows, packed.begin());
+  thrust::copy(ex.policy(), st.target_logit, st.target_logit + rows, packed.begin() + rows);
+  if (st.finite_sum) thrust::copy(ex.policy(), st.finite_sum, st.finite_sum + rows, packed.begin() + 2 * rows);
+  on_host(ex, raw(packed), parts * rows, true, [&](float* p) { comm.all_reduce(p, parts * rows, reduce_op::sum); });
+  thrust::copy(ex.policy(), packed.begin(), packed.begin() + rows, st.sum);
+  thrust::copy(ex.policy(), packed.begin() + rows, packed.begin() + 2 * rows, st.target_logit);
+  if (st.finite_sum) {
+    thrust::copy(ex.policy(), packed.begin() + 2 * rows, packed.end(), st.finite_sum);
+    on_host(ex, st.finite_count, rows, true, [&](index_t* p) { comm.all_reduce(p, rows, reduce_op::sum); });
+  }
+}
+
+/// `rows.all`'s hidden gradients (this rank's classes' contributions, all.rows x d) summed over the
+/// ranks and returned to their owner: this rank's own rows (reduce-scatter), or every row when
+/// the batch is replicated (all-reduce). The result is in the execution's memory.
+template <class B, class Comm>
+backend_vector<B, float> return_row_gradients(const execution<B>& ex, const class_sharding<Comm>& sh,
+                                              const sharded_rows<B>& rows, backend_vector<B, float>& grad_all) {
+  Comm& comm = sh.communicator();
+  const index_t d = rows.all.dim, total = rows.all.rows;
+  if (sh.layout() == hidden_layout::replicated) {
+    on_host(ex, raw(grad_all), total * d, true, [&](float* p) { comm.all_reduce(p, total * d, reduce_op::sum); });
+    return std::move(grad_all);
+  }
+  std::vector<index_t> element_counts(rows.counts);
+  for (auto& c : element_counts) c *= d;
+  const index_t mine = element_counts[static_cast<std::size_t>(sh.rank())];
+  thrust::host_vector<float> own(static_cast<std::size_t>(mine));
+  on_host(ex, raw(grad_all), total * d, false,
+          [&](float* p) { comm.reduce_scatter(p, raw(own), element_counts.data()); });
+  return backend_vector<B, float>(own.begin(), own.end());
+}
+
+/// t[i] - first: global class ids as columns of the block that starts at class `first` (a target
+/// outside the block falls outside [0, block size), which the dense softmax ignores).
+template <class B>
+backend_vector<B, index_t> block_columns(const execution<B>& ex, const backend_vector<B, index_t>& t, index_t first) {
+  backend_vector<B, index_t> out(t.size());
+  const index_t* in = raw(t);
+  index_t* o = raw(out);
+  parallel_for(ex, static_cast<index_t>(t.size()), [=] XSOFTMAX_HD_LAMBDA(index_t i) { o[i] = in[i] - first; });
+  return out;
+}
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `mpi_communicator`: the communicator of `class_sharding` over an MPI communicator (hosts; Debian's
+/// OpenMPI). Include it only in programs linked with MPI (`find_package(MPI)`, `MPI::MPI_CXX`).
+///
+/// Sums are made deterministic and identical on every rank whatever MPI's reduction algorithm:
+/// `all_reduce(sum)` gathers every rank's values and adds them in rank order (S x n elements move
+/// instead of about 2n: the reductions of a softmax head are per batch row, a few KiB);
+/// `reduce_scatter` sends each block to its owner, which adds the contributions in rank order.
+
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/sharding/class_sharding.hpp>
+#include <xsoftmax/types.hpp>
+
+// The C API only: OpenMPI's deprecated C++ bindings warn under -Wextra.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace xsoftmax {
+
+/// Collectives of `class_sharding` over `comm` (not owned: the caller initialises MPI and keeps the
+/// communicator alive). Every MPI error is thrown as `invalid_argument` naming the call.
+class mpi_communicator {
+ public:
+  /// Wraps `comm` (MPI_COMM_WORLD by default). MPI must be initialised.
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    detail::expects(initialised != 0, "mpi_communicator: MPI is not initialised (call MPI_Init first)");
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+  [[nodiscard]] MPI_Comm native() const { return comm_; }
+
+  /// In place over `n` elements; sums in rank order (bitwise the same on every rank and every run).
+  template <class T>
+  void all_reduce(T* data, index_t n, reduce_op op) {
+    if (n == 0) return;
+    if (op == reduce_op::max) {
+      check(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), type<T>(), MPI_MAX, comm_), "MPI_Allreduce");
+      return;
+    }
+    std::vector<T> all(static_cast<std::size_t>(n) * static_cast<std::size_t>(size_));
+    check(MPI_Allgather(data, count_of(n), type<T>(), all.data(), count_of(n), type<T>(), comm_), "MPI_Allgather");
+    for (index_t i = 0; i < n; ++i) {
+      T acc = all[static_cast<std::size_t>(i)];
+      for (int q = 1; q < size_; ++q) acc += all[static_cast<std::size_t>(q) * static_cast<std::size_t>(n) + i];
+      data[i] = acc;
+    }
+  }
+
+  /// Rank q's `counts[q]` elements, concatenated in rank order into `recv` (sum(counts) elements).
+  template <class T>
+  void all_gather(const T* send, index_t count, T* recv, const index_t* counts) {
+    std::vector<int> c(static_cast<std::size_t>(size_)), off(c.size());
+    layout(counts, c, off);
+    detail::expects(count == counts[rank_], "mpi_communicator::all_gather: count = ", count, " but counts[",
+                    rank_, "] = ", counts[rank_]);
+    check(MPI_Allgatherv(send, count_of(count), type<T>(), recv, c.data(), off.data(), type<T>(), comm_),
+          "MPI_Allgatherv");
+  }
+
+  /// `recv` (counts[rank] elements) = sum over ranks, in rank order, of their block `rank` of `send`.
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, const index_t* counts) {
+    std::vector<int> c(static_cast<std::size_t>(size_)), off(c.size());
+    layout(counts, c, off);
+    const int mine = c[static_cast<std::size_t>(rank_)];
+    std::vector<T> blocks(static_cast<std::size_t>(mine) * static_cast<std::size_t>(size_));
+    std::vector<int> recv_counts(c.size(), mine), recv_off(c.size());
+    for (int q = 0; q < size_; ++q) recv_off[static_cast<std::size_t>(q)] = q * mine;
+    // Rank q receives block q of everyone: an all-to-all with per-destination blocks.
+    check(MPI_Alltoallv(send, c.data(), off.data(), type<T>(), blocks.data(), recv_counts.data(), recv_off.data(),
+                        type<T>(), comm_),
+          "MPI_Alltoallv");
+    for (int i = 0; i < mine; ++i) {
+      T acc = blocks[static_cast<std::size_t>(i)];
+      for (int q = 1; q < size_; ++q) acc += blocks[static_cast<std::size_t>(q) * static_cast<std::size_t>(mine) + i];
+      recv[i] = acc;
+    }
+  }
+
+ private:
+  template <class T>
+  static MPI_Datatype type() {
+    if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+    else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+    else {
+      static_assert(std::is_same_v<T, index_t>, "mpi_communicator: float, double or index_t buffers");
+      return MPI_INT64_T;
+    }
+  }
+  static int count_of(index_t n) {
+    detail::expects(n >= 0 && n <= index_t(INT32_MAX), "mpi_communicator: a message of ", n,
+                    " elements does not fit MPI's int count");
+    return static_cast<int>(n);
+  }
+  void layout(const index_t* counts, std::vector<int>& c, std::vector<int>& off) const {
+    index_t at = 0;
+    for (int q = 0; q < size_; ++q) {
+      c[static_cast<std::size_t>(q)] = count_of(counts[q]);
+      off[static_cast<std::size_t>(q)] = count_of(at);
+      at += counts[q];
+    }
+    count_of(at);
+  }
+  static void check(int code, const char* call) {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    detail::expects(false, "mpi_communicator: ", call, " failed: ", std::string(text, static_cast<std::size_t>(length)));
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace xsoftmax

@@ -1,0 +1,36 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `solo_communicator`: the communicator of a single rank (every collective is a copy). A
+/// `class_sharding<solo_communicator>` head runs the sharded code path in one process on any
+/// backend, with no transport: the oracle that the sharded algorithm equals the unsharded one
+/// before ranks are added, and the GPU tests' sharded head.
+
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/sharding/class_sharding.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <algorithm>
+
+namespace xsoftmax {
+
+/// One rank, rank 0: see class_sharding.hpp for the collectives' contract.
+class solo_communicator {
+ public:
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return 1; }
+  template <class T>
+  void all_reduce(T*, index_t, reduce_op) {}  // the only rank's values are the result
+  template <class T>
+  void all_gather(const T* send, index_t count, T* recv, const index_t* counts) {
+    detail::expects(count == counts[0], "solo_communicator::all_gather: count = ", count, " but counts[0] = ",
+                    counts[0]);
+    std::copy(send, send + count, recv);
+  }
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, const index_t* counts) {
+    std::copy(send, send + counts[0], recv);
+  }
+};
+
+}  // namespace xsoftmax

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+// full_softmax over class_sharding<mpi_communicator>, run by ctest under mpirun with 1, 2, 3 and 4
+// ranks (1003 classes: no rank count divides them): every verb equals the unsharded head on the
+// same weights — loss, per-sample losses, grad_hidden of the rank's own rows, each rank's weight
+// gradient rows, log_prob, top-k — with label smoothing and z-loss too, in both hidden layouts;
+// repeated runs are bitwise equal; a rank with no class and mismatched shards are rejected.
+
+// First: this test is the self-containment check of the MPI header (tests/self_contained skips it).
+#include <xsoftmax/sharding/mpi_communicator.hpp>
+
+#include <xsoftmax/full_softmax.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace xs = xsoftmax;
+using xs::index_t;
+using sharding = xs::class_sharding<xs::mpi_communicator>;
+
+constexpr index_t classes = 1003, dim = 16, ignore = -100;
+
+/// The unsharded layer every rank builds identically: weights (classes x dim) and bias.
+struct layer {
+  std::vector<float> w, b;
+  layer() : w(static_cast<std::size_t>(classes * dim)), b(static_cast<std::size_t>(classes)) {
+    std::mt19937 g(7);
+    std::normal_distribution<float> nd(0.f, 0.5f);
+    for (auto& x : w) x = nd(g);
+    for (auto& x : b) x = 0.1f * nd(g);
+  }
+};
+
+/// Rank q's batch: 6 + 3q rows, every fifth target ignored; rank 1's targets all ignored when
+/// `rank1_idle` (a rank with no row that counts still takes part in every collective).
+struct batch {
+  std::vector<float> h;
+  std::vector<index_t> t;
+  index_t rows = 0;
+};
+batch batch_of(int q, bool rank1_idle = false) {
+  batch b;
+  b.rows = 6 + 3 * q;
+  std::mt19937 g(100 + static_cast<unsigned>(q));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (index_t i = 0; i < b.rows * dim; ++i) b.h.push_back(nd(g));
+  for (index_t i = 0; i < b.rows; ++i)
+    b.t.push_back((i % 5 == 4 || (rank1_idle && q == 1)) ? ignore : static_cast<index_t>(g() % classes));
+  return b;
+}
+
+xs::matrix_view<const float> hidden(const batch& b) { return {b.h.data(), b.rows, dim}; }
+xs::vector_view<const index_t> targets(const batch& b) { return {b.t.data(), b.rows}; }
+
+/// Norm-wise relative error ||a - b|| / max(||b||, floor) <= tol (the cancellations of a softmax
+/// gradient make element-wise relative errors meaningless for entries near 0), and every element
+/// within 10 tol of the largest.
+void check_close(const std::vector<float>& a, const std::vector<float>& b, double tol, double floor,
+                 const std::string& what) {
+  REQUIRE(a.size() == b.size());
+  double err = 0, norm = 0, largest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double e = static_cast<double>(a[i]) - b[i];
+    err += e * e, norm += static_cast<double>(b[i]) * b[i];
+    largest = std::max(largest, std::abs(static_cast<double>(b[i])));
+  }
+  const double rel = std::sqrt(err) / std::max(std::sqrt(norm), floor);
+  INFO(what, ": relative error ", rel);
+  CHECK(rel <= tol);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::abs(static_cast<double>(a[i]) - b[i]) > 10 * tol * std::max(largest, floor))
+      FAIL_CHECK(what, "[", i, "] = ", a[i], " vs unsharded ", b[i]);
+}
+
+template <class B>
+struct fixture {
+  xs::mpi_communicator comm;
+  int rank = comm.rank(), size = comm.size();
+  layer full;
+  xs::full_softmax<xs::fp32, B> reference{xs::matrix_view<float>(full.w.data(), classes, dim), full.b.data()};
+
+  xs::full_softmax<xs::fp32, B, sharding> sharded(xs::hidden_layout layout) {
+    sharding sh(comm, classes, layout);
+    const index_t begin = sh.class_begin();
+    return xs::full_softmax<xs::fp32, B, sharding>(
+        sh, xs::matrix_view<float>(full.w.data() + begin * dim, sh.local_classes(), dim), full.b.data() + begin);
+  }
+
+  /// The unsharded weight gradient (dense, classes x dim, and bias) of the given batches' summed losses.
+  std::pair<std::vector<float>, std::vector<float>> reference_grad(const std::vector<batch>& batches,
+                                                                   const xs::loss_options& o) {
+    std::vector<float> gw(static_cast<std::size_t>(classes * dim), 0.f), gb(static_cast<std::size_t>(classes), 0.f);
+    for (const batch& b : batches) {
+      std::vector<float> gh(b.h.size());
+      typename decltype(reference)::gradient_type g;
+      reference.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(gh.data(), b.rows, dim), g, o);
+      for (index_t i = 0; i < g.num_rows(); ++i) {
+        const index_t c = g.rows[static_cast<std::size_t>(i)];
+        for (index_t j = 0; j < dim; ++j) gw[c * dim + j] += g.values[static_cast<std::size_t>(i * dim + j)];
+        gb[c] += g.bias_values[static_cast<std::size_t>(i)];
+      }
+    }
+    return {gw, gb};
+  }
+};
+
+std::vector<xs::loss_options> option_sets() {
+  xs::loss_options plain, smooth, none;
+  smooth.reduce = xs::reduction::sum;
+  smooth.label_smoothing = 0.1f;
+  smooth.z_loss = 1e-3f;
+  none.reduce = xs::reduction::none;
+  return {plain, smooth, none};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (data-parallel rows)", B, xs::serial, xs::omp) {
+  fixture<B> f;
+  auto head = f.sharded(xs::hidden_layout::data_parallel);
+  const index_t begin = head.class_begin(), local = head.local_classes();
+  CHECK(head.num_classes() == classes);
+  for (bool idle : {false, true}) {
+    std::vector<batch> all;
+    for (int q = 0; q < f.size; ++q) all.push_back(batch_of(q, idle));
+    const batch& own = all[static_cast<std::size_t>(f.rank)];
+    for (const xs::loss_options& o : option_sets()) {
+      CAPTURE(idle);
+      CAPTURE(o.label_smoothing);
+      std::vector<float> gh(own.h.size()), ref_gh(own.h.size()), per(own.rows), ref_per(own.rows);
+      typename decltype(head)::gradient_type g;
+      typename decltype(f.reference)::gradient_type ref_g;
+      const xs::vector_view<float> per_view(per.data(), own.rows), ref_per_view(ref_per.data(), own.rows);
+      const float loss = head.forward_backward(hidden(own), targets(own), xs::matrix_view<float>(gh.data(), own.rows, dim),
+                                               g, o, per_view);
+      const float ref_loss = f.reference.forward_backward(
+          hidden(own), targets(own), xs::matrix_view<float>(ref_gh.data(), own.rows, dim), ref_g, o, ref_per_view);
+      check_close({loss}, {ref_loss}, 1e-6, 1e-3, "loss");
+      check_close(per, ref_per, 1e-6, 1e-3, "per_sample");
+      check_close(gh, ref_gh, 1e-6, 1e-5, "grad_hidden");
+      CHECK(head.forward(hidden(own), targets(own), o, per_view) == doctest::Approx(ref_loss).epsilon(1e-6));
+
+      // The local weight gradient: every local class, that of the sum of every rank's loss.
+      const auto [gw, gb] = f.reference_grad(all, o);
+      REQUIRE(g.num_rows() == local);
+      std::vector<float> mine(g.values.begin(), g.values.end()), ref_rows(gw.begin() + begin * dim,
+                                                                          gw.begin() + (begin + local) * dim);
+      check_close(mine, ref_rows, 1e-6, 1e-5, "grad_weights");
+      check_close(std::vector<float>(g.bias_values.begin(), g.bias_values.end()),
+                  std::vector<float>(gb.begin() + begin, gb.begin() + begin + local), 1e-6, 1e-5, "grad_bias");
+
+      // Bitwise the same on a repeated run.
+      std::vector<float> gh2(gh.size());
+      typename decltype(head)::gradient_type g2;
+      const float loss2 = head.forward_backward(hidden(own), targets(own),
+                                                xs::matrix_view<float>(gh2.data(), own.rows, dim), g2, o, per_view);
+      CHECK(std::memcmp(&loss, &loss2, sizeof loss) == 0);
+      CHECK(gh == gh2);
+      CHECK(std::vector<float>(g.values.begin(), g.values.end()) == std::vector<float>(g2.values.begin(), g2.values.end()));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("sharded full softmax: log_prob and top-k over every class", B, xs::serial, xs::omp) {
+  fixture<B> f;
+  for (auto layout : {xs::hidden_layout::data_parallel, xs::hidden_layout::replicated}) {
+    auto head = f.sharded(layout);
+    batch own = batch_of(layout == xs::hidden_layout::replicated ? 0 : f.rank);
+    for (auto& t : own.t) t = t == ignore ? 0 : t;  // log_prob ignores nothing
+    std::vector<float> lp(own.rows), ref_lp(own.rows);
+    head.log_prob(hidden(own), targets(own), xs::vector_view<float>(lp.data(), own.rows));
+    f.reference.log_prob(hidden(own), targets(own), xs::vector_view<float>(ref_lp.data(), own.rows));
+    check_close(lp, ref_lp, 1e-6, 1e-3, "log_prob");
+    for (index_t k : {index_t(1), index_t(5), index_t(300)}) {  // 300 > the 251 classes of a rank of 4
+      std::vector<index_t> c(own.rows * k), ref_c(c.size());
+      std::vector<float> v(c.size()), ref_v(c.size());
+      head.topk(hidden(own), k, xs::matrix_view<index_t>(c.data(), own.rows, k), xs::matrix_view<float>(v.data(), own.rows, k));
+      f.reference.topk(hidden(own), k, xs::matrix_view<index_t>(ref_c.data(), own.rows, k),
+                       xs::matrix_view<float>(ref_v.data(), own.rows, k));
+      CAPTURE(k);
+      CHECK(c == ref_c);
+      check_close(v, ref_v, 1e-6, 1e-3, "topk log_probs");
+    }
+    std::vector<float> out(static_cast<std::size_t>(own.rows * 2));
+    CHECK_THROWS_AS(head.log_distribution(hidden(own), 0, 2, xs::matrix_view<float>(out.data(), own.rows, 2)),
+                    xs::invalid_argument);
+  }
+}
+
+TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (replicated rows)", B, xs::serial, xs::omp) {
+  fixture<B> f;
+  auto head = f.sharded(xs::hidden_layout::replicated);
+  const batch b = batch_of(0);  // every rank passes the same batch
+  for (const xs::loss_options& o : option_sets()) {
+    std::vector<float> gh(b.h.size()), ref_gh(b.h.size()), per(b.rows);
+    typename decltype(head)::gradient_type g;
+    typename decltype(f.reference)::gradient_type ref_g;
+    const xs::vector_view<float> per_view(per.data(), b.rows);
+    const float loss = head.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(gh.data(), b.rows, dim), g, o, per_view);
+    const float ref_loss = f.reference.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(ref_gh.data(), b.rows, dim),
+                                                        ref_g, o, per_view);
+    check_close({loss}, {ref_loss}, 1e-6, 1e-3, "loss");
+    check_close(gh, ref_gh, 1e-6, 1e-5, "grad_hidden");
+    const auto [gw, gb] = f.reference_grad({b}, o);
+    const index_t begin = head.class_begin(), local = head.local_classes();
+    check_close(std::vector<float>(g.values.begin(), g.values.end()),
+                std::vector<float>(gw.begin() + begin * dim, gw.begin() + (begin + local) * dim), 1e-6, 1e-5, "grad_weights");
+  }
+}
+
+TEST_CASE("class_sharding rejects a rank with no class and a shard of the wrong size") {
+  xs::mpi_communicator comm;
+  CHECK_THROWS_AS(sharding(comm, comm.size() - 1), xs::invalid_argument);
+  CHECK_THROWS_AS(sharding(comm, 100, static_cast<xs::hidden_layout>(7)), xs::invalid_argument);
+  sharding sh(comm, 100);
+  CHECK(sh.shard_begin(0) == 0);
+  CHECK(sh.shard_begin(comm.size()) == 100);
+  std::vector<float> w(static_cast<std::size_t>((sh.local_classes() + 1) * dim));
+  using head = xs::full_softmax<xs::fp32, xs::serial, sharding>;
+  CHECK_THROWS_AS(head(sh, xs::matrix_view<float>(w.data(), sh.local_classes() + 1, dim)), xs::shape_error);
+  head owned(sh, dim, true);
+  CHECK(owned.local_classes() == sh.local_classes());
+  CHECK(owned.weights().rows == sh.local_classes());
+}
