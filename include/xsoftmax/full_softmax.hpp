@@ -30,7 +30,7 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend>, Backend
 
  public:
   static constexpr const char* head_name = "full_softmax";
-  /// Whether `loss_options::label_smoothing` and `z_loss` are defined for this head.
+  /// Whether `loss_options::label_smoothing`, `z_loss` and `margin` are defined for this head.
   static constexpr bool supports_loss_terms = true;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;

@@ -123,6 +123,7 @@ void full_softmax<P, B>::run_into_(const char* where, matrix_view<const H> hidde
   a.loss = detail::raw(losses);
   a.label_smoothing = options.label_smoothing;
   a.z_loss = options.z_loss;
+  a.margin = options.margin;  // head_verbs checked: no bias with a margin
   if (grad_weights) {
     gradient_type& g = *grad_weights;
     g.dim = d;
