@@ -28,7 +28,8 @@ namespace xsoftmax {
 ///                   weight gradient and `apply_sgd` on the local rows (row 0 = class_begin()).
 ///                   In the `data_parallel` layout each rank passes its own batch; its weight
 ///                   gradient is that of the sum over ranks of each rank's reduced loss.
-///                   `log_distribution` is not offered sharded (it throws `invalid_argument`).
+///                   `log_distribution` and angular margins are not offered sharded yet (they
+///                   throw `invalid_argument`).
 ///
 /// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
 /// `non_finite_error` or `invalid_argument` naming the argument and value; nothing is changed then.
@@ -43,7 +44,7 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
 
  public:
   static constexpr const char* head_name = "full_softmax";
-  /// Whether `loss_options::label_smoothing` and `z_loss` are defined for this head.
+  /// Whether `loss_options::label_smoothing`, `z_loss` and `margin` are defined for this head.
   static constexpr bool supports_loss_terms = true;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;

@@ -54,8 +54,8 @@ inline loss_options log_prob_options() {
 ///                       `log_distribution_(hidden, class_begin, class_end, out)`, `store_` (its
 ///                       `detail::weight_store`) and `resources()`; on device backends also the
 ///                       `_async` forms `run_async_`, `topk_async_`, `log_distribution_async_`.
-///                       Publicly: `head_name` and `supports_loss_terms` (whether label smoothing
-///                       and z-loss are defined for it).
+///                       Publicly: `head_name` and `supports_loss_terms` (whether label smoothing,
+///                       z-loss and margins are defined for it).
 /// \tparam Backend       `serial`, `omp` or `cuda`.
 /// \tparam SearchOptions what `topk` can be told (`exact_search`: nothing; HS: beam width).
 ///
@@ -270,6 +270,7 @@ class head_verbs {
     const detail::execution<Backend> ex = checked_execution();
     detail::check_reduction(w, options.reduce);
     detail::check_loss_terms(w, options, Head::supports_loss_terms, Head::head_name);
+    detail::check_margin(w, options.margin, Head::supports_loss_terms, Head::head_name, self().bias() != nullptr);
     detail::check_hidden(ex, w, hidden, self().dim());
     detail::check_targets(ex, w, targets, hidden.rows, self().num_classes(), options.ignore_index);
     if ((options.reduce == reduction::none && !backward) || per_sample.size != 0)  // backward has no per_sample

@@ -93,7 +93,7 @@ class hierarchical_softmax
 
  public:
   static constexpr const char* head_name = "hierarchical_softmax";
-  /// Whether `loss_options::label_smoothing` and `z_loss` are defined for this head.
+  /// Whether `loss_options::label_smoothing`, `z_loss` and `margin` are defined for this head.
   static constexpr bool supports_loss_terms = false;
   using tree_type = Tree;
   using precision_type = Precision;

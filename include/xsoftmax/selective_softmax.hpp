@@ -48,7 +48,7 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
 
  public:
   static constexpr const char* head_name = "selective_softmax";
-  /// Whether `loss_options::label_smoothing` and `z_loss` are defined for this head.
+  /// Whether `loss_options::label_smoothing`, `z_loss` and `margin` are defined for this head.
   static constexpr bool supports_loss_terms = true;
   using selector_type = Selector;
   using precision_type = Precision;

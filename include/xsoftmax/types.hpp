@@ -56,6 +56,50 @@ enum class reduction {
   sum,   ///< sum over samples whose target is not `ignore_index`
 };
 
+/// The additive margin a softmax head's loss can be trained with (see `margin_options`).
+enum class margin_kind {
+  none,     ///< plain logits <h, w_j> + b_j
+  arcface,  ///< additive angular margin (ArcFace, Deng et al. 2019): target logit s cos(theta_t + m)
+  cosface,  ///< additive cosine margin (CosFace / AM-softmax, Wang et al. 2018): target logit s (cos theta_t - m)
+};
+
+/// An additive margin on normalised weights and features. With a margin, every logit is
+/// s cos theta_j, cos theta_j = <h / |h|, w_j / |w_j|>, and the target's logit becomes
+///  * ArcFace: s phi(cos theta_t), with InsightFace's "easy_margin = false" form
+///    phi = cos theta cos m - sin theta sin m  when cos theta > th = cos(pi - m),
+///    phi = cos theta - mm, mm = sin(pi - m) m  otherwise (keeps phi decreasing in theta past pi - m);
+///    sin theta = sqrt(max(0, 1 - cos^2 theta)), and its slope dphi/dcos takes sin theta >= 1e-6;
+///  * CosFace: s (cos theta_t - m).
+/// Gradients flow through both normalisations (d(x / |x|)/dx = (I - x^ x^T) / |x|). A norm below
+/// 1e-12 is taken as 1e-12, as `torch.nn.functional.normalize` does (a zero row has cosine 0 with
+/// everything; its gradient is the unprojected one divided by 1e-12, so do not train a margin head
+/// from zero-initialised rows). The bias is not part of a margin logit: a head with a bias rejects
+/// a margin with `invalid_argument`. Label smoothing, z-loss and the selective heads' logit offsets
+/// (sampling corrections, masks) all apply to the margin logits.
+///
+/// The prediction verbs (`log_prob`, `topk`, `log_distribution`) take no options and stay
+/// margin-free: they score the plain logits <h, w_j>. For the cosine ranking ArcFace / CosFace use
+/// at test time, normalise the weight rows once after training: `topk` then ranks by cos theta_j.
+struct margin_options {
+  margin_kind kind = margin_kind::none;
+  /// s > 0 (finite): the logit scale. 64 is the ArcFace and CosFace papers' value for face
+  /// recognition; smaller values (16..32) suit fewer classes.
+  float scale = 64.f;
+  /// m: the margin, in radians for ArcFace (in [0, pi / 2); the paper uses 0.5), in cosine units for
+  /// CosFace (>= 0; the paper uses 0.35).
+  float m = 0.5f;
+
+  /// ArcFace with the paper's defaults s = 64, m = 0.5.
+  [[nodiscard]] static constexpr margin_options arcface(float s = 64.f, float margin = 0.5f) {
+    return {margin_kind::arcface, s, margin};
+  }
+  /// CosFace with the paper's defaults s = 64, m = 0.35.
+  [[nodiscard]] static constexpr margin_options cosface(float s = 64.f, float margin = 0.35f) {
+    return {margin_kind::cosface, s, margin};
+  }
+  [[nodiscard]] constexpr bool enabled() const { return kind != margin_kind::none; }
+};
+
 /// Options of `forward` / `backward`, as in PyTorch's `cross_entropy`.
 struct loss_options {
   reduction reduce = reduction::mean;
@@ -68,6 +112,9 @@ struct loss_options {
   /// z >= 0: adds z * lse^2 per sample (the z-loss of PaLM / ST-MoE), which keeps the log-partition
   /// function near 0. Not defined for `hierarchical_softmax`.
   float z_loss = 0.f;
+  /// An additive angular / cosine margin on normalised weights and features (see
+  /// `margin_options`); none by default. Not defined for `hierarchical_softmax`.
+  margin_options margin = {};
 };
 
 /// A gradient of a weight matrix that is non-zero only on some rows: `rows[i]` holds the gradient

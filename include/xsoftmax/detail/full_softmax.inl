@@ -131,6 +131,7 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   a.loss = detail::raw(losses);
   a.label_smoothing = options.label_smoothing;
   a.z_loss = options.z_loss;
+  a.margin = options.margin;  // head_verbs checked: no bias with a margin
   if (grad_weights) {
     gradient_type& g = *grad_weights;
     g.dim = d;

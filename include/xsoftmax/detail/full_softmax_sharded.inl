@@ -76,6 +76,9 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
                                               vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                               gradient_type* grad_weights, vector_view<const float> grad_output,
                                               float* loss) const {
+  // Every rank sees the same options, so every rank throws here, before any collective.
+  detail::expects(!options.margin.enabled(), where,
+                  ": angular margins (loss_options::margin) are not yet offered by a class-sharded head");
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t d = dim(), n_local = local_classes();
   detail::batch_rows<B> own = detail::pack_rows(ex, hidden, targets, options.ignore_index);

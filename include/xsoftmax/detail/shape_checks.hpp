@@ -44,6 +44,29 @@ inline void check_loss_terms(const char* where, const loss_options& o, bool supp
           " does not define them (its loss is a product of node softmaxes, with no softmax over all classes)");
 }
 
+/// A margin (see `margin_options`) is a known kind with a finite scale > 0 and a margin in
+/// [0, pi / 2) for ArcFace (past pi / 2 cos(theta + m) is no longer a penalty for every theta) or
+/// finite and >= 0 for CosFace; only for a head that defines it (`supported`) and has no bias.
+inline void check_margin(const char* where, const margin_options& o, bool supported, const char* head,
+                         bool has_bias) {
+  const auto kind = static_cast<int>(o.kind);
+  expects(kind >= 0 && kind <= 2, where, ": options.margin.kind = ", kind,
+          " is not a margin_kind (none = 0, arcface = 1, cosface = 2)");
+  if (!o.enabled()) return;
+  const char* name = o.kind == margin_kind::arcface ? "arcface" : "cosface";
+  expects(supported, where, ": options.margin.kind = ", name, " must be none: ", head,
+          " does not define margins (its loss is a product of node softmaxes, with no softmax over all classes)");
+  expects(!has_bias, where, ": options.margin.kind = ", name,
+          " needs a head without a bias (a margin logit is s cos theta, with no bias term)");
+  expects(o.scale > 0.f && o.scale < INFINITY, where, ": options.margin.scale = ", o.scale,
+          " must be finite and > 0");
+  if (o.kind == margin_kind::arcface)
+    expects(o.m >= 0.f && o.m < 1.5707963f, where, ": options.margin.m = ", o.m,
+            " must be in [0, pi/2) for arcface");
+  else
+    expects(o.m >= 0.f && o.m < INFINITY, where, ": options.margin.m = ", o.m, " must be finite and >= 0 for cosface");
+}
+
 /// One target per hidden row.
 inline void check_targets_shape(const char* where, vector_view<const index_t> targets, index_t rows) {
   expects<shape_error>(targets.size == rows, where, ": targets has ", targets.size, " entries but hidden has ", rows,

@@ -5,8 +5,8 @@
 /// packed rows are rounded to the storage type once and every GEMM reads the weights in place on
 /// the tensor cores (fp32 accumulation), with the fused online log-sum-exp kernels of dense.cuh —
 /// instead of the generic path's per-chunk widening of the weights to fp32. It serves blocks
-/// without gathered columns or logit offsets (the full softmax); anything else takes the generic
-/// path, which stays the oracle: tests/cuda/dense_tuned_cuda_test.cu compares the two.
+/// without gathered columns, logit offsets, loss terms or margins (the full softmax's plain loss);
+/// anything else takes the generic path, which stays the oracle: tests/cuda/dense_tuned_cuda_test.cu compares the two.
 
 #include <xsoftmax/detail/cuda/dense.cuh>
 #include <xsoftmax/detail/cuda/workspace.cuh>
@@ -21,7 +21,8 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   static constexpr bool available = !std::is_same_v<T, float>;
 
   [[nodiscard]] static bool applies(const dense_softmax_args& a) {
-    return !a.columns && !a.negative_offset && !a.target_offset && a.plain_loss() && !a.combine_rows;
+    return !a.columns && !a.negative_offset && !a.target_offset && a.plain_loss() && !a.margin.enabled() &&
+           !a.combine_rows;
   }
 
   static void run(const execution<::xsoftmax::cuda>& ex, matrix_view<const T> w, const T* bias,

@@ -6,8 +6,11 @@
 /// log-sum-exp; pass 2 recomputes each chunk, turns it into dLoss/dscore in place and produces the
 /// chunk's hidden- and weight-gradient contributions. The exact full softmax is this primitive over
 /// all classes; the hierarchical softmax uses it for every node run scored through a GEMM; the
-/// selective softmax uses it over a gathered set of classes with per-column logit offsets.
+/// selective softmax uses it over a gathered set of classes with per-column logit offsets. With a
+/// margin (ArcFace / CosFace), the rows are normalised once, each chunk's weight rows' norms are
+/// taken from the fp32 rows the GEMM reads, and the scores become margin logits before any offset.
 
+#include <xsoftmax/detail/primitives/angular_margin.hpp>
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
@@ -56,6 +59,9 @@ struct dense_softmax_args {
   /// statistics by those of every class (all-reduces over the ranks that hold the other blocks).
   std::function<void(const dense_row_statistics&)> combine_rows;
   [[nodiscard]] bool plain_loss() const { return label_smoothing == 0.f && z_loss == 0.f; }
+  /// Optional additive margin on normalised rows and weights (see `margin_options`); the bias must
+  /// be null with one. The loss terms and offsets then apply to the margin logits.
+  margin_options margin = {};
 };
 
 /// Default columns per chunk for `rows` rows: about 32 MiB of fp32 scores, large enough for the
@@ -101,6 +107,19 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   fvector scores(static_cast<std::size_t>(rows * chunk)), scratch, gathered, gathered_bias;
   float* s = raw(scores);
 
+  // A margin scores the normalised rows (normalised once here) against each chunk's weight rows,
+  // then divides column j by |w_j|; the target's cosine is kept for the backward slope.
+  const bool margin = a.margin.enabled();
+  const margin_logits ml = make_margin_logits(a.margin);
+  const std::size_t margin_rows = margin ? static_cast<std::size_t>(rows) : 0;
+  fvector unit_h(margin_rows * static_cast<std::size_t>(d)), h_inverse_norm(margin_rows), target_cos(margin_rows, 0.f),
+      w_inverse_norm(margin ? static_cast<std::size_t>(chunk) : 0), grad_unit_h(unit_h.size(), 0.f);
+  float* hinv = raw(h_inverse_norm);
+  float* tcos = raw(target_cos);
+  float* winv = raw(w_inverse_norm);
+  if (margin) normalize_rows(ex, a.h, raw(unit_h), hinv);
+  const matrix_view<const float> hv = margin ? matrix_view<const float>(raw(unit_h), rows, d) : a.h;
+
   // Scores of columns [c0, c0 + cn) into `s` (with the optional logit offsets); returns the fp32
   // weight rows used, for the backward GEMMs.
   const index_t* col = a.columns;
@@ -110,7 +129,7 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
     // contiguous when its last id is its first + cn - 1).
     const index_t first_row = col ? execution_type::ops::read(ex.res, col + c0) : a.first + c0;
     if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
-      wf = dense_scores(ex, a.h, w, bias, first_row, cn, s, cn, scratch);
+      wf = dense_scores(ex, hv, w, bias, first_row, cn, s, cn, scratch);
     } else {  // gather the chunk's rows (widened to fp32) into one block
       gathered.resize(static_cast<std::size_t>(cn * d));
       float* g = raw(gathered);
@@ -124,8 +143,21 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
         gb = raw(gathered_bias);
         parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) { gb[j] = to_float(bias[col[c0 + j]]); });
       }
-      wf = dense_scores(ex, a.h, matrix_view<const float>(g, cn, d), static_cast<const float*>(gb), 0, cn, s, cn,
+      wf = dense_scores(ex, hv, matrix_view<const float>(g, cn, d), static_cast<const float*>(gb), 0, cn, s, cn,
                         scratch);
+    }
+    if (margin) {
+      row_inverse_norms(ex, wf, winv);
+      const index_t* t = a.target;
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+        float* sr = s + r * cn;
+        const index_t tj = t[r] - c0;
+        for (index_t j = 0; j < cn; ++j) {
+          const float cosine = sr[j] * winv[j];
+          if (j == tj) tcos[r] = cosine;
+          sr[j] = j == tj ? ml.target_logit(cosine) : ml.scale * cosine;
+        }
+      });
     }
     if (a.negative_offset || a.target_offset) {
       const float* no = a.negative_offset;
@@ -208,16 +240,25 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
         if (tj >= 0 && tj < cn) sr[tj] -= (1.f - eps) * ur;
       });
     }
-    host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)
+    if (margin) {  // dloss/dcos_j, divided by |w_j|: G W is then dloss/dh^, G^T H^ is dloss/dw^ / |w_j|
+      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+        float* sr = s + r * cn;
+        for (index_t j = 0; j < cn; ++j) sr[j] *= ml.scale * winv[j];
+        const index_t tj = t[r] - c0;
+        if (tj >= 0 && tj < cn) sr[tj] *= ml.target_slope(tcos[r]) / ml.scale;
+      });
+    }
+    host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)  (with a margin: dloss/dh^ += ...)
     dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
-    dh.beta = 1.f, dh.c = a.grad_h, dh.ldc = d;
+    dh.beta = 1.f, dh.c = margin ? raw(grad_unit_h) : a.grad_h, dh.ldc = d;
     dh.low_precision_inputs = !std::is_same_v<T, float>;
     gemm(ex, dh);
     host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
     dw.op_a = host::op::transpose;
-    dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = a.h.data, dw.ldb = a.h.stride;
+    dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = hv.data, dw.ldb = hv.stride;
     dw.c = a.grad_w + c0 * d, dw.ldc = d;
     gemm(ex, dw);
+    if (margin) project_weight_gradient(ex, wf, winv, a.grad_w + c0 * d);
     if (a.grad_b) {
       float* gb = a.grad_b + c0;
       parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
@@ -227,6 +268,7 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
       });
     }
   }
+  if (margin) unnormalize_gradient(ex, rows, d, raw(unit_h), hinv, raw(grad_unit_h), a.grad_h);
 }
 
 }  // namespace xsoftmax::detail

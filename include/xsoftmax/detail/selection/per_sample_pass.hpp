@@ -4,7 +4,10 @@
 /// The per-sample-active-set pass of `selective_softmax`: each packed row against its own class
 /// list with gather-dot (weight rows read in place, never copied). Weight-gradient contributions
 /// (one per (row, class) pair) are summed per class by the deterministic sparse accumulation.
+/// With a margin, each row is normalised once and each entry's weight row's norm is taken beside
+/// its dot product; the gradient of an entry goes back through both normalisations in place.
 
+#include <xsoftmax/detail/primitives/angular_margin.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
@@ -17,8 +20,9 @@ namespace xsoftmax::detail {
 
 /// Losses of the packed rows (and, when `upstream` is non-null, their hidden gradient into
 /// `grad_packed` (rows x dim, zeroed) and the weight gradient of the union of the lists, ascending,
-/// into `g`). `target_pos[r]` is the entry of `set.ids` holding row r's target. Every pointer is in
-/// the execution's memory.
+/// into `g`). `target_pos[r]` is the entry of `set.ids` holding row r's target. `terms`: label
+/// smoothing, z-loss, margin (the bias must be null with one). Every pointer is in the execution's
+/// memory.
 template <class Backend, class Set, class T, class Gradient>
 void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch, const Set& set,
                      const index_t* target_pos, matrix_view<const T> w, const T* bias, const loss_options& terms,
@@ -36,10 +40,24 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   float* s = raw(scores);
   const float eps = terms.label_smoothing, z = terms.z_loss;
   const bool plain = eps == 0.f && z == 0.f;
+  // Margin: per row 1 / |h_r|, per entry 1 / |w_id| and the entry's cosine (for the backward).
+  const bool margin = terms.margin.enabled();
+  const margin_logits ml = make_margin_logits(terms.margin);
+  backend_vector<Backend, float> h_inverse_norm(margin ? static_cast<std::size_t>(rows) : 0),
+      w_inverse_norm(margin ? static_cast<std::size_t>(nnz) : 0), cosines(w_inverse_norm.size());
+  float* hinv = raw(h_inverse_norm);
+  float* winv = raw(w_inverse_norm);
+  float* cosv = raw(cosines);
   parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     const float* hr = h + r * d;
+    if (margin) hinv[r] = clamped_inverse_norm(squared_norm(hr, d));
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
       gather_dot(hr, w, bias, ids[e], 1, s + e);
+      if (margin) {
+        winv[e] = clamped_inverse_norm(squared_norm(w.row(ids[e]), d));
+        cosv[e] = s[e] * hinv[r] * winv[e];
+        s[e] = e == tpos[r] ? ml.target_logit(cosv[e]) : ml.scale * cosv[e];
+      }
       if (eoff) s[e] += eoff[e];
     }
     const float lse = row_logsumexp(s + off[r], off[r + 1] - off[r]);
@@ -60,8 +78,17 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
       if (plain) s[e] = ::expf(s[e] - lse) * u - (e == tpos[r] ? u : 0.f);
       else s[e] = (s[e] > -INFINITY ? ::expf(s[e] - lse) * scale - uniform * u : 0.f) - (e == tpos[r] ? (1.f - eps) * u : 0.f);
+      // Margin: dloss/dcos / |w|, so that the sum below is dloss/dh^ (h^ = h / |h|).
+      if (margin) s[e] *= (e == tpos[r] ? ml.target_slope(cosv[e]) : ml.scale) * winv[e];
       const T* wr = w.row(ids[e]);
       for (index_t p = 0; p < d; ++p) ghr[p] += s[e] * to_float(wr[p]);
+    }
+    if (margin) {  // dloss/dh = (dloss/dh^ - h^ <h^, dloss/dh^>) / |h|; ghr held only this row's sum
+      const float inv = hinv[r];
+      float along = 0.f;
+      if (!norm_was_clamped(inv))
+        for (index_t p = 0; p < d; ++p) along += hr[p] * inv * ghr[p];
+      for (index_t p = 0; p < d; ++p) ghr[p] = inv * (ghr[p] - along * hr[p] * inv);
     }
   });
   if (!upstream) return;
@@ -74,7 +101,13 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
     const float* hr = h + r * d;
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
       float* c = cv + e * dv;
-      for (index_t p = 0; p < d; ++p) c[p] = s[e] * hr[p];
+      if (margin) {  // dloss/dw = (dloss/dw^ - w^ <w^, dloss/dw^>) / |w|, dloss/dw^ = dloss/dcos h^, <w^, h^> = cos
+        const T* wr = w.row(ids[e]);
+        const float hi = hinv[r], wi = winv[e], along = norm_was_clamped(wi) ? 0.f : cosv[e] * wi;
+        for (index_t p = 0; p < d; ++p) c[p] = s[e] * (hr[p] * hi - along * to_float(wr[p]));
+      } else {
+        for (index_t p = 0; p < d; ++p) c[p] = s[e] * hr[p];
+      }
       if (dv > d) c[d] = s[e];
     }
   });

@@ -16,7 +16,7 @@ namespace xsoftmax::detail {
 /// Losses of the packed rows into `losses` (rows entries, zeroed) and, when `upstream` is non-null,
 /// their hidden gradient into `grad_packed` (rows x dim, zeroed) and the weight gradient of the
 /// set's classes (ascending) into `g`. `target_pos[r]` is row r's target's position in
-/// `set.classes`. `terms`: label smoothing and z-loss. Every pointer is in the execution's memory.
+/// `set.classes`. `terms`: label smoothing, z-loss, margin. Every pointer is in the execution's memory.
 template <class Backend, class Set, class T, class Gradient>
 void shared_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch, const Set& set,
                  const index_t* target_pos, matrix_view<const T> w, const T* bias, index_t chunk,
@@ -30,6 +30,7 @@ void shared_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch,
   a.loss = losses;
   a.label_smoothing = terms.label_smoothing;  // over each row's finite-offset classes
   a.z_loss = terms.z_loss;
+  a.margin = terms.margin;  // margin logits first, then the set's offsets
   a.columns = thrust::raw_pointer_cast(set.classes.data());
   a.negative_offset = set.negative_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.negative_offset.data());
   a.target_offset = set.target_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.target_offset.data());
