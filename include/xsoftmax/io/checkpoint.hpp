@@ -51,8 +51,9 @@
 
 namespace xsoftmax {
 
-/// File names inside a checkpoint directory.
+/// The file of a checkpoint directory holding the head (weights, bias, tree or graph).
 inline constexpr const char* checkpoint_head_file = "head.safetensors";
+/// The file of a checkpoint directory holding the sparse optimizer's state.
 inline constexpr const char* checkpoint_optimizer_file = "optimizer.safetensors";
 
 namespace io::detail {

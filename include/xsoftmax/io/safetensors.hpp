@@ -21,6 +21,7 @@
 
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/io/detail/json_subset.hpp>
+#include <xsoftmax/io/safetensors_types.hpp>
 #include <xsoftmax/precision.hpp>
 
 #include <algorithm>
@@ -43,65 +44,6 @@
 #endif
 
 namespace xsoftmax::io {
-
-/// Element types of the format, named as the header names them (`dtype_name`).
-enum class dtype { boolean, u8, i8, i16, u16, f16, bf16, i32, u32, f32, i64, u64, f64 };
-
-/// The header's name of `t`: "BOOL", "U8", ..., "F16", "BF16", "F32", "I64", "F64".
-[[nodiscard]] constexpr const char* dtype_name(dtype t) {
-  constexpr const char* names[] = {"BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "I64", "U64", "F64"};
-  return names[static_cast<int>(t)];
-}
-
-/// Bytes per element of `t`.
-[[nodiscard]] constexpr std::size_t dtype_size(dtype t) {
-  constexpr std::size_t sizes[] = {1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8};
-  return sizes[static_cast<int>(t)];
-}
-
-/// The dtype a header names `name`, or nothing for a name this reader does not know.
-[[nodiscard]] inline std::optional<dtype> dtype_from_name(std::string_view name) {
-  for (int i = 0; i <= static_cast<int>(dtype::f64); ++i)
-    if (name == dtype_name(static_cast<dtype>(i))) return static_cast<dtype>(i);
-  return std::nullopt;
-}
-
-/// True for F16, BF16, F32 and F64.
-[[nodiscard]] constexpr bool is_floating(dtype t) {
-  return t == dtype::f16 || t == dtype::bf16 || t == dtype::f32 || t == dtype::f64;
-}
-
-/// The dtype of the C++ element type `T` (float, double, __nv_bfloat16, __half, the fixed-width
-/// integers, bool).
-template <class T>
-[[nodiscard]] constexpr dtype dtype_of() {
-  using U = std::remove_cv_t<T>;
-  if constexpr (std::is_same_v<U, float>) return dtype::f32;
-  else if constexpr (std::is_same_v<U, double>) return dtype::f64;
-  else if constexpr (std::is_same_v<U, __nv_bfloat16>) return dtype::bf16;
-  else if constexpr (std::is_same_v<U, __half>) return dtype::f16;
-  else if constexpr (std::is_same_v<U, bool>) return dtype::boolean;
-  else if constexpr (std::is_integral_v<U> && sizeof(U) == 1) return std::is_signed_v<U> ? dtype::i8 : dtype::u8;
-  else if constexpr (std::is_integral_v<U> && sizeof(U) == 2) return std::is_signed_v<U> ? dtype::i16 : dtype::u16;
-  else if constexpr (std::is_integral_v<U> && sizeof(U) == 4) return std::is_signed_v<U> ? dtype::i32 : dtype::u32;
-  else if constexpr (std::is_integral_v<U> && sizeof(U) == 8) return std::is_signed_v<U> ? dtype::i64 : dtype::u64;
-  else static_assert(sizeof(U) == 0, "xsoftmax::io::dtype_of<T>: no safetensors dtype for T");
-}
-
-/// One tensor of a file: name, dtype, shape, and its byte range [begin, end) in the data section.
-struct tensor_entry {
-  std::string name;
-  dtype type = dtype::f32;
-  std::vector<std::int64_t> shape;
-  std::uint64_t begin = 0, end = 0;
-
-  /// Product of the shape (1 for a scalar, shape []).
-  [[nodiscard]] std::int64_t elements() const {
-    std::int64_t n = 1;
-    for (const auto s : shape) n *= s;
-    return n;
-  }
-};
 
 /// Builds a safetensors file in memory and writes it. Tensors are laid out in the order they are
 /// added; names must be unique and must not be "__metadata__".
@@ -144,6 +86,38 @@ class safetensors_writer {
 
   /// The complete file: length, header padded with spaces to a multiple of 8, data.
   [[nodiscard]] std::string bytes() const {
+    std::string out = prefix();
+    out.reserve(out.size() + data_size_);
+    for (const auto& d : data_) out.append(reinterpret_cast<const char*>(d.data()), d.size());
+    return out;
+  }
+
+  /// Writes the file to `path`, through a temporary file renamed over it, so that a failed write
+  /// never leaves a truncated checkpoint in its place. Throws `checkpoint_error` naming the path.
+  void write(const std::string& path) const {
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out) throw checkpoint_error(xsoftmax::detail::message(path, ": cannot open ", tmp, " for writing"));
+      // Streamed piece by piece: a second in-memory copy of every tensor would double the peak.
+      const std::string head = prefix();
+      out.write(head.data(), static_cast<std::streamsize>(head.size()));
+      for (const auto& d : data_) out.write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(d.size()));
+      out.close();
+      if (!out) {
+        std::remove(tmp.c_str());
+        throw checkpoint_error(xsoftmax::detail::message(path, ": writing ", tmp, " failed (disk full?)"));
+      }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw checkpoint_error(xsoftmax::detail::message(path, ": cannot rename ", tmp, " to it"));
+    }
+  }
+
+ private:
+  /// The 8-byte length and the padded JSON header: everything before the data.
+  [[nodiscard]] std::string prefix() const {
     std::string header = "{";
     if (!metadata_.empty()) {
       header += "\"__metadata__\":{";
@@ -164,36 +138,11 @@ class safetensors_writer {
     header += "}";
     header.append((8 - header.size() % 8) % 8, ' ');
     std::string out(8, '\0');
-    std::uint64_t n = header.size();
+    const std::uint64_t n = header.size();
     for (int b = 0; b < 8; ++b) out[static_cast<std::size_t>(b)] = static_cast<char>((n >> (8 * b)) & 0xFF);
-    out.reserve(8 + header.size() + data_size_);
-    out += header;
-    for (const auto& d : data_) out.append(reinterpret_cast<const char*>(d.data()), d.size());
-    return out;
+    return out + header;
   }
 
-  /// Writes the file to `path`, through a temporary file renamed over it, so that a failed write
-  /// never leaves a truncated checkpoint in its place. Throws `checkpoint_error` naming the path.
-  void write(const std::string& path) const {
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      if (!out) throw checkpoint_error(xsoftmax::detail::message(path, ": cannot open ", tmp, " for writing"));
-      const std::string all = bytes();
-      out.write(all.data(), static_cast<std::streamsize>(all.size()));
-      out.close();
-      if (!out) {
-        std::remove(tmp.c_str());
-        throw checkpoint_error(xsoftmax::detail::message(path, ": writing ", tmp, " failed (disk full?)"));
-      }
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      std::remove(tmp.c_str());
-      throw checkpoint_error(xsoftmax::detail::message(path, ": cannot rename ", tmp, " to it"));
-    }
-  }
-
- private:
   std::vector<tensor_entry> entries_;
   std::vector<std::vector<unsigned char>> data_;
   std::map<std::string, std::string> metadata_;
