@@ -37,6 +37,14 @@ struct out_of_range : std::out_of_range {
   using std::out_of_range::out_of_range;
 };
 
+/// A file could not be read or written, is not a well-formed safetensors file (truncated, bad
+/// header, overlapping offsets, unknown dtype...), or holds a checkpoint that does not match the
+/// head or optimizer it is loaded into. The message names the file, the tensor or metadata key, and
+/// what is wrong.
+struct checkpoint_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// A CUDA runtime or library call failed.
 struct cuda_error : std::runtime_error {
   using std::runtime_error::runtime_error;

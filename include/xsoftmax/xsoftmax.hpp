@@ -23,3 +23,4 @@
 #include <xsoftmax/selection/knn_graph.hpp>
 #include <xsoftmax/selection/knn_selector.hpp>
 #include <xsoftmax/selection/feature_query.hpp>
+#include <xsoftmax/io/checkpoint.hpp>

@@ -190,6 +190,12 @@ class sparse_optimizer {
   [[nodiscard]] const Rule& rule() const { return rule_; }
   /// Calls of `step` since construction or `reset`.
   [[nodiscard]] std::int64_t steps() const { return steps_; }
+  /// Sets the step count `steps()` reports (a schedule's position), as `load_checkpoint` does when
+  /// it restores a saved optimizer. Throws `invalid_argument` when `steps` < 0.
+  void set_steps(std::int64_t steps) {
+    detail::expects(steps >= 0, "sparse_optimizer::set_steps: steps = ", steps, " must be >= 0");
+    steps_ = steps;
+  }
   [[nodiscard]] index_t rows() const { return rows_; }
   [[nodiscard]] index_t dim() const { return dim_; }
   /// The state (rows x dim x slots, element-major), bias state (rows x slots, or null) and per-row
