@@ -226,8 +226,10 @@ TEST_CASE_TEMPLATE("the fixed-order sum is exact on integers across several fold
 
 namespace {
 template <class B>
-std::vector<float> lamb_run(const std::vector<std::vector<float>>& grads, index_t n) {
-  xs::lamb<B> opt({n});
+std::vector<float> lamb_run(const std::vector<std::vector<float>>& grads, index_t n, bool attached = false) {
+  test_vector<float> caller_state(static_cast<std::size_t>(2 * n), 5.f);
+  xs::lamb<B> opt = attached ? xs::lamb<B>({n}, xs::lamb_rule{}, caller_state.data()) : xs::lamb<B>({n});
+  if (attached) opt.reset();  // attached state is not initialised: reset() starts afresh
   test_vector<float> w(static_cast<std::size_t>(n), 0.25f), g(static_cast<std::size_t>(n));
   for (const auto& step : grads) {
     g.assign(step.begin(), step.end());
@@ -246,6 +248,7 @@ TEST_CASE_TEMPLATE("large-batch steps are bitwise repeatable; bad inputs throw a
   for (int s = 0; s < 3; ++s) grads.push_back(normal_values(g, n, 1.f));
   const auto first = lamb_run<B>(grads, n);
   CHECK(lamb_run<B>(grads, n) == first);
+  CHECK(lamb_run<B>(grads, n, true) == first);
 #if XSOFTMAX_TEST_HOST_BUILD
   CHECK(lamb_run<xs::serial>(grads, n) == lamb_run<xs::omp>(grads, n));  // the sum's order is the thread count's
 #endif

@@ -107,7 +107,8 @@ struct touched_row_trust_terms {
     const T* wr = w.row(r);
     for (index_t j = 0; j < d; ++j)
       add(s, rule, to_float(wr[j]), static_cast<float>(values[i * d + j]), state + (r * d + j) * Rule::slots, f);
-    if (bias_values) add(s, rule, to_float(bias[r]), static_cast<float>(bias_values[i]), bias_state + r * Rule::slots, f);
+    if (bias_values)
+      add(s, rule, to_float(bias[r]), static_cast<float>(bias_values[i]), bias_state + r * Rule::slots, f);
     return s;
   }
 };

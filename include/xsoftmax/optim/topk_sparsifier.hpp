@@ -164,7 +164,8 @@ class topk_sparsifier {
   /// Sparsifies every layer: `out[l]` receives the top-k of gradients[l] (+ residual), resized to
   /// k. Throws `shape_error` (layer count or a size differs), `invalid_argument` (null data),
   /// `non_finite_error` naming the layer, entry and value; nothing is changed then. Blocking.
-  void sparsify(const std::vector<vector_view<const float>>& gradients, std::vector<compressed_gradient<Backend>>& out) {
+  void sparsify(const std::vector<vector_view<const float>>& gradients,
+                std::vector<compressed_gradient<Backend>>& out) {
     const char* where = "topk_sparsifier::sparsify";
     const detail::execution<Backend> ex{resources_};
     const index_t count = static_cast<index_t>(sizes_.size());
@@ -182,7 +183,7 @@ class topk_sparsifier {
                                           " is not finite");
     }
     out.resize(gradients.size());
-    for (index_t l = 0; l < count; ++l) sparsify_layer(ex, l, gradients[static_cast<std::size_t>(l)], out[static_cast<std::size_t>(l)]);
+    for (std::size_t l = 0; l < gradients.size(); ++l) sparsify_layer(ex, static_cast<index_t>(l), gradients[l], out[l]);
     detail::backend_ops<Backend>::synchronize(resources_);
   }
 

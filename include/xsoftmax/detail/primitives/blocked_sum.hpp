@@ -4,11 +4,11 @@
 /// Sums of squares in a fixed order, for the trust ratios of the large-batch optimizers: the n
 /// terms go to P = ceil(n / block) partial sums, partial b summing terms b, b + P, b + 2P, ...
 /// sequentially in double (interleaved, so that neighbouring GPU threads read neighbouring
-/// values), and the partial sums are summed again the same way until one is left. The order of every addition depends on n only — not on the thread count, the
-/// backend or the scheduling — so a norm, and the step it scales, is bitwise repeatable. (A
-/// `thrust::reduce` would not promise that: its omp system splits the range by the thread count,
-/// its cuda system by the launch configuration.) Cost: n terms read once, n / sum_block partial sums
-/// written, one value read back to the host.
+/// values), and the partial sums are summed again the same way until one is left. The order of
+/// every addition depends on n and the block only — not on the thread count, the backend or the
+/// scheduling — so a norm, and the step it scales, is bitwise repeatable. (A `thrust::reduce` would
+/// not promise that: its omp system splits the range by the thread count, its cuda system by the
+/// launch configuration.) Cost: n terms read once, P partial sums written, one value read back.
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/types.hpp>
@@ -52,7 +52,8 @@ struct partial_term {
 /// first level sums `first_block` terms per thread (fewer where one term is a whole row), the
 /// later ones `sum_block`.
 template <class Backend, class Term>
-[[nodiscard]] sum_pair blocked_sum(const execution<Backend>& ex, index_t n, Term term, index_t first_block = sum_block) {
+[[nodiscard]] sum_pair blocked_sum(const execution<Backend>& ex, index_t n, Term term,
+                                   index_t first_block = sum_block) {
   if (n <= 0) return {};
   using vector = backend_vector<Backend, sum_pair>;
   index_t blocks = (n + first_block - 1) / first_block;
