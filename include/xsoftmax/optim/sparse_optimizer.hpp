@@ -32,6 +32,9 @@
 
 namespace xsoftmax {
 
+template <class Rule, class Backend, class State>
+class sparse_trust_ratio_optimizer;
+
 namespace detail {
 
 template <class T>
@@ -168,23 +171,8 @@ class sparse_optimizer {
   template <class T, class Accum>
   void step(matrix_view<T> weights, detail::non_deduced<T>* bias, const sparse_gradient<Backend, Accum>& g,
             float lr) {
-    const char* where = "sparse_optimizer::step";
-    detail::expects<shape_error>(weights.rows == rows_ && weights.cols == dim_, where, ": weights are ",
-                                 weights.rows, " x ", weights.cols, " but the optimizer was made for ", rows_, " x ",
-                                 dim_);
-    detail::expects(!bias || !g.bias_values.size() || bias_state_, where,
-                    ": the gradient updates a bias but the optimizer has no bias state (with_bias = false)");
-    const detail::execution<Backend> ex{resources_};
-    detail::check_sparse_gradient(where, ex, g, rows_, dim_, bias != nullptr, lr);
-    const index_t n = g.num_rows();
-    detail::parallel_for(ex, n,
-                         detail::sparse_rule_update<Rule, T, State, Accum>{
-                             rule_, weights, bias, thrust::raw_pointer_cast(g.rows.data()),
-                             thrust::raw_pointer_cast(g.values.data()),
-                             g.bias_values.empty() ? nullptr : thrust::raw_pointer_cast(g.bias_values.data()), state_,
-                             bias_state_, counts_, lr});
-    detail::backend_ops<Backend>::synchronize(resources_);
-    ++steps_;
+    check_step("sparse_optimizer::step", weights, bias, g, lr);
+    apply_checked_step(weights, bias, g, lr);
   }
 
   [[nodiscard]] const Rule& rule() const { return rule_; }
@@ -205,6 +193,36 @@ class sparse_optimizer {
   [[nodiscard]] std::int64_t* update_counts() const { return counts_; }
 
  private:
+  // The trust-ratio optimizers (large_batch.hpp) check a step once, take their norms, then apply it
+  // at a scaled rate: the check and the update are separate for them.
+  template <class, class, class>
+  friend class sparse_trust_ratio_optimizer;
+
+  template <class T, class Accum>
+  void check_step(const char* where, matrix_view<T> weights, const T* bias, const sparse_gradient<Backend, Accum>& g,
+                  float lr) const {
+    detail::expects<shape_error>(weights.rows == rows_ && weights.cols == dim_, where, ": weights are ",
+                                 weights.rows, " x ", weights.cols, " but the optimizer was made for ", rows_, " x ",
+                                 dim_);
+    detail::expects(!bias || !g.bias_values.size() || bias_state_, where,
+                    ": the gradient updates a bias but the optimizer has no bias state (with_bias = false)");
+    const detail::execution<Backend> ex{resources_};
+    detail::check_sparse_gradient(where, ex, g, rows_, dim_, bias != nullptr, lr);
+  }
+
+  template <class T, class Accum>
+  void apply_checked_step(matrix_view<T> weights, T* bias, const sparse_gradient<Backend, Accum>& g, float lr) {
+    const detail::execution<Backend> ex{resources_};
+    detail::parallel_for(ex, g.num_rows(),
+                         detail::sparse_rule_update<Rule, T, State, Accum>{
+                             rule_, weights, bias, thrust::raw_pointer_cast(g.rows.data()),
+                             thrust::raw_pointer_cast(g.values.data()),
+                             g.bias_values.empty() ? nullptr : thrust::raw_pointer_cast(g.bias_values.data()), state_,
+                             bias_state_, counts_, lr});
+    detail::backend_ops<Backend>::synchronize(resources_);
+    ++steps_;
+  }
+
   Rule rule_;
   index_t rows_ = 0, dim_ = 0;
   backend_resources<Backend> resources_;
