@@ -85,7 +85,11 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
   backend_vector<B, float> own_upstream;
   if (grad_weights) own_upstream = detail::upstream_gradients(ex, where, own, hidden.rows, options.reduce, grad_output);
   const index_t own_rows = own.rows;
-  const detail::batch_rows<B> own_rows_map = own;  // keeps the sample map: `own` moves in when replicated
+  // The sample map only (not the packed rows): `own` moves into the gather when rows are replicated.
+  detail::batch_rows<B> own_rows_map;
+  own_rows_map.dim = own.dim;
+  own_rows_map.rows = own.rows;
+  own_rows_map.sample = own.sample;
   detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, std::move(own), grad_weights ? &own_upstream : nullptr);
   const index_t total = rows.all.rows;
   const backend_vector<B, index_t> columns = detail::block_columns(ex, rows.all.target, class_begin());
