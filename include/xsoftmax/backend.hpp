@@ -62,14 +62,6 @@ struct backend_traits<omp> {
   [[nodiscard]] static auto policy(const resources& = {}) { return thrust::omp::par; }
 };
 
-namespace detail {
-/// The verbs of every head on a backend whose memory is not host memory, blocking and `_async`
-/// (queue only, see full_softmax.hpp). Declared here, defined by that backend's header
-/// (`xsoftmax/cuda.cuh` for `cuda`): the heads dispatch to it by backend.
-template <class Backend>
-struct device_heads;
-}  // namespace detail
-
 /// The vector type a backend stores its buffers in.
 template <class Backend, class T>
 using backend_vector = typename backend_traits<Backend>::template vector<T>;

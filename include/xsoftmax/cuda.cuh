@@ -29,12 +29,14 @@
 ///    change. Sampled negatives are drawn on the host (m ids per step). The KNN graph build and the
 ///    IVF index (build and search) are host algorithms: on cuda they copy their inputs to the host
 ///    and run on OpenMP threads.
-///  * `hierarchical_softmax`'s `_async` verbs: the same signatures; the loss goes to device memory
-///    and the call does not wait for its last kernels, but it checks its data and plans each tree
-///    level's runs on the host (one wait per level), and `topk_async` is blocking. See
-///    hierarchical_softmax.hpp. Its dense runs of a level are grouped (grouped GEMMs, one segmented
-///    log-sum-exp kernel) unless `set_dense_grouping(dense_grouping::per_run)`; a `runtime_tree` is
-///    copied to the device once per head.
+///  * `hierarchical_softmax` runs its one generic algorithm too (planning, sorting, GEMM and
+///    gather-dot paths, top-k search, log_distribution), with two tuned kernel sets whose generic
+///    versions are their oracles in the GPU tests: the gather path gives one warp to each sample
+///    (detail/cuda/hs_gather_tuned.cuh), and a level's small dense runs are grouped (grouped GEMMs,
+///    one segmented log-sum-exp kernel; detail/cuda/hs_grouped_tuned.cuh) unless
+///    `set_dense_grouping(dense_grouping::per_run)`. A `runtime_tree` is copied to the device once
+///    per head. Its `_async` verbs do not wait for their last kernels, but plan each tree level's
+///    runs on the host (one wait per level); `topk_async` is blocking.
 ///
 /// Precision: scores and gradients accumulate in fp32. bf16/fp16 heads convert the hidden rows to
 /// the storage type and run their GEMMs on tensor cores (fp32 accumulation); fp32 heads use
@@ -51,7 +53,9 @@
 #include <xsoftmax/detail/cuda/backend.cuh>
 #include <xsoftmax/detail/cuda/backend_ops.cuh>
 #include <xsoftmax/detail/cuda/dense_tuned.cuh>
-#include <xsoftmax/detail/cuda/heads.cuh>
+#include <xsoftmax/detail/cuda/hs_gather_tuned.cuh>
+#include <xsoftmax/detail/cuda/hs_grouped_tuned.cuh>
+#include <xsoftmax/detail/cuda/tree.cuh>
 #include <xsoftmax/detail/cuda/resources.cuh>
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>

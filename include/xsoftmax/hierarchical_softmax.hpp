@@ -156,7 +156,6 @@ class hierarchical_softmax
   //   `topk_async` is blocking on every backend: the search's size is known only after it ran.
 
  private:
-  struct run_range;
   template <class H>
   float run_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
@@ -180,18 +179,9 @@ class hierarchical_softmax
   void log_distribution_async_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                                matrix_view<float> out) const;
   template <class H>
-  float run_host(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+  void run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-                 gradient_type* grad_weights, vector_view<const float> grad_output) const;
-  template <class H>
-  void topk_host(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                 matrix_view<float> log_probs, search_options options) const;
-  template <class H>
-  void log_distribution_host(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
-                             matrix_view<float> out) const;
-  /// Log-probabilities of the children of the node whose block starts at `block_begin`.
-  void child_log_probs(const float* h, index_t block_begin, index_t block_size, float* out) const;
-
+                 gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
   Tree tree_;
   detail::weight_store<storage_type, Backend> store_;
   backend_resources<Backend> resources_;
@@ -205,6 +195,7 @@ class hierarchical_softmax
   index_t gemm_min_run_ = default_gemm_min_run();
   xsoftmax::dense_grouping dense_grouping_ = xsoftmax::dense_grouping::automatic;
   mutable std::shared_ptr<void> backend_cache_;
+  mutable index_t widest_block_ = 0;  ///< the tree's widest block, found on the first topk (0: not yet)
 };
 
 }  // namespace xsoftmax

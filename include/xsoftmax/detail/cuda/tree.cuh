@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// A tree's view in device memory, for the kernels of the hierarchical softmax.
+/// A tree's view in device memory, for the hierarchical softmax's loops on the cuda backend
+/// (`tree_access<cuda, Tree>`) and its search kernels.
 ///
 /// `uniform_tree` is its own view: trivially copyable, it is passed to kernels by value and needs
 /// no memory. A `runtime_tree` keeps its arrays in host vectors; `device_tree` copies them to the
@@ -15,6 +16,7 @@
 
 #include <xsoftmax/detail/cuda/packed_batch.cuh>
 #include <xsoftmax/detail/cuda/resources.cuh>
+#include <xsoftmax/detail/hierarchical/tree_access.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
 
@@ -122,3 +124,16 @@ struct device_tree<runtime_tree<MaxDepth>> {
 };
 
 }  // namespace xsoftmax::detail::gpu
+
+namespace xsoftmax::detail {
+
+/// The tree view the generic hierarchical-softmax algorithm uses on the cuda backend: over the
+/// device copy kept in the head's backend cache (nothing to copy for a `uniform_tree`).
+template <class Tree>
+struct tree_access<::xsoftmax::cuda, Tree> {
+  [[nodiscard]] static auto view(const Tree& tree, std::shared_ptr<void>& cache, const cuda_resources& res) {
+    return gpu::device_tree<Tree>(tree, cache, res.stream()).view();
+  }
+};
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// What the two ways of scoring a level's node runs share: the step's buffers as the loops see
+/// them (`node_run_data`), the node forms' scalar functions, and how a host backend runs many
+/// small independent tasks side by side while a device backend issues them one after another.
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/hierarchical/run_plan.hpp>
+
+#include <cmath>
+
+namespace xsoftmax::detail {
+
+/// The buffers of one hierarchical-softmax step, in the execution's memory, as the per-level
+/// primitives read and write them. Rows are the sorted packed rows; `child` holds each row's
+/// child at the level being processed.
+template <class T>
+struct node_run_data {
+  const float* h = nullptr;          ///< rows x dim, fp32
+  index_t dim = 0;
+  matrix_view<const T> w;            ///< the head's weights, storage type T, read in place
+  const T* bias = nullptr;           ///< may be null
+  const index_t* child = nullptr;    ///< rows: the child each row's target takes at this level
+  const float* upstream = nullptr;   ///< rows: dLoss/dloss_r. Null: forward only
+  float* loss = nullptr;             ///< rows; receives += -log p(child | node)
+  float* grad_h = nullptr;           ///< rows x dim; receives += dLoss/dh (null: forward only)
+  float* grad_w = nullptr;           ///< gradient rows x dim, written at each run's grad_offset
+  float* grad_b = nullptr;           ///< gradient rows (may be null)
+  float* scratch = nullptr;          ///< the level's gather-path values (node_run::scratch_offset)
+  [[nodiscard]] XSOFTMAX_HD bool backward() const { return grad_w != nullptr; }
+};
+
+/// log(1 + exp(x)) without overflow: -log sigmoid(-x).
+XSOFTMAX_HD inline float softplus(float x) { return x > 0.f ? x + ::log1pf(::expf(-x)) : ::log1pf(::expf(x)); }
+XSOFTMAX_HD inline float sigmoid(float x) { return 1.f / (1.f + ::expf(-x)); }
+
+/// Runs shorter than this are run side by side on a host backend, one thread each; longer ones
+/// use every thread inside one task (a GEMM, or the two passes of a long sigmoid run).
+inline constexpr index_t run_parallel_inside = 256;
+
+/// f(inner, i) for i in [0, n): on a host backend side by side on the backend's threads, each task
+/// on its calling thread alone (`inner` = thrust::cpp::par); on a device backend one after another,
+/// each task issuing its own device work (`inner` = `ex`).
+template <class B, class F>
+void for_each_task(const execution<B>& ex, index_t n, F f) {
+  if constexpr (is_host_backend<B>) {
+    parallel_for(ex.policy(), n, [&](index_t i) { f(thrust::cpp::par, i); });
+  } else {
+    for (index_t i = 0; i < n; ++i) f(ex, i);
+  }
+}
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Planning a hierarchical-softmax step, on every backend: the packed rows sorted once by their
+/// target's leaf rank (below any node the samples are then one contiguous run at every level),
+/// each row's path step at a level, and the runs of rows that share a node, level by level, with
+/// the sparse-gradient rows each run's block gets. Only the run list comes back to the host (its
+/// size decides the launches and the gradient's shape).
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/tree/tree_types.hpp>
+
+#include <thrust/functional.h>
+#include <thrust/gather.h>
+#include <thrust/iterator/constant_iterator.h>
+#include <thrust/reduce.h>
+#include <thrust/sequence.h>
+#include <thrust/sort.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// A run of sorted rows that share one node at one level, and where its gradient rows go.
+struct node_run {
+  int level = 0;
+  index_t begin = 0, end = 0;              ///< sorted rows [begin, end)
+  index_t block_begin = 0, block_size = 0;  ///< the node's block of child rows
+  index_t grad_offset = 0;                  ///< first row of this run's block in the sparse gradient
+  index_t scratch_offset = 0;               ///< first value of the run in its level's gather scratch
+};
+
+/// The runs of a step, level by level: level l's runs are runs[level_first[l], level_first[l + 1]).
+struct run_plan {
+  std::vector<node_run> runs;
+  std::vector<std::size_t> level_first{0};
+  index_t grad_rows = 0;      ///< rows of the sparse weight gradient
+  index_t gather_values = 0;  ///< the largest level's gather scratch (values)
+  [[nodiscard]] std::size_t levels() const { return level_first.size() - 1; }
+};
+
+/// key[r] = leaf_rank(target[r]).
+template <class View>
+struct leaf_rank_of {
+  View tv;
+  const index_t* target;
+  index_t* key;
+  XSOFTMAX_HD void operator()(index_t r) const { key[r] = tv.leaf_rank(target[r]); }
+};
+
+/// Row r's node at `level`: key = its block_begin (-1 when r's path ended above), its block size
+/// and the child r's target takes.
+template <class View>
+struct level_step_of {
+  View tv;
+  const index_t* target;
+  int level;
+  index_t* key;
+  index_t* block_size;
+  index_t* child;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const index_t t = target[r];
+    if (tv.depth(t) > level) {
+      const path_step s = tv.step(t, level);
+      key[r] = s.block_begin;
+      block_size[r] = s.block_size;
+      child[r] = s.child;
+    } else {
+      key[r] = -1;
+      block_size[r] = 0;
+      child[r] = 0;
+    }
+  }
+};
+
+/// Row r of `dst` = row order[r] of `src` (rows of `d` floats).
+struct gather_float_rows {
+  const float* src;
+  const index_t* order;
+  index_t d;
+  float* dst;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const float* s = src + order[r] * d;
+    float* o = dst + r * d;
+    for (index_t p = 0; p < d; ++p) o[p] = s[p];
+  }
+};
+
+/// `in`'s rows stable-sorted by their target's leaf rank (equal targets keep batch order), with
+/// `upstream` (one value per packed row, or empty) permuted alike.
+template <class B, class View>
+batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const batch_rows<B>& in,
+                                backend_vector<B, float>& upstream) {
+  const index_t n = in.rows, d = in.dim;
+  const auto policy = ex.policy();
+  backend_vector<B, index_t> keys(static_cast<std::size_t>(n)), order(static_cast<std::size_t>(n));
+  parallel_for(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
+  thrust::sequence(policy, order.begin(), order.end());
+  thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
+  batch_rows<B> out;
+  out.dim = d;
+  out.rows = n;
+  out.sample.resize(static_cast<std::size_t>(n));
+  out.target.resize(static_cast<std::size_t>(n));
+  out.hidden.resize(static_cast<std::size_t>(n * d));
+  thrust::gather(policy, order.begin(), order.end(), in.sample.begin(), out.sample.begin());
+  thrust::gather(policy, order.begin(), order.end(), in.target.begin(), out.target.begin());
+  if (!upstream.empty()) {
+    backend_vector<B, float> up(upstream.size());
+    thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
+    upstream.swap(up);
+  }
+  parallel_for(ex, n, gather_float_rows{thrust::raw_pointer_cast(in.hidden.data()), raw(order), d, raw(out.hidden)});
+  return out;
+}
+
+/// Each sorted row's step at `level` (see `level_step_of`), into backend vectors of `rows` entries.
+template <class B, class View>
+void level_steps(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int level, index_t* key,
+                 index_t* block_size, index_t* child) {
+  parallel_for(ex, rows, level_step_of<View>{tv, target, level, key, block_size, child});
+}
+
+/// The runs of sorted rows sharing a node, level by level down to the deepest path, and the
+/// gradient rows of each run's block (one per child row; one per node for sigmoid nodes), laid out
+/// run by run, level by level. `gather_width(run)` says how many scratch values per row a run
+/// needs on the gather path (0 when it takes another path); offsets restart at every level.
+template <class B, class View, class GatherWidth>
+run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth,
+                   bool sigmoid, GatherWidth gather_width) {
+  run_plan plan;
+  if (rows == 0) return plan;
+  const auto policy = ex.policy();
+  using ivector = backend_vector<B, index_t>;
+  const std::size_t n = static_cast<std::size_t>(rows);
+  ivector key(n), block_size(n), child(n), run_key(n), run_count(n), run_size(n);
+  std::vector<index_t> keys(n), counts(n), sizes(n);
+  for (int l = 0; l < max_depth; ++l) {
+    level_steps(ex, tv, target, rows, l, raw(key), raw(block_size), raw(child));
+    const auto ends = thrust::reduce_by_key(policy, key.begin(), key.end(), thrust::constant_iterator<index_t>(1),
+                                            run_key.begin(), run_count.begin());
+    const index_t runs = static_cast<index_t>(ends.first - run_key.begin());
+    // Equal within a run: the maximum is the run's block size.
+    thrust::reduce_by_key(policy, key.begin(), key.end(), block_size.begin(), run_key.begin(), run_size.begin(),
+                          thrust::equal_to<index_t>(), thrust::maximum<index_t>());
+    using ops = typename execution<B>::ops;
+    ops::copy(ex.res, keys.data(), raw(run_key), runs);
+    ops::copy(ex.res, counts.data(), raw(run_count), runs);
+    ops::copy(ex.res, sizes.data(), raw(run_size), runs);
+    bool any = false;
+    index_t begin = 0, scratch = 0;
+    for (index_t i = 0; i < runs; ++i) {
+      if (keys[i] >= 0) {
+        any = true;
+        node_run run{l, begin, begin + counts[i], keys[i], sizes[i], plan.grad_rows, scratch};
+        scratch += counts[i] * gather_width(run);
+        plan.runs.push_back(run);
+        plan.grad_rows += sigmoid ? 1 : sizes[i];
+      }
+      begin += counts[i];
+    }
+    if (!any) break;
+    plan.level_first.push_back(plan.runs.size());
+    plan.gather_values = scratch > plan.gather_values ? scratch : plan.gather_values;
+  }
+  return plan;
+}
+
+/// The sparse gradient's row ids of `plan`: each run's child rows (its node's row for sigmoid nodes).
+inline std::vector<index_t> gradient_row_ids(const run_plan& plan, bool sigmoid) {
+  std::vector<index_t> ids(static_cast<std::size_t>(plan.grad_rows));
+  for (const node_run& run : plan.runs) {
+    if (sigmoid) ids[run.grad_offset] = run.block_begin / 2;
+    else
+      for (index_t j = 0; j < run.block_size; ++j) ids[run.grad_offset + j] = run.block_begin + j;
+  }
+  return ids;
+}
+
+}  // namespace xsoftmax::detail

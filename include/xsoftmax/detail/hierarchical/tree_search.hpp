@@ -1,0 +1,304 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// Evaluation of a hierarchical softmax, on every backend: the top-k classes of each row by
+/// best-first search over the tree (or a beam search), and the log-probabilities of a class range.
+///
+/// top-k: one search per row, its open nodes in a binary max-heap of fixed capacity in the
+/// execution's memory (log-probability, then the smaller row first: a total order, so the result
+/// does not depend on the heap's layout). An exact search that outgrows its capacity stops and
+/// flags the row; the call then runs again with four times the capacity. A beam search keeps at
+/// most `beam_width` open nodes and never outgrows beam + widest block.
+///
+/// log_distribution: the range's paths are planned once on the host (the unique nodes they pass
+/// through, and per class the offsets of its path's children); then per row every such node's child
+/// log-probabilities are computed once, and each class sums its path. Rows are processed in tiles
+/// whose node log-probabilities fit a fixed budget.
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/hierarchical/node_runs.hpp>
+#include <xsoftmax/detail/primitives/gather_dot.hpp>
+#include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+
+#include <thrust/extrema.h>
+#include <thrust/fill.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// log p(child j | node) for the node whose block is [block_begin, block_begin + block_size), of
+/// the fp32 row `h`, into out[0, block_size) (two entries for sigmoid nodes).
+template <bool Sigmoid, class T>
+XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T* bias, index_t block_begin,
+                                 index_t block_size, float* out) {
+  if constexpr (Sigmoid) {
+    float s;
+    gather_dot(h, w, bias, block_begin / 2, 1, &s);
+    out[0] = -softplus(-s);
+    out[1] = -softplus(s);
+  } else {
+    gather_dot(h, w, bias, block_begin, block_size, out);
+    const float lse = row_logsumexp(out, block_size);
+    for (index_t j = 0; j < block_size; ++j) out[j] -= lse;
+  }
+}
+
+/// A row's open list: a binary max-heap of (log-probability, weight row) in two arrays.
+struct open_heap {
+  float* lp;
+  index_t* row;
+  index_t size, capacity;
+
+  XSOFTMAX_HD static bool better(float la, index_t ra, float lb, index_t rb) {
+    return la > lb || (la == lb && ra < rb);
+  }
+  /// Adds an entry; false (nothing added) when full.
+  XSOFTMAX_HD bool push(float l, index_t r) {
+    if (size == capacity) return false;
+    index_t i = size++;
+    while (i > 0) {
+      const index_t p = (i - 1) / 2;
+      if (!better(l, r, lp[p], row[p])) break;
+      lp[i] = lp[p];
+      row[i] = row[p];
+      i = p;
+    }
+    lp[i] = l;
+    row[i] = r;
+    return true;
+  }
+  /// Moves the best entry to position size - 1 and shrinks the heap by one (as std::pop_heap).
+  XSOFTMAX_HD void pop_to_back() {
+    const float top_l = lp[0];
+    const index_t top_r = row[0];
+    const float l = lp[size - 1];
+    const index_t r = row[size - 1];
+    --size;
+    index_t i = 0;
+    for (;;) {
+      index_t c = 2 * i + 1;
+      if (c >= size) break;
+      if (c + 1 < size && better(lp[c + 1], row[c + 1], lp[c], row[c])) ++c;
+      if (!better(lp[c], row[c], l, r)) break;
+      lp[i] = lp[c];
+      row[i] = row[c];
+      i = c;
+    }
+    lp[i] = l;
+    row[i] = r;
+    lp[size] = top_l;
+    row[size] = top_r;
+  }
+  /// Keeps the `keep` best entries: heap-sorts, reverses into descending order (which is a valid
+  /// heap) and truncates.
+  XSOFTMAX_HD void keep_best(index_t keep) {
+    const index_t n = size;
+    while (size > 1) pop_to_back();
+    for (index_t i = 0, j = n - 1; i < j; ++i, --j) {
+      const float tl = lp[i];
+      lp[i] = lp[j];
+      lp[j] = tl;
+      const index_t tr = row[i];
+      row[i] = row[j];
+      row[j] = tr;
+    }
+    size = keep < n ? keep : n;
+  }
+};
+
+/// The best-first (or beam) search of row r; sets overflow[r] when an exact search outgrew the
+/// row's open list (its outputs are then rewritten by the retry).
+template <bool Sigmoid, class T, class View>
+struct topk_search_step {
+  View tv;
+  const float* h;
+  index_t d;
+  matrix_view<const T> w;
+  const T* bias;
+  index_t k, beam, capacity, max_block, row0;
+  float* open_lp;
+  index_t* open_row;
+  float* child_lp;  ///< max_block per row
+  matrix_view<index_t> classes;
+  matrix_view<float> log_probs;
+  int* overflow;
+
+  XSOFTMAX_HD void operator()(index_t i) const {
+    const index_t r = row0 + i;
+    open_heap heap{open_lp + i * capacity, open_row + i * capacity, 0, capacity};
+    float* lp = child_lp + i * max_block;
+    const float* hr = h + r * d;
+    bool ok = expand(heap, hr, lp, 0, tv.root_block_size(), 0.f);
+    index_t found = 0;
+    while (ok && found < k && heap.size > 0) {
+      heap.pop_to_back();
+      const float best_lp = heap.lp[heap.size];
+      const child_ref c = tv.child(heap.row[heap.size]);
+      if (c.is_leaf) {
+        classes(r, found) = c.leaf_class;
+        log_probs(r, found) = best_lp;
+        ++found;
+      } else {
+        ok = expand(heap, hr, lp, c.block_begin, c.block_size, best_lp);
+      }
+    }
+    overflow[i] = ok ? 0 : 1;
+    for (; found < k; ++found) {  // only a narrow beam (or an overflow, retried) leaves slots
+      classes(r, found) = -1;
+      log_probs(r, found) = -INFINITY;
+    }
+  }
+
+  XSOFTMAX_HD bool expand(open_heap& heap, const float* hr, float* lp, index_t block_begin, index_t block_size,
+                          float base) const {
+    child_log_probs<Sigmoid>(hr, w, bias, block_begin, block_size, lp);
+    for (index_t j = 0; j < block_size; ++j)
+      if (!heap.push(base + lp[j], block_begin + j)) return false;
+    if (beam > 0 && heap.size > beam) heap.keep_best(beam);
+    return true;
+  }
+};
+
+/// The widest block of the tree (children of one node), from its host view.
+template <class View>
+index_t widest_block(const View& tv) {
+  index_t widest = tv.root_block_size();
+  for (index_t r = 0; r < tv.num_rows(); ++r) {
+    const child_ref c = tv.child(r);
+    if (!c.is_leaf) widest = std::max(widest, c.block_size);
+  }
+  return widest;
+}
+
+/// Memory for one call's open lists and node log-probabilities; rows are processed in tiles.
+inline constexpr std::size_t tree_search_budget_bytes = std::size_t(256) << 20;
+
+/// Top-k classes and their log-probabilities of every row of `h` (fp32, the execution's memory).
+template <bool Sigmoid, class B, class T, class View>
+void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> h, matrix_view<const T> w,
+               const T* bias, index_t max_block, index_t k, index_t beam, matrix_view<index_t> classes,
+               matrix_view<float> log_probs) {
+  const index_t rows = h.rows;
+  if (rows == 0 || k == 0) return;
+  // An exact search holds at most one block per expansion; start at room for k expansions.
+  index_t capacity = beam > 0 ? beam + max_block : std::max<index_t>(64, 4 * (k + 1) * max_block);
+  for (;;) {
+    const std::size_t per_row = static_cast<std::size_t>(capacity) * (sizeof(float) + sizeof(index_t)) +
+                                static_cast<std::size_t>(max_block) * sizeof(float) + sizeof(int);
+    const index_t tile =
+        std::clamp<index_t>(static_cast<index_t>(tree_search_budget_bytes / per_row), 1, rows);
+    backend_vector<B, float> open_lp(static_cast<std::size_t>(tile * capacity)), child_lp(static_cast<std::size_t>(tile * max_block));
+    backend_vector<B, index_t> open_row(open_lp.size());
+    backend_vector<B, int> overflow(static_cast<std::size_t>(tile));
+    bool outgrown = false;
+    for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
+      const index_t n = std::min(tile, rows - row0);
+      parallel_for(ex, n,
+                   topk_search_step<Sigmoid, T, View>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0,
+                                                      raw(open_lp), raw(open_row), raw(child_lp), classes, log_probs,
+                                                      raw(overflow)});
+      outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
+    }
+    if (!outgrown) return;
+    capacity *= 4;
+  }
+}
+
+/// The range's paths, planned on the host: the unique nodes (block, size, offset of its children
+/// among all nodes' children) and, per class, the offsets of its path's children (CSR).
+struct range_paths {
+  std::vector<index_t> block_begin, block_size, block_offset;
+  index_t children = 0;                 ///< total children of the unique nodes
+  std::vector<index_t> path_ptr{0};     ///< class c - begin: path_off[path_ptr[c], path_ptr[c + 1])
+  std::vector<index_t> path_off;
+};
+
+template <class View>
+range_paths plan_range_paths(const View& tv, index_t class_begin, index_t class_end) {
+  range_paths p;
+  std::unordered_map<index_t, index_t> offset_of;  // block_begin -> offset of its children
+  for (index_t c = class_begin; c < class_end; ++c) {
+    for (int l = 0; l < tv.depth(c); ++l) {
+      const path_step s = tv.step(c, l);
+      auto it = offset_of.find(s.block_begin);
+      if (it == offset_of.end()) {
+        it = offset_of.emplace(s.block_begin, p.children).first;
+        p.block_begin.push_back(s.block_begin);
+        p.block_size.push_back(s.block_size);
+        p.block_offset.push_back(p.children);
+        p.children += s.block_size;
+      }
+      p.path_off.push_back(it->second + s.child);
+    }
+    p.path_ptr.push_back(static_cast<index_t>(p.path_off.size()));
+  }
+  return p;
+}
+
+/// Row i of a tile, node b: its children's log-probabilities into lp[i * children + offset].
+template <bool Sigmoid, class T>
+struct tile_node_log_probs {
+  const float* h;  ///< the tile's first row
+  index_t d;
+  matrix_view<const T> w;
+  const T* bias;
+  const index_t *block_begin, *block_size, *block_offset;
+  index_t blocks, children;
+  float* lp;
+  XSOFTMAX_HD void operator()(index_t e) const {
+    const index_t i = e / blocks, b = e % blocks;
+    child_log_probs<Sigmoid>(h + i * d, w, bias, block_begin[b], block_size[b], lp + i * children + block_offset[b]);
+  }
+};
+
+/// out(row0 + i, c) = the sum of class c's path log-probabilities (e = i * classes + c).
+struct tile_path_sums {
+  const float* lp;
+  const index_t *path_ptr, *path_off;
+  index_t classes, children, row0;
+  matrix_view<float> out;
+  XSOFTMAX_HD void operator()(index_t e) const {
+    const index_t i = e / classes, c = e % classes;
+    float total = 0.f;
+    for (index_t q = path_ptr[c]; q < path_ptr[c + 1]; ++q) total += lp[i * children + path_off[q]];
+    out(row0 + i, c) = total;
+  }
+};
+
+/// log p(c | row) for c in [class_begin, class_end), every row of `h`, into `out` (rows x range).
+/// `host_view` is the tree's view in host memory: the plan carries every tree fact the loops need.
+template <bool Sigmoid, class B, class T, class HostView>
+void tree_log_distribution(const execution<B>& ex, const HostView& host_view, matrix_view<const float> h,
+                           matrix_view<const T> w, const T* bias, index_t class_begin, index_t class_end,
+                           matrix_view<float> out) {
+  const index_t rows = h.rows, classes = class_end - class_begin, d = h.cols;
+  if (rows == 0 || classes == 0) return;
+  const range_paths p = plan_range_paths(host_view, class_begin, class_end);
+  using ivector = backend_vector<B, index_t>;
+  const auto upload = [&](const std::vector<index_t>& v) {
+    ivector out_v(v.size());
+    execution<B>::ops::copy(ex.res, raw(out_v), v.data(), static_cast<index_t>(v.size()));
+    return out_v;
+  };
+  ivector bb = upload(p.block_begin), bs = upload(p.block_size), bo = upload(p.block_offset),
+          pp = upload(p.path_ptr), po = upload(p.path_off);
+  const index_t blocks = static_cast<index_t>(p.block_begin.size());
+  const index_t tile = std::clamp<index_t>(
+      static_cast<index_t>(tree_search_budget_bytes / (sizeof(float) * static_cast<std::size_t>(std::max<index_t>(p.children, 1)))),
+      1, rows);
+  backend_vector<B, float> lp(static_cast<std::size_t>(tile * p.children));
+  for (index_t row0 = 0; row0 < rows; row0 += tile) {
+    const index_t n = std::min(tile, rows - row0);
+    parallel_for(ex, n * blocks,
+                 tile_node_log_probs<Sigmoid, T>{h.data + row0 * d, d, w, bias, raw(bb), raw(bs), raw(bo), blocks,
+                                                 p.children, raw(lp)});
+    parallel_for(ex, n * classes, tile_path_sums{raw(lp), raw(pp), raw(po), classes, p.children, row0, out});
+  }
+}
+
+}  // namespace xsoftmax::detail
