@@ -185,8 +185,10 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
                matrix_view<float> log_probs) {
   const index_t rows = h.rows;
   if (rows == 0 || k == 0) return;
-  // An exact search holds at most one block per expansion; start at room for k expansions.
-  index_t capacity = beam > 0 ? beam + max_block : std::max<index_t>(64, 4 * (k + 1) * max_block);
+  // An exact search grows by (block - 1) per expansion and may expand many nodes before its k-th
+  // leaf (a binary tree: hundreds for top-5); an overflow reruns the call, so start roomy: only
+  // the entries a search uses are touched.
+  index_t capacity = beam > 0 ? beam + max_block : 1024 + 4 * (k + 1) * max_block;
   for (;;) {
     const std::size_t per_row = static_cast<std::size_t>(capacity) * (sizeof(float) + sizeof(index_t)) +
                                 static_cast<std::size_t>(max_block) * sizeof(float) + sizeof(int);
