@@ -13,16 +13,6 @@ namespace {
 
 using namespace xsoftmax_cuda_test;
 
-/// max |a - b| / max(max |b|, 1e-30).
-double relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
-  double gap = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    gap = std::max(gap, std::fabs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return gap / scale;
-}
-
 template <class T>
 void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, bool with_bias, unsigned seed) {
   std::mt19937 g(seed);

@@ -15,15 +15,6 @@ namespace {
 
 using namespace xsoftmax_cuda_test;
 
-double relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
-  double gap = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    gap = std::max(gap, std::fabs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return gap / scale;
-}
-
 enum class path { gather, dense };
 
 /// Plans a random batch over `Tree` as the head does, then solves every level both ways.

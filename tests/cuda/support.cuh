@@ -71,6 +71,16 @@ const T* raw(const thrust::device_vector<T>& v) {
   return thrust::raw_pointer_cast(v.data());
 }
 
+/// max |a - b| / max(max |b|, 1e-30): a tuned kernel's output against its generic oracle's.
+inline double relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
+  double gap = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    gap = std::max(gap, std::fabs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return gap / scale;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Random problems
 // ------------------------------------------------------------------------------------------------
