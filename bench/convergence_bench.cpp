@@ -27,7 +27,7 @@
 // Configuration through the environment (defaults in brackets, which the study in
 // bench/RESULTS.md uses unless it says otherwise): XSOFTMAX_CONV_N [100000], _DIM [32],
 // _TRAIN [32768], _TEST [5000], _EPOCHS [8], _WARMUP [1, passes, every method], _ZIPF [1.0],
-// _SEED [2024: the data], _LR_SGD1K [8], _LR_LAMB [0.1], _LR_LARS [16], _LR_SGD8K [8 x _LR_SGD1K],
+// _SEED [2024: the data], _LR_SGD1K [2], _LR_LAMB [0.1], _LR_LARS [16], _LR_SGD8K [8 x _LR_SGD1K],
 // _LARS_ETA [0.001], _OUT [convergence.json: results of the methods run, rewritten after each].
 // Progress (one line per pass per method) and a summary go to stderr. Run:
 //   OPENBLAS_CORETYPE=SkylakeX OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2 ./build/bench/convergence_bench
@@ -72,7 +72,7 @@ struct conv_config {
   double warmup = env_or("XSOFTMAX_CONV_WARMUP", 1.0);  ///< passes of linear warm-up
   double zipf = env_or("XSOFTMAX_CONV_ZIPF", 1.0);
   unsigned long long seed = static_cast<unsigned long long>(env_or("XSOFTMAX_CONV_SEED", 2024));
-  float lr_sgd1k = static_cast<float>(env_or("XSOFTMAX_CONV_LR_SGD1K", 8));
+  float lr_sgd1k = static_cast<float>(env_or("XSOFTMAX_CONV_LR_SGD1K", 2));
   float lr_lamb = static_cast<float>(env_or("XSOFTMAX_CONV_LR_LAMB", 0.1));
   float lr_lars = static_cast<float>(env_or("XSOFTMAX_CONV_LR_LARS", 16));
   float lr_sgd8k = static_cast<float>(env_or("XSOFTMAX_CONV_LR_SGD8K", 8 * lr_sgd1k));
