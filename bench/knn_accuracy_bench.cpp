@@ -308,7 +308,7 @@ const bool registered = [] {
     b->Iterations(1)->Unit(benchmark::kSecond)->Setup([](const benchmark::State&) { setup(); });
   };
   unit(benchmark::RegisterBenchmark("knn_accuracy/full", bm_full));
-  unit(benchmark::RegisterBenchmark("knn_accuracy/knn", bm_knn)->Arg(50)->Arg(200)->Arg(1000));
+  unit(benchmark::RegisterBenchmark("knn_accuracy/knn", bm_knn)->Arg(1)->Arg(50)->Arg(200)->Arg(1000));
   unit(benchmark::RegisterBenchmark("knn_accuracy/sampled", bm_sampled)->Arg(1)->Arg(4));
   unit(benchmark::RegisterBenchmark("knn_accuracy/hs", bm_hs)->Arg(1)->Arg(4));
   return true;
