@@ -22,9 +22,16 @@
 // the mean-reduced loss], _ZIPF [1.0], _TEST [5000], _REBUILD [50], _NPROBE [8], _SAMPLED [2048],
 // _THREADS [0: OpenMP default], _SEED [2024: the data], _KNN_IP [0: cosine graph; 1: inner
 // product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph]. Sampled softmax and HS also run
-// at lr / 4. Run (see bench/RESULTS.md for why OPENBLAS_CORETYPE):
+// at lr / 4.
+// The normalised classifier (issue 13; features and class weights L2-normalised, logits
+// s cos theta, as the 100M-class system trains it): _LOGITS [linear | cosine | cosface | arcface],
+// _SCALE [30: s], _MARGIN [0.35 for cosface, 0.5 for arcface]; the default lr is then the one tuned
+// for it. Prediction then ranks by cosine; HS (which defines no margin) is skipped. The data and the
+// config live in knn_study_data.hpp. Run (see bench/RESULTS.md for why OPENBLAS_CORETYPE):
 //   OPENBLAS_CORETYPE=SkylakeX OMP_WAIT_POLICY=passive build/bench/knn_accuracy_bench [--benchmark_filter=...]
 // The stderr lines form the results table.
+
+#include "knn_study_data.hpp"
 
 #include <xsoftmax/xsoftmax.hpp>
 
@@ -49,102 +56,9 @@
 
 namespace {
 
+using namespace knn_study;
 using xsoftmax::index_t;
 using clock_type = std::chrono::steady_clock;
-
-double env_or(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atof(v) : fallback;
-}
-
-struct study_config {
-  index_t n = static_cast<index_t>(env_or("XSOFTMAX_STUDY_N", 100000));
-  index_t dim = static_cast<index_t>(env_or("XSOFTMAX_STUDY_DIM", 64));
-  index_t batch = static_cast<index_t>(env_or("XSOFTMAX_STUDY_BATCH", 256));
-  index_t steps = static_cast<index_t>(env_or("XSOFTMAX_STUDY_STEPS", 150));
-  float lr = static_cast<float>(env_or("XSOFTMAX_STUDY_LR", 2048));  // mean reduction: 8 per sample at B = 256
-  double zipf = env_or("XSOFTMAX_STUDY_ZIPF", 1.0);
-  index_t test = static_cast<index_t>(env_or("XSOFTMAX_STUDY_TEST", 5000));
-  index_t rebuild = static_cast<index_t>(env_or("XSOFTMAX_STUDY_REBUILD", 50));
-  index_t nprobe = static_cast<index_t>(env_or("XSOFTMAX_STUDY_NPROBE", 8));
-  index_t sampled = static_cast<index_t>(env_or("XSOFTMAX_STUDY_SAMPLED", 2048));
-  bool knn_inner_product = env_or("XSOFTMAX_STUDY_KNN_IP", 0) != 0;  ///< graph by inner product, not cosine
-  bool knn_exact = env_or("XSOFTMAX_STUDY_KNN_EXACT", 0) != 0;        ///< exact tiled graph, not IVF
-  unsigned long long seed = static_cast<unsigned long long>(env_or("XSOFTMAX_STUDY_SEED", 2024));  ///< data
-  index_t cluster_size = 50;
-  double spread = 0.7;  ///< class centre = normalize(cluster centre + spread * unit noise)
-  double noise = 0.6;   ///< sample = class centre + noise (norm ~ `noise`)
-  float init_scale = 0.01f;
-};
-
-/// Fixed features and labels of the training stream and the test set.
-struct dataset {
-  study_config cfg;
-  std::vector<float> train_x, test_x;  ///< rows x dim
-  std::vector<index_t> train_y, test_y;
-  std::vector<double> train_counts;  ///< per class
-};
-
-const dataset& data() {
-  static const std::unique_ptr<dataset> d = [] {
-    auto ds = std::make_unique<dataset>();
-    const study_config& c = ds->cfg;
-    const index_t n = c.n, dim = c.dim;
-    std::mt19937_64 rng(c.seed);
-    std::normal_distribution<float> gauss;
-    auto unit = [&](float* v) {
-      double s = 0;
-      for (index_t p = 0; p < dim; ++p) v[p] = gauss(rng), s += double(v[p]) * v[p];
-      for (index_t p = 0; p < dim; ++p) v[p] = static_cast<float>(v[p] / std::sqrt(s));
-    };
-    // Clusters of `cluster_size` classes; ids shuffled so that neighbouring ids are unrelated.
-    const index_t clusters = (n + c.cluster_size - 1) / c.cluster_size;
-    std::vector<float> mu(static_cast<size_t>(clusters * dim)), centre(static_cast<size_t>(n * dim)), u(dim);
-    for (index_t g = 0; g < clusters; ++g) unit(mu.data() + g * dim);
-    std::vector<index_t> id(static_cast<size_t>(n));
-    std::iota(id.begin(), id.end(), index_t(0));
-    std::shuffle(id.begin(), id.end(), rng);
-    for (index_t j = 0; j < n; ++j) {
-      float* m = centre.data() + id[j] * dim;
-      unit(u.data());
-      double s = 0;
-      for (index_t p = 0; p < dim; ++p) m[p] = mu[(j / c.cluster_size) * dim + p] + float(c.spread) * u[p], s += double(m[p]) * m[p];
-      for (index_t p = 0; p < dim; ++p) m[p] = static_cast<float>(m[p] / std::sqrt(s));
-    }
-    // Zipf frequencies over a random ranking of the classes.
-    std::vector<index_t> rank(static_cast<size_t>(n));
-    std::iota(rank.begin(), rank.end(), index_t(0));
-    std::shuffle(rank.begin(), rank.end(), rng);
-    std::vector<double> cdf(static_cast<size_t>(n));
-    double total = 0;
-    for (index_t k = 0; k < n; ++k) total += std::pow(double(k + 1), -c.zipf), cdf[k] = total;
-    std::uniform_real_distribution<double> u01(0.0, total);
-    auto draw = [&](std::vector<float>& xs, std::vector<index_t>& ys, index_t rows) {
-      xs.resize(static_cast<size_t>(rows * dim));
-      ys.resize(static_cast<size_t>(rows));
-      const float sd = static_cast<float>(c.noise / std::sqrt(double(dim)));
-      for (index_t i = 0; i < rows; ++i) {
-        const index_t k = std::min<index_t>(n - 1, std::upper_bound(cdf.begin(), cdf.end(), u01(rng)) - cdf.begin());
-        const index_t y = rank[k];
-        ys[i] = y;
-        for (index_t p = 0; p < dim; ++p) xs[i * dim + p] = centre[y * dim + p] + sd * gauss(rng);
-      }
-    };
-    draw(ds->train_x, ds->train_y, c.steps * c.batch);
-    draw(ds->test_x, ds->test_y, c.test);
-    ds->train_counts.assign(static_cast<size_t>(n), 0.0);
-    for (index_t y : ds->train_y) ds->train_counts[y] += 1;
-    return ds;
-  }();
-  return *d;
-}
-
-xsoftmax::init_options init() {
-  xsoftmax::init_options o;
-  o.seed = 7;
-  o.scale = data().cfg.init_scale;
-  return o;
-}
 
 /// What one training run measured.
 struct outcome {
@@ -152,9 +66,9 @@ struct outcome {
   double hook_seconds = 0;  ///< time spent in next_step (KNN: graph rebuilds), part of train_seconds
 };
 
-/// Top-1 over the test set through the head's own `topk` (every class scored).
+/// Top-1 over the test set through `head.topk` (every class scored).
 template <class Head>
-double top1(const Head& head) {
+double top1_of(const Head& head) {
   const dataset& ds = data();
   const index_t dim = ds.cfg.dim, rows = ds.cfg.test, chunk = 1000;
   std::vector<index_t> cls(static_cast<size_t>(chunk));
@@ -169,6 +83,32 @@ double top1(const Head& head) {
   return double(correct) / rows;
 }
 
+/// The weight rows of `head`, each divided by its norm (the caller's `unit` buffer, N x dim).
+template <class Head>
+xsoftmax::matrix_view<float> unit_rows(const Head& head, std::vector<float>& unit) {
+  const index_t n = data().cfg.n, d = data().cfg.dim;
+  unit.resize(static_cast<size_t>(n * d));
+  const auto w = head.weights();
+  for (index_t i = 0; i < n; ++i) {
+    double s = 0;
+    for (index_t p = 0; p < d; ++p) s += double(w(i, p)) * w(i, p);
+    const double scale = 1 / std::max(std::sqrt(s), 1e-12);
+    for (index_t p = 0; p < d; ++p) unit[i * d + p] = static_cast<float>(w(i, p) * scale);
+  }
+  return {unit.data(), n, d};
+}
+
+/// Top-1 of a trained head. Linear logits: the head's own `topk`. Normalised logits: the cosine
+/// ranking the margin losses train for (the verbs' prediction is margin-free and would rank by
+/// <h, w_j>, favouring large-norm rows): a full softmax over the unit-normalised weights; the
+/// feature's norm scales every logit of a row alike, so it does not change the ranking.
+template <class Head>
+double top1(const Head& head) {
+  if (!data().cfg.normalised()) return top1_of(head);
+  std::vector<float> unit;
+  return top1_of(xsoftmax::full_softmax<xsoftmax::fp32, xsoftmax::omp>(unit_rows(head, unit)));
+}
+
 template <class Head, class = void>
 struct has_next_step : std::false_type {};
 template <class Head>
@@ -181,8 +121,7 @@ outcome train(Head& head, float lr) {
   const study_config& c = ds.cfg;
   std::vector<float> gh(static_cast<size_t>(c.batch * c.dim));
   typename Head::gradient_type g;
-  xsoftmax::loss_options opt;
-  opt.reduce = xsoftmax::reduction::mean;
+  const xsoftmax::loss_options opt = c.loss();
   outcome o;
   double rows = 0;
   const auto t0 = clock_type::now();
@@ -200,6 +139,9 @@ outcome train(Head& head, float lr) {
       }
     }
     rows += static_cast<double>(g.num_rows());
+    if ((s + 1) % 50 == 0)
+      std::fprintf(stderr, "#   step %ld / %ld, %.0f s\n", long(s + 1), long(c.steps),
+                   std::chrono::duration<double>(clock_type::now() - t0).count());
   }
   o.train_seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
   o.seconds_per_step = o.train_seconds / c.steps;
@@ -258,13 +200,12 @@ double sampled_recall(const Head& head, double min_count) {
   std::shuffle(pool.begin(), pool.end(), rng);
   const index_t q = std::min<index_t>(1000, static_cast<index_t>(pool.size()));
   if (q == 0) return -1;
-  std::vector<float> unit(static_cast<size_t>(c.n * d));
-  const auto w = head.weights();
-  for (index_t i = 0; i < c.n; ++i) {
-    double s = 0;
-    for (index_t p = 0; p < d; ++p) s += double(w(i, p)) * w(i, p);
-    const double scale = g.metric() == xsoftmax::similarity::cosine ? 1 / std::sqrt(s) : 1.0;
-    for (index_t p = 0; p < d; ++p) unit[i * d + p] = static_cast<float>(w(i, p) * scale);
+  std::vector<float> unit;
+  if (g.metric() == xsoftmax::similarity::cosine) {
+    unit_rows(head, unit);
+  } else {
+    const auto w = head.weights();
+    unit.assign(w.data, w.data + c.n * d);
   }
   xsoftmax::full_softmax<xsoftmax::fp32, xsoftmax::omp> cosine(xsoftmax::matrix_view<float>(unit.data(), c.n, d));
   std::vector<float> qs(static_cast<size_t>(q * d));
@@ -327,6 +268,12 @@ void bm_sampled(benchmark::State& state) {
 
 void bm_hs(benchmark::State& state) {
   const study_config& c = data().cfg;
+  if (c.normalised()) {  // its loss is a product of node softmaxes: no s cos theta over all classes
+    state.SkipWithError("hierarchical softmax defines no margin / normalised logits");
+    for (auto _ : state) {
+    }
+    return;
+  }
   const float lr = c.lr / static_cast<float>(state.range(0));
   for (auto _ : state) {
     using tree = xsoftmax::uniform_tree<2, 317>;  // 317^2 >= 100K; other N: at most 317^2 classes
@@ -347,9 +294,10 @@ void setup() {
   const study_config& c = data().cfg;  // generate the data outside every timed region
   std::fprintf(stderr,
                "study: N = %ld, dim = %ld, batch = %ld, steps = %ld, lr = %.3f, zipf = %.2f, test = %ld, "
-               "rebuild every %ld, nprobe = %ld, sampled m = %ld, data seed %llu\n",
+               "rebuild every %ld, nprobe = %ld, sampled m = %ld, data seed %llu, logits %s, s = %.1f, m = %.2f\n",
                long(c.n), long(c.dim), long(c.batch), long(c.steps), c.lr, c.zipf, long(c.test), long(c.rebuild),
-               long(c.nprobe), long(c.sampled), c.seed);
+               long(c.nprobe), long(c.sampled), c.seed, c.logits_name(), c.scale,
+               c.logits == logits_kind::cosine ? 0.0 : c.margin);
   std::fprintf(stderr,
                "| method | top-1 %% | s / step (all) | s / step (without graph rebuilds) | weight rows touched / step "
                "| graph build s (initial + rebuilds) | graph recall (any class) | graph recall (classes seen >= 5 times) |\n");
@@ -360,7 +308,7 @@ const bool registered = [] {
     b->Iterations(1)->Unit(benchmark::kSecond)->Setup([](const benchmark::State&) { setup(); });
   };
   unit(benchmark::RegisterBenchmark("knn_accuracy/full", bm_full));
-  unit(benchmark::RegisterBenchmark("knn_accuracy/knn", bm_knn)->Arg(50)->Arg(200)->Arg(1000));
+  unit(benchmark::RegisterBenchmark("knn_accuracy/knn", bm_knn)->Arg(1)->Arg(50)->Arg(200)->Arg(1000));
   unit(benchmark::RegisterBenchmark("knn_accuracy/sampled", bm_sampled)->Arg(1)->Arg(4));
   unit(benchmark::RegisterBenchmark("knn_accuracy/hs", bm_hs)->Arg(1)->Arg(4));
   return true;
