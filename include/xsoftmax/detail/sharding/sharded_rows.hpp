@@ -35,9 +35,11 @@ void on_host(const execution<B>& ex, T* data, index_t n, bool write_back, F f) {
     backend_ops<B>::copy(ex.res, h.data(), data, n);  // cudaMemcpyDefault: any direction
     backend_ops<B>::synchronize(ex.res);
     f(h.data());
-    if (write_back) {
-      backend_ops<B>::copy(ex.res, data, h.data(), n);
-      backend_ops<B>::synchronize(ex.res);
+    if constexpr (!std::is_const_v<T>) {
+      if (write_back) {
+        backend_ops<B>::copy(ex.res, data, h.data(), n);
+        backend_ops<B>::synchronize(ex.res);
+      }
     }
   }
 }
@@ -73,7 +75,8 @@ void host_in_comm_memory(const execution<B>& ex, T* data, index_t n, bool write_
     backend_vector<B, std::remove_const_t<T>> d(data, data + n);
     backend_ops<B>::synchronize(ex.res);
     f(raw(d));
-    if (write_back) thrust::copy(d.begin(), d.end(), data);
+    if constexpr (!std::is_const_v<T>)
+      if (write_back) thrust::copy(d.begin(), d.end(), data);
   } else {
     (void)ex, (void)n, (void)write_back;
     f(data);
