@@ -7,10 +7,12 @@
 // communicator's verbs on device memory, and its errors. Several ranks need several GPUs (NCCL
 // refuses one GPU twice in a communicator): the multi-rank algorithm is tested under MPI.
 
+// First: this test is the self-containment check of the NCCL header.
+#include <xsoftmax/sharding/nccl_communicator.cuh>
+
 #include "support.cuh"
 
 #include <xsoftmax/cuda.cuh>
-#include <xsoftmax/sharding/nccl_communicator.cuh>
 
 #include <doctest/doctest.h>
 

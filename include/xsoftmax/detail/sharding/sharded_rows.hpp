@@ -50,6 +50,12 @@ inline constexpr bool takes_device_memory = false;
 template <class Comm>
 inline constexpr bool takes_device_memory<Comm, std::void_t<decltype(Comm::device_memory)>> = Comm::device_memory;
 
+/// Whether a device-memory communicator may be handed a host backend's buffers: false (a compile
+/// error: NCCL would get host pointers). tests/sharding/nccl_mock_mpi.cpp sets it for
+/// `nccl_communicator` over a host mock of CUDA and NCCL, to run the communicator without a GPU.
+template <class Comm>
+inline constexpr bool device_communicator_on_host = false;
+
 /// Runs `f(pointer)` on `n` elements at `data` (the execution's memory) with a pointer to memory
 /// `Comm` takes: host staging for a host-memory communicator (see `on_host`); for a device-memory
 /// one, `data` itself after the execution's stream is synchronised (the communicator may run on
@@ -57,8 +63,8 @@ inline constexpr bool takes_device_memory<Comm, std::void_t<decltype(Comm::devic
 template <class Comm, class B, class T, class F>
 void in_comm_memory(const execution<B>& ex, T* data, index_t n, bool write_back, F f) {
   if constexpr (takes_device_memory<Comm>) {
-    static_assert(!is_host_backend<B>, "xsoftmax: a device-memory communicator (nccl_communicator) needs a device "
-                                       "backend (cuda)");
+    static_assert(!is_host_backend<B> || device_communicator_on_host<Comm>,
+                  "xsoftmax: a device-memory communicator (nccl_communicator) needs a device backend (cuda)");
     (void)n, (void)write_back;
     backend_ops<B>::synchronize(ex.res);
     f(data);
