@@ -2,6 +2,7 @@
 // A class-sharded full softmax trained data-parallel over MPI ranks:
 //
 //   mpirun -np 4 ./build/examples/mpi_sharded_training [classes=200000] [dim=256] [rows_per_rank=1024] [steps=20]
+//                                                      [checkpoint_dir]
 //
 // Each rank holds classes/ranks classes and its own batch of rows (synthetic: each row its class's
 // centre plus noise); every step all-gathers the rows, combines the row statistics over the ranks
@@ -9,16 +10,20 @@
 // Rank 0 prints the loss, the step time, the time spent inside the collectives and the bytes each
 // rank sent per step (counted by a thin wrapper around the communicator), then one summary line
 // (`summary ranks=... step_ms=... comm_ms=... mb_per_rank=...`) for bench/RESULTS.md. Built when
-// CMake finds MPI.
+// CMake finds MPI. With a checkpoint_dir, the trained head is saved as a sharded checkpoint (one
+// file per rank and a manifest) and read back whole by rank 0, as an evaluation job on one
+// process would (`load_sharded_checkpoint` into an unsharded head: any rank count loads it).
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 
 #include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/io/sharded_checkpoint.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace xs = xsoftmax;
@@ -114,6 +119,16 @@ int main(int argc, char** argv) {
                   "comm_ms=%.1f mb_per_rank=%.3f\n",
                   ranks, static_cast<long long>(classes), static_cast<long long>(dim), static_cast<long long>(rows),
                   1e3 * seconds / (steps - 1), 1e3 * fastest, 1e3 * comm_total / (steps - 1), bytes / 1e6);
+    }
+    if (argc > 5) {
+      const std::string dir = argv[5];
+      xs::save_sharded_checkpoint(dir, head);  // collective
+      if (rank == 0) {
+        xs::full_softmax<xs::fp32, xs::omp> whole(classes, dim);
+        xs::load_sharded_checkpoint(dir, whole);
+        std::printf("saved %d shard(s) to %s; rank 0 reloaded all %lld classes unsharded\n", ranks, dir.c_str(),
+                    static_cast<long long>(whole.num_classes()));
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mpi_sharded_training: %s\n", e.what());
