@@ -169,12 +169,12 @@ void full_softmax<P, B, S>::topk_sharded_into_(matrix_view<const H> hidden, inde
       }
   }
   const std::vector<index_t> counts(static_cast<std::size_t>(ranks), per_rank);
-  thrust::host_vector<float> all_s(static_cast<std::size_t>(ranks * per_rank));
-  thrust::host_vector<index_t> all_c(all_s.size());
-  sharding_.communicator().all_gather(detail::raw(mine_s), per_rank, detail::raw(all_s), counts.data());
-  sharding_.communicator().all_gather(detail::raw(mine_c), per_rank, detail::raw(all_c), counts.data());
-  const backend_vector<B, float> cand_s(all_s);
-  const backend_vector<B, index_t> cand_c(all_c);
+  const backend_vector<B, float> send_s(mine_s);
+  const backend_vector<B, index_t> send_c(mine_c);
+  backend_vector<B, float> cand_s(static_cast<std::size_t>(ranks * per_rank));
+  backend_vector<B, index_t> cand_c(cand_s.size());
+  detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_s), per_rank, cand_s, counts.data());
+  detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_c), per_rank, cand_c, counts.data());
   detail::parallel_for(ex, hidden.rows,
                        detail::merge_ranked_topk{detail::raw(cand_s), detail::raw(cand_c), detail::raw(row_lse), ranks,
                                                  total, k, rows.own_offset, classes, log_probs});

@@ -6,7 +6,10 @@
 /// as Megatron's vocab-parallel cross-entropy and InsightFace's Partial FC do).
 ///
 /// A *communicator* is a thin adapter over an existing transport (MPI on hosts: `mpi_communicator`;
-/// NCCL on GPUs). It offers, on buffers of `index_t` or `float` in host memory:
+/// NCCL on GPUs: `nccl_communicator`). It offers, on buffers of `index_t` or `float` in host memory
+/// — or in device memory when it declares `static constexpr bool device_memory = true` (then the
+/// sharded head of a device backend passes its device buffers as they are; `counts` stay on the
+/// host) — with every verb complete on return:
 ///  * `int rank() const`, `int size() const`;
 ///  * `all_reduce(T* data, index_t n, reduce_op op)` (in place, every rank gets the result);
 ///  * `all_gather(const T* send, index_t count, T* recv, const index_t* counts)`: rank q sends

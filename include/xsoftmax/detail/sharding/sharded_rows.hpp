@@ -4,7 +4,10 @@
 /// The steps a class-sharded head adds around its local algorithm, on every backend: gather the
 /// batch's rows from every rank (data-parallel layout), combine each row's log-sum-exp statistics
 /// over the ranks' class ranges, and return each row's hidden gradient to the rank that owns it.
-/// Communicators work on host memory: a device backend's buffers are staged through host copies.
+/// A communicator works on host memory (`mpi_communicator`: a device backend's buffers are staged
+/// through host copies) unless it declares `static constexpr bool device_memory = true`
+/// (`nccl_communicator`): then the head's device buffers are passed as they are, and the few host
+/// buffers of the algorithm (row counts, top-k candidates) are staged through device copies.
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
@@ -32,10 +35,72 @@ void on_host(const execution<B>& ex, T* data, index_t n, bool write_back, F f) {
     backend_ops<B>::copy(ex.res, h.data(), data, n);  // cudaMemcpyDefault: any direction
     backend_ops<B>::synchronize(ex.res);
     f(h.data());
-    if (write_back) {
-      backend_ops<B>::copy(ex.res, data, h.data(), n);
-      backend_ops<B>::synchronize(ex.res);
+    if constexpr (!std::is_const_v<T>) {
+      if (write_back) {
+        backend_ops<B>::copy(ex.res, data, h.data(), n);
+        backend_ops<B>::synchronize(ex.res);
+      }
     }
+  }
+}
+
+/// Whether `Comm`'s collectives take device memory (`Comm::device_memory`; false when absent).
+template <class Comm, class = void>
+inline constexpr bool takes_device_memory = false;
+template <class Comm>
+inline constexpr bool takes_device_memory<Comm, std::void_t<decltype(Comm::device_memory)>> = Comm::device_memory;
+
+/// Whether a device-memory communicator may be handed a host backend's buffers: false (a compile
+/// error: NCCL would get host pointers). tests/sharding/nccl_mock_mpi.cpp sets it for
+/// `nccl_communicator` over a host mock of CUDA and NCCL, to run the communicator without a GPU.
+template <class Comm>
+inline constexpr bool device_communicator_on_host = false;
+
+/// Runs `f(pointer)` on `n` elements at `data` (the execution's memory) with a pointer to memory
+/// `Comm` takes: host staging for a host-memory communicator (see `on_host`); for a device-memory
+/// one, `data` itself after the execution's stream is synchronised (the communicator may run on
+/// another stream; it returns with its results complete).
+template <class Comm, class B, class T, class F>
+void in_comm_memory(const execution<B>& ex, T* data, index_t n, bool write_back, F f) {
+  if constexpr (takes_device_memory<Comm>) {
+    static_assert(!is_host_backend<B> || device_communicator_on_host<Comm>,
+                  "xsoftmax: a device-memory communicator (nccl_communicator) needs a device backend (cuda)");
+    (void)n, (void)write_back;
+    backend_ops<B>::synchronize(ex.res);
+    f(data);
+  } else {
+    on_host(ex, data, n, write_back, f);
+  }
+}
+
+/// Runs `f(pointer)` on `n` elements at host `data` with a pointer to memory `Comm` takes: `data`
+/// itself, or a device copy (copied back when `write_back`) for a device-memory communicator.
+template <class Comm, class B, class T, class F>
+void host_in_comm_memory(const execution<B>& ex, T* data, index_t n, bool write_back, F f) {
+  if constexpr (takes_device_memory<Comm>) {
+    backend_vector<B, std::remove_const_t<T>> d(data, data + n);
+    backend_ops<B>::synchronize(ex.res);
+    f(raw(d));
+    if constexpr (!std::is_const_v<T>)
+      if (write_back) thrust::copy(d.begin(), d.end(), data);
+  } else {
+    (void)ex, (void)n, (void)write_back;
+    f(data);
+  }
+}
+
+/// All-gathers `count` elements at `send` (the execution's memory) into `recv` (the execution's
+/// memory, sum(counts) elements), staging through the host only when `Comm` takes host memory and
+/// the backend's memory is not host memory.
+template <class Comm, class B, class T>
+void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t count, backend_vector<B, T>& recv,
+                     const index_t* counts) {
+  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, raw(recv), counts); });
+  } else {
+    thrust::host_vector<T> h(recv.size());
+    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, raw(h), counts); });
+    thrust::copy(h.begin(), h.end(), recv.begin());
   }
 }
 
@@ -65,7 +130,11 @@ sharded_rows<B> gather_rows(const execution<B>& ex, const class_sharding<Comm>& 
   Comm& comm = sh.communicator();
   std::vector<index_t> ones(static_cast<std::size_t>(size), 1);
   out.counts.resize(static_cast<std::size_t>(size));
-  comm.all_gather(&own.rows, 1, out.counts.data(), ones.data());
+  index_t own_count = own.rows;
+  host_in_comm_memory<Comm>(ex, &own_count, 1, false, [&](const index_t* send) {
+    host_in_comm_memory<Comm>(ex, out.counts.data(), size, true,
+                              [&](index_t* recv) { comm.all_gather(send, 1, recv, ones.data()); });
+  });
   index_t total = 0;
   for (int q = 0; q < size; ++q) {
     if (q == sh.rank()) out.own_offset = total;
@@ -79,19 +148,9 @@ sharded_rows<B> gather_rows(const execution<B>& ex, const class_sharding<Comm>& 
   out.all.hidden.resize(static_cast<std::size_t>(total * d));
   out.all.target.resize(static_cast<std::size_t>(total));
   if (upstream) out.upstream.resize(static_cast<std::size_t>(total));
-  // Host staging of the gathered buffers: thrust::host_vector on every backend.
-  thrust::host_vector<float> h(out.all.hidden.size()), u(upstream ? out.upstream.size() : 0);
-  thrust::host_vector<index_t> t(out.all.target.size());
-  on_host(ex, raw(own.hidden), own.rows * d, false,
-          [&](float* p) { comm.all_gather(p, own.rows * d, raw(h), element_counts.data()); });
-  on_host(ex, raw(own.target), own.rows, false,
-          [&](index_t* p) { comm.all_gather(p, own.rows, raw(t), out.counts.data()); });
-  if (upstream)
-    on_host(ex, raw(*upstream), own.rows, false,
-            [&](float* p) { comm.all_gather(p, own.rows, raw(u), out.counts.data()); });
-  thrust::copy(h.begin(), h.end(), out.all.hidden.begin());
-  thrust::copy(t.begin(), t.end(), out.all.target.begin());
-  if (upstream) thrust::copy(u.begin(), u.end(), out.upstream.begin());
+  all_gather_into(ex, comm, raw(own.hidden), own.rows * d, out.all.hidden, element_counts.data());
+  all_gather_into(ex, comm, raw(own.target), own.rows, out.all.target, out.counts.data());
+  if (upstream) all_gather_into(ex, comm, raw(*upstream), own.rows, out.upstream, out.counts.data());
   return out;
 }
 
@@ -117,19 +176,21 @@ void combine_row_statistics(const execution<B>& ex, Comm& comm, const dense_row_
   const index_t rows = st.rows;
   backend_vector<B, float> global_max(static_cast<std::size_t>(rows));
   thrust::copy(ex.policy(), st.max, st.max + rows, global_max.begin());
-  on_host(ex, raw(global_max), rows, true, [&](float* p) { comm.all_reduce(p, rows, reduce_op::max); });
+  in_comm_memory<Comm>(ex, raw(global_max), rows, true, [&](float* p) { comm.all_reduce(p, rows, reduce_op::max); });
   parallel_for(ex, rows, rescale_to_global_max{st.max, st.sum, raw(global_max)});
   const index_t parts = st.finite_sum ? 3 : 2;
   backend_vector<B, float> packed(static_cast<std::size_t>(parts * rows));
   thrust::copy(ex.policy(), st.sum, st.sum + rows, packed.begin());
   thrust::copy(ex.policy(), st.target_logit, st.target_logit + rows, packed.begin() + rows);
   if (st.finite_sum) thrust::copy(ex.policy(), st.finite_sum, st.finite_sum + rows, packed.begin() + 2 * rows);
-  on_host(ex, raw(packed), parts * rows, true, [&](float* p) { comm.all_reduce(p, parts * rows, reduce_op::sum); });
+  in_comm_memory<Comm>(ex, raw(packed), parts * rows, true,
+                       [&](float* p) { comm.all_reduce(p, parts * rows, reduce_op::sum); });
   thrust::copy(ex.policy(), packed.begin(), packed.begin() + rows, st.sum);
   thrust::copy(ex.policy(), packed.begin() + rows, packed.begin() + 2 * rows, st.target_logit);
   if (st.finite_sum) {
     thrust::copy(ex.policy(), packed.begin() + 2 * rows, packed.end(), st.finite_sum);
-    on_host(ex, st.finite_count, rows, true, [&](index_t* p) { comm.all_reduce(p, rows, reduce_op::sum); });
+    in_comm_memory<Comm>(ex, st.finite_count, rows, true,
+                         [&](index_t* p) { comm.all_reduce(p, rows, reduce_op::sum); });
   }
 }
 
@@ -142,16 +203,24 @@ backend_vector<B, float> return_row_gradients(const execution<B>& ex, const clas
   Comm& comm = sh.communicator();
   const index_t d = rows.all.dim, total = rows.all.rows;
   if (sh.layout() == hidden_layout::replicated) {
-    on_host(ex, raw(grad_all), total * d, true, [&](float* p) { comm.all_reduce(p, total * d, reduce_op::sum); });
+    in_comm_memory<Comm>(ex, raw(grad_all), total * d, true,
+                         [&](float* p) { comm.all_reduce(p, total * d, reduce_op::sum); });
     return std::move(grad_all);
   }
   std::vector<index_t> element_counts(rows.counts);
   for (auto& c : element_counts) c *= d;
   const index_t mine = element_counts[static_cast<std::size_t>(sh.rank())];
-  thrust::host_vector<float> own(static_cast<std::size_t>(mine));
-  on_host(ex, raw(grad_all), total * d, false,
-          [&](float* p) { comm.reduce_scatter(p, raw(own), element_counts.data()); });
-  return backend_vector<B, float>(own.begin(), own.end());
+  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+    backend_vector<B, float> own(static_cast<std::size_t>(mine));
+    in_comm_memory<Comm>(ex, raw(grad_all), total * d, false,
+                         [&](float* p) { comm.reduce_scatter(p, raw(own), element_counts.data()); });
+    return own;
+  } else {
+    thrust::host_vector<float> own(static_cast<std::size_t>(mine));
+    on_host(ex, raw(grad_all), total * d, false,
+            [&](float* p) { comm.reduce_scatter(p, raw(own), element_counts.data()); });
+    return backend_vector<B, float>(own.begin(), own.end());
+  }
 }
 
 /// t[i] - first: global class ids as columns of the block that starts at class `first` (a target

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `nccl_communicator`: the communicator of `class_sharding` over an NCCL communicator (GPUs), for
+/// heads on the `cuda` backend. Include it only in programs compiled by nvcc and linked with NCCL
+/// (`nccl.h`, `libnccl.so`); host builds never include it.
+///
+/// As `raft::comms` does, the caller owns the transport: it creates the `ncclComm_t` (with
+/// `ncclCommInitRank` / `ncclCommInitAll`) and a `cudaStream_t`, keeps both alive while any head
+/// uses them, and destroys them afterwards. The communicator only issues collectives on them.
+///
+/// Memory: `device_memory` is true, so a sharded head hands it **device** pointers (the gathered
+/// hidden rows, the row statistics, the hidden gradients go from GPU to GPU with no host staging);
+/// host buffers of the sharded algorithm (a rank's row count, the top-k candidates) are staged
+/// through device copies by the head.
+///
+/// Ordering: every verb is blocking, as `mpi_communicator`'s: the head synchronises its own stream
+/// before the call (so the inputs are ready whatever stream the communicator uses), and the verb
+/// synchronises the communicator's stream before returning (so the outputs are ready for any
+/// stream). Passing the head's own stream costs nothing extra; overlapping a collective with the
+/// next chunk's GEMM is not done here.
+///
+/// Determinism: NCCL sums in an order fixed by the communicator's algorithm (ring or tree),
+/// protocol and topology. For a given communicator (same ranks, same GPUs and links, same
+/// NCCL_ALGO / NCCL_PROTO) repeated runs are bitwise equal, and every rank receives the same bits
+/// of an all-reduce; the order is *not* the rank order of `mpi_communicator`, so an NCCL run and an
+/// MPI run of the same step agree to rounding only, and changing the rank count or the topology
+/// changes the rounding. With one rank every collective is a copy (bitwise the unsharded head's).
+///
+/// Unequal per-rank counts (`all_gather`, `reduce_scatter` with `counts` that differ, as when
+/// ranks pack different numbers of rows) are padded to the largest count in a scratch buffer owned
+/// by the communicator, so that NCCL's bandwidth-optimal ring `ncclAllGather` / `ncclReduceScatter`
+/// still applies; equal counts go straight through.
+
+#include <xsoftmax/detail/cuda/error.cuh>
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/sharding/class_sharding.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+namespace xsoftmax {
+
+/// An NCCL call failed: the message names the call and `ncclGetErrorString` (and NCCL's last error
+/// text when it has one). A `cuda_error`, so code that catches the backend's errors catches it.
+struct nccl_error : cuda_error {
+  using cuda_error::cuda_error;
+};
+
+namespace detail::gpu {
+[[noreturn]] inline void throw_nccl_error(ncclResult_t r, const char* call, ncclComm_t comm) {
+  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  throw nccl_error(message("nccl_communicator: ", call, " failed: ", ncclGetErrorString(r), " (ncclResult_t ",
+                           static_cast<int>(r), ")", last && *last ? ": " : "", last ? last : ""));
+}
+}  // namespace detail::gpu
+
+/// Collectives of `class_sharding` over `comm` on `stream` (neither owned), on device memory. See
+/// class_sharding.hpp for each verb's contract and the file comment for ordering and determinism.
+/// Copies share the scratch buffer (one communicator per rank, used from one thread at a time).
+class nccl_communicator {
+ public:
+  /// The sharded head passes device pointers to every collective (see the file comment).
+  static constexpr bool device_memory = true;
+
+  /// Wraps `comm` and `stream`. Throws `invalid_argument` when `comm` is null, `nccl_error` when
+  /// NCCL cannot report the communicator's rank or size.
+  nccl_communicator(ncclComm_t comm, cudaStream_t stream) : comm_(comm), stream_(stream) {
+    detail::expects(comm_ != nullptr, "nccl_communicator: comm is null (create it with ncclCommInitRank)");
+    check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check(ncclCommCount(comm_, &size_), "ncclCommCount");
+  }
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+  [[nodiscard]] ncclComm_t native() const { return comm_; }
+  [[nodiscard]] cudaStream_t stream() const { return stream_; }
+
+  /// In place over `n` device elements (`float`, `double` or `index_t`); every rank gets the same bits.
+  template <class T>
+  void all_reduce(T* data, index_t n, reduce_op op) {
+    if (n == 0) return;
+    check(ncclAllReduce(data, data, count(n), type<T>(), op == reduce_op::max ? ncclMax : ncclSum, comm_, stream_),
+          "ncclAllReduce");
+    finish();
+  }
+
+  /// Rank q's `counts[q]` device elements (counts on the host), concatenated in rank order into `recv`.
+  template <class T>
+  void all_gather(const T* send, index_t n, T* recv, const index_t* counts) {
+    detail::expects(n == counts[rank_], "nccl_communicator::all_gather: count = ", n, " but counts[", rank_,
+                    "] = ", counts[rank_]);
+    const index_t largest = *std::max_element(counts, counts + size_);
+    if (largest == 0) return;
+    if (std::all_of(counts, counts + size_, [&](index_t c) { return c == largest; })) {
+      check(ncclAllGather(send, recv, count(n), type<T>(), comm_, stream_), "ncclAllGather");
+      finish();
+      return;
+    }
+    // Pad each rank's block to `largest`, gather the padded blocks, then compact them into `recv`.
+    T* padded = scratch<T>(static_cast<std::size_t>(largest) * static_cast<std::size_t>(size_ + 1));
+    T* own = padded + static_cast<std::size_t>(largest) * static_cast<std::size_t>(size_);
+    if (n > 0) XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(own, send, bytes<T>(n), cudaMemcpyDeviceToDevice, stream_));
+    check(ncclAllGather(own, padded, count(largest), type<T>(), comm_, stream_), "ncclAllGather");
+    index_t at = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (counts[q] > 0)
+        XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(recv + at, padded + static_cast<std::size_t>(q) * largest,
+                                          bytes<T>(counts[q]), cudaMemcpyDeviceToDevice, stream_));
+      at += counts[q];
+    }
+    finish();
+  }
+
+  /// `recv` (counts[rank] device elements) = sum over ranks of their block `rank` of `send`
+  /// (sum(counts) device elements on every rank).
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, const index_t* counts) {
+    const index_t largest = *std::max_element(counts, counts + size_);
+    if (largest == 0) return;
+    if (std::all_of(counts, counts + size_, [&](index_t c) { return c == largest; })) {
+      check(ncclReduceScatter(send, recv, count(largest), type<T>(), ncclSum, comm_, stream_), "ncclReduceScatter");
+      finish();
+      return;
+    }
+    // Spread the blocks to a stride of `largest` (zero padding), reduce-scatter, keep the prefix.
+    const std::size_t padded_n = static_cast<std::size_t>(largest) * static_cast<std::size_t>(size_);
+    T* padded = scratch<T>(padded_n + static_cast<std::size_t>(largest));
+    T* mine = padded + padded_n;
+    XSOFTMAX_CUDA_TRY(cudaMemsetAsync(padded, 0, padded_n * sizeof(T), stream_));
+    index_t at = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (counts[q] > 0)
+        XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(padded + static_cast<std::size_t>(q) * largest, send + at,
+                                          bytes<T>(counts[q]), cudaMemcpyDeviceToDevice, stream_));
+      at += counts[q];
+    }
+    check(ncclReduceScatter(padded, mine, count(largest), type<T>(), ncclSum, comm_, stream_), "ncclReduceScatter");
+    if (counts[rank_] > 0)
+      XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(recv, mine, bytes<T>(counts[rank_]), cudaMemcpyDeviceToDevice, stream_));
+    finish();
+  }
+
+ private:
+  /// A device buffer grown on demand, shared by copies of the communicator; freed with the last.
+  struct scratch_buffer {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+    scratch_buffer() = default;
+    scratch_buffer(const scratch_buffer&) = delete;
+    scratch_buffer& operator=(const scratch_buffer&) = delete;
+    ~scratch_buffer() {
+      if (data) XSOFTMAX_CUDA_TRY_NOTHROW(cudaFree(data));
+    }
+  };
+
+  template <class T>
+  static ncclDataType_t type() {
+    if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+    else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+    else {
+      static_assert(std::is_same_v<T, index_t> && sizeof(index_t) == 8,
+                    "nccl_communicator: float, double or index_t (int64) buffers");
+      return ncclInt64;
+    }
+  }
+  static std::size_t count(index_t n) {
+    detail::expects(n >= 0, "nccl_communicator: a negative element count ", n);
+    return static_cast<std::size_t>(n);
+  }
+  template <class T>
+  static std::size_t bytes(index_t n) { return count(n) * sizeof(T); }
+  template <class T>
+  T* scratch(std::size_t elements) {
+    const std::size_t need = elements * sizeof(T);
+    if (need > scratch_->bytes) {
+      XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_));  // earlier collectives may still read it
+      if (scratch_->data) XSOFTMAX_CUDA_TRY(cudaFree(scratch_->data));
+      scratch_->data = nullptr, scratch_->bytes = 0;
+      XSOFTMAX_CUDA_TRY(cudaMalloc(&scratch_->data, need));
+      scratch_->bytes = need;
+    }
+    return static_cast<T*>(scratch_->data);
+  }
+  void finish() { XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_)); }
+  void check(ncclResult_t r, const char* call) const {
+    if (r != ncclSuccess) detail::gpu::throw_nccl_error(r, call, comm_);
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  int rank_ = 0, size_ = 1;
+  std::shared_ptr<scratch_buffer> scratch_ = std::make_shared<scratch_buffer>();
+};
+
+}  // namespace xsoftmax

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// full_softmax<P, cuda, class_sharding<nccl_communicator>> on a one-rank NCCL communicator
+// (ncclCommInitAll over device 0): the device path hands device pointers to NCCL, and with one
+// rank every collective is a copy, so loss, per-sample losses, grad_hidden, the weight gradient
+// and top-k equal the unsharded cuda head's (to cuBLAS's summation order), in both hidden layouts,
+// and repeated runs are bitwise equal. Also the
+// communicator's verbs on device memory, and its errors. Several ranks need several GPUs (NCCL
+// refuses one GPU twice in a communicator): the multi-rank algorithm is tested under MPI.
+
+// First: this test is the self-containment check of the NCCL header.
+#include <xsoftmax/sharding/nccl_communicator.cuh>
+
+#include "support.cuh"
+
+#include <xsoftmax/cuda.cuh>
+
+#include <doctest/doctest.h>
+
+#include <nccl.h>
+
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using namespace xsoftmax_cuda_test;
+namespace xs = xsoftmax;
+
+/// A one-rank NCCL communicator on device 0 and a stream of its own (not the heads' stream 0).
+struct one_rank_nccl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  one_rank_nccl() {
+    const int device = 0;
+    REQUIRE(cudaSetDevice(device) == cudaSuccess);
+    const ncclResult_t r = ncclCommInitAll(&comm, 1, &device);
+    REQUIRE_MESSAGE(r == ncclSuccess, "ncclCommInitAll: ", ncclGetErrorString(r));
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  }
+  ~one_rank_nccl() {
+    if (stream) cudaStreamDestroy(stream);
+    if (comm) ncclCommDestroy(comm);
+  }
+  one_rank_nccl(const one_rank_nccl&) = delete;
+  one_rank_nccl& operator=(const one_rank_nccl&) = delete;
+  xs::nccl_communicator communicator() const { return xs::nccl_communicator(comm, stream); }
+};
+
+using sharding = xs::class_sharding<xs::nccl_communicator>;
+
+template <class P>
+void nccl_sharded_equals_unsharded(index_t n, index_t dim, index_t rows, bool bias, unsigned long long seed) {
+  using S = typename P::storage_type;
+  one_rank_nccl nccl;
+  rng g(seed);
+  weights<S> w(g, n, dim, bias);
+  const batch b = make_batch(g, rows, dim, n, 0.2);
+  const device_batch db(b);
+  // fp32: only cuBLAS's summation order may differ (see below); bf16 rounds the products as well.
+  const double tol = std::is_same_v<S, float> ? 1e-5 : tolerance_for<S>() / 10;
+  const xs::full_softmax<P, xs::cuda> reference(w.device_view(), w.device_bias());
+  for (auto layout : {xs::hidden_layout::data_parallel, xs::hidden_layout::replicated}) {
+    CAPTURE(static_cast<int>(layout));
+    const xs::full_softmax<P, xs::cuda, sharding> head(sharding(nccl.communicator(), n, layout), w.device_view(),
+                                                        w.device_bias());
+    REQUIRE(head.local_classes() == n);
+    loss_options plain, smooth;
+    smooth.reduce = reduction::sum;
+    smooth.label_smoothing = 0.1f;
+    smooth.z_loss = 1e-3f;
+    for (const loss_options& o : {plain, smooth}) {
+      const fb_outputs got = forward_backward_device(head, db, o, {});
+      const fb_outputs want = forward_backward_device(reference, db, o, {});
+      // One rank: the same algorithm on the same values; only the GEMM's view of the hidden rows
+      // differs (packed by the sharded path, strided in place by the unsharded one), so allow
+      // cuBLAS a different summation order, nothing more.
+      check_close(got.loss, want.loss, tol, "loss");
+      check_close(got.per_sample, want.per_sample, tol, "per_sample");
+      check_close(got.grad_hidden, want.grad_hidden, tol, "grad_hidden");
+      CHECK(got.grad_rows == want.grad_rows);
+      check_close(got.grad_values, want.grad_values, tol, "grad_weights");
+      check_close(got.grad_bias, want.grad_bias, tol, "grad_bias");
+      // Repeated runs through NCCL are bitwise equal.
+      CHECK(bitwise_equal(forward_backward_device(head, db, o, {}), got));
+    }
+    constexpr index_t k = 5;
+    thrust::device_vector<index_t> c(static_cast<std::size_t>(rows * k)), ref_c(c.size());
+    thrust::device_vector<float> v(c.size()), ref_v(c.size());
+    head.topk(db.view(), k, matrix_view<index_t>(raw(c), rows, k), matrix_view<float>(raw(v), rows, k));
+    reference.topk(db.view(), k, matrix_view<index_t>(raw(ref_c), rows, k), matrix_view<float>(raw(ref_v), rows, k));
+    CHECK(to_host(c) == to_host(ref_c));
+    check_close(to_host(v), to_host(ref_v), tol, "topk log_probs");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("nccl_communicator: one-rank collectives on device memory") {
+  one_rank_nccl nccl;
+  xs::nccl_communicator comm = nccl.communicator();
+  CHECK(comm.rank() == 0);
+  CHECK(comm.size() == 1);
+  CHECK(xs::nccl_communicator::device_memory);
+  thrust::device_vector<float> x = to_device(std::vector<float>{1.5f, -2.f, 3.25f});
+  comm.all_reduce(raw(x), 3, xs::reduce_op::sum);
+  CHECK(to_host(x) == std::vector<float>{1.5f, -2.f, 3.25f});
+  comm.all_reduce(raw(x), 3, xs::reduce_op::max);
+  CHECK(to_host(x) == std::vector<float>{1.5f, -2.f, 3.25f});
+  thrust::device_vector<index_t> counts_d = to_device(std::vector<index_t>{7, 9});
+  comm.all_reduce(raw(counts_d), 2, xs::reduce_op::sum);
+  CHECK(to_host(counts_d) == std::vector<index_t>{7, 9});
+  const index_t three = 3;
+  thrust::device_vector<float> gathered(3), scattered(3);
+  comm.all_gather(raw(x), 3, raw(gathered), &three);
+  CHECK(to_host(gathered) == to_host(x));
+  comm.reduce_scatter(raw(x), raw(scattered), &three);
+  CHECK(to_host(scattered) == to_host(x));
+  const index_t two = 2;
+  CHECK_THROWS_AS(comm.all_gather(raw(x), 3, raw(gathered), &two), xs::invalid_argument);
+  CHECK_THROWS_AS(xs::nccl_communicator(nullptr, nccl.stream), xs::invalid_argument);
+}
+
+TEST_CASE("cuda full_softmax over class_sharding<nccl_communicator> (one rank) equals the unsharded head") {
+  nccl_sharded_equals_unsharded<xs::fp32>(1000, 16, 37, true, 21);
+  nccl_sharded_equals_unsharded<xs::fp32>(300, 64, 200, false, 22);
+  nccl_sharded_equals_unsharded<xs::bf16>(513, 33, 70, true, 23);
+}

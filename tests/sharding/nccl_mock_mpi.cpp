@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+// nccl_communicator without a GPU: this file defines the CUDA runtime and NCCL functions the
+// communicator calls as a host mock ("device" memory is host memory, cudaMemcpyAsync is memmove,
+// ncclAllGather / ncclReduceScatter / ncclAllReduce are the MPI collectives of MPI_COMM_WORLD), so
+// its own logic — unequal counts padded to the largest, the scratch buffer, in-place all-reduce,
+// the device_memory routing of the sharded head — runs under mpirun with 1 to 4 ranks against
+// mpi_communicator. The executable links neither libcudart nor libnccl. The real NCCL path is
+// tests/cuda/nccl_sharding_test.cu (GPU).
+
+#include <xsoftmax/sharding/mpi_communicator.hpp>
+#include <xsoftmax/sharding/nccl_communicator.cuh>
+
+#include <xsoftmax/full_softmax.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+// ---- the mock ------------------------------------------------------------------------------------
+namespace {
+MPI_Datatype mpi_type(ncclDataType_t t) {
+  switch (t) {
+    case ncclFloat32: return MPI_FLOAT;
+    case ncclFloat64: return MPI_DOUBLE;
+    case ncclInt64: return MPI_INT64_T;
+    default: std::abort();
+  }
+}
+int mock_comm_object;
+}  // namespace
+
+extern "C" {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) {
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t n) {
+  *p = std::malloc(n);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+const char* cudaGetErrorName(cudaError_t) { return "mock"; }
+const char* cudaGetErrorString(cudaError_t) { return "mock"; }
+ncclResult_t ncclCommUserRank(const ncclComm_t, int* rank) { return MPI_Comm_rank(MPI_COMM_WORLD, rank) ? ncclSystemError : ncclSuccess; }
+ncclResult_t ncclCommCount(const ncclComm_t, int* size) { return MPI_Comm_size(MPI_COMM_WORLD, size) ? ncclSystemError : ncclSuccess; }
+const char* ncclGetErrorString(ncclResult_t) { return "mock NCCL error"; }
+const char* ncclGetLastError(ncclComm_t) { return ""; }
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t,
+                           cudaStream_t) {
+  return MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(n), mpi_type(t),
+                       op == ncclMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD) ? ncclSystemError : ncclSuccess;
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t, cudaStream_t) {
+  return MPI_Allgather(send, static_cast<int>(n), mpi_type(t), recv, static_cast<int>(n), mpi_type(t), MPI_COMM_WORLD)
+             ? ncclSystemError : ncclSuccess;
+}
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t, ncclComm_t,
+                               cudaStream_t) {
+  return MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), mpi_type(t), MPI_SUM, MPI_COMM_WORLD)
+             ? ncclSystemError : ncclSuccess;
+}
+}
+
+// The mock's "device" memory is host memory: let a host head hand its buffers to the communicator.
+namespace xsoftmax::detail {
+template <>
+inline constexpr bool device_communicator_on_host<nccl_communicator> = true;
+}  // namespace xsoftmax::detail
+
+// ---- the tests -----------------------------------------------------------------------------------
+namespace {
+namespace xs = xsoftmax;
+using xs::index_t;
+
+xs::nccl_communicator mock_nccl() { return xs::nccl_communicator(reinterpret_cast<ncclComm_t>(&mock_comm_object), nullptr); }
+}  // namespace
+
+TEST_CASE("nccl_communicator (mock transport): collectives with unequal counts equal mpi_communicator's") {
+  xs::nccl_communicator nccl = mock_nccl();
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  REQUIRE(nccl.rank() == rank);
+  REQUIRE(nccl.size() == size);
+  // Rank q holds 2q + 1 elements, and rank 1 none: padded paths, an empty block.
+  std::vector<index_t> counts(static_cast<std::size_t>(size));
+  for (int q = 0; q < size; ++q) counts[static_cast<std::size_t>(q)] = q == 1 ? 0 : 2 * q + 1;
+  index_t total = 0;
+  for (index_t c : counts) total += c;
+  const index_t mine = counts[static_cast<std::size_t>(rank)];
+  std::vector<float> send(static_cast<std::size_t>(mine));
+  for (index_t i = 0; i < mine; ++i) send[static_cast<std::size_t>(i)] = 100.f * rank + static_cast<float>(i);
+  std::vector<float> a(static_cast<std::size_t>(total), -1.f), b(a);
+  nccl.all_gather(send.data(), mine, a.data(), counts.data());
+  mpi.all_gather(send.data(), mine, b.data(), counts.data());
+  CHECK(a == b);
+
+  std::vector<float> full(static_cast<std::size_t>(total));
+  for (index_t i = 0; i < total; ++i) full[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i + rank);
+  std::vector<float> ra(static_cast<std::size_t>(mine) + 1, -7.f), rb(ra);
+  nccl.reduce_scatter(full.data(), ra.data(), counts.data());
+  mpi.reduce_scatter(full.data(), rb.data(), counts.data());
+  CHECK(ra == rb);  // small integers times 0.25: exact in any order
+  CHECK(ra.back() == -7.f);  // nothing written past the rank's block
+
+  std::vector<index_t> ints{static_cast<index_t>(rank), 5, -static_cast<index_t>(rank)};
+  nccl.all_reduce(ints.data(), 3, xs::reduce_op::sum);
+  CHECK(ints == std::vector<index_t>{size * (size - 1) / 2, 5 * size, -size * (size - 1) / 2});
+  std::vector<float> m{static_cast<float>(rank), -static_cast<float>(rank)};
+  nccl.all_reduce(m.data(), 2, xs::reduce_op::max);
+  CHECK(m == std::vector<float>{static_cast<float>(size - 1), 0.f});
+  const index_t wrong = mine + 1;
+  CHECK_THROWS_AS(nccl.all_gather(send.data(), wrong, a.data(), counts.data()), xs::invalid_argument);
+}
+
+TEST_CASE("class_sharding<nccl_communicator> (mock transport) equals class_sharding<mpi_communicator>") {
+  constexpr index_t classes = 503, dim = 8;
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank();
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd(0.f, 0.6f);
+  std::vector<float> w(static_cast<std::size_t>(classes * dim)), bias(static_cast<std::size_t>(classes));
+  for (auto& x : w) x = nd(g);
+  for (auto& x : bias) x = 0.1f * nd(g);
+  // Each rank its own batch of 3 + 4 * rank rows, every third target ignored.
+  const index_t rows = 3 + 4 * rank;
+  std::mt19937 gr(50 + static_cast<unsigned>(rank));
+  std::vector<float> h(static_cast<std::size_t>(rows * dim));
+  for (auto& x : h) x = nd(gr);
+  std::vector<index_t> t(static_cast<std::size_t>(rows));
+  for (index_t i = 0; i < rows; ++i) t[static_cast<std::size_t>(i)] = i % 3 == 2 ? -100 : static_cast<index_t>(gr() % classes);
+
+  using by_nccl = xs::class_sharding<xs::nccl_communicator>;
+  using by_mpi = xs::class_sharding<xs::mpi_communicator>;
+  for (auto layout : {xs::hidden_layout::data_parallel, xs::hidden_layout::replicated}) {
+    CAPTURE(static_cast<int>(layout));
+    const by_nccl sn(mock_nccl(), classes, layout);
+    const by_mpi sm(mpi, classes, layout);
+    const index_t begin = sn.class_begin(), local = sn.local_classes();
+    const xs::matrix_view<float> wl(w.data() + begin * dim, local, dim);
+    const xs::full_softmax<xs::fp32, xs::serial, by_nccl> hn(sn, wl, bias.data() + begin);
+    const xs::full_softmax<xs::fp32, xs::serial, by_mpi> hm(sm, wl, bias.data() + begin);
+    // Replicated: every rank passes rank 0's batch.
+    std::vector<float> hh = h;
+    std::vector<index_t> tt = t;
+    index_t n_rows = rows;
+    if (layout == xs::hidden_layout::replicated) {
+      n_rows = 3;
+      hh.resize(static_cast<std::size_t>(n_rows * dim));
+      tt.resize(static_cast<std::size_t>(n_rows));
+      MPI_Bcast(hh.data(), static_cast<int>(hh.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+      MPI_Bcast(tt.data(), static_cast<int>(tt.size()), MPI_INT64_T, 0, MPI_COMM_WORLD);
+    }
+    const xs::matrix_view<const float> hv(hh.data(), n_rows, dim);
+    const xs::vector_view<const index_t> tv(tt.data(), n_rows);
+    std::vector<float> gn(hh.size()), gm(hh.size());
+    typename decltype(hn)::gradient_type wn;
+    typename decltype(hm)::gradient_type wm;
+    xs::loss_options o;
+    o.label_smoothing = 0.1f;
+    const float ln = hn.forward_backward(hv, tv, xs::matrix_view<float>(gn.data(), n_rows, dim), wn, o);
+    const float lm = hm.forward_backward(hv, tv, xs::matrix_view<float>(gm.data(), n_rows, dim), wm, o);
+    // MPI's reductions (the mock's) add in their own order, mpi_communicator in rank order.
+    CHECK(ln == doctest::Approx(lm).epsilon(1e-6));
+    for (std::size_t i = 0; i < gn.size(); ++i) CHECK(gn[i] == doctest::Approx(gm[i]).epsilon(1e-5).scale(1e-3));
+    REQUIRE(wn.values.size() == wm.values.size());
+    for (std::size_t i = 0; i < wn.values.size(); ++i)
+      CHECK(wn.values[i] == doctest::Approx(wm.values[i]).epsilon(1e-5).scale(1e-3));
+    constexpr index_t k = 4;
+    std::vector<index_t> cn(static_cast<std::size_t>(n_rows * k)), cm(cn.size());
+    std::vector<float> vn(cn.size()), vm(cn.size());
+    hn.topk(hv, k, xs::matrix_view<index_t>(cn.data(), n_rows, k), xs::matrix_view<float>(vn.data(), n_rows, k));
+    hm.topk(hv, k, xs::matrix_view<index_t>(cm.data(), n_rows, k), xs::matrix_view<float>(vm.data(), n_rows, k));
+    CHECK(cn == cm);
+  }
+}

@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sharded checkpoints under mpirun with S = 1..4 ranks: each rank of S loads checkpoints written by
+// layouts of S' = 1, 2, 3, 4 shards (written by rank 0 alone by slicing one layer, with uneven
+// ranges unlike class_sharding's), and a checkpoint saved collectively by the S ranks loads into
+// an unsharded head and back into the S ranks: weights and bias bitwise equal, fp32 and bf16.
+// Mismatched N, dim, precision or bias, and a shard file missing for one rank only, throw
+// checkpoint_error on every rank and leave every head unchanged.
+
+#include <xsoftmax/sharding/mpi_communicator.hpp>
+
+#include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/io/sharded_checkpoint.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+namespace xs = xsoftmax;
+namespace fs = std::filesystem;
+using xs::index_t;
+using sharding = xs::class_sharding<xs::mpi_communicator>;
+
+constexpr index_t classes = 1003, dim = 16;
+
+void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+
+/// A fresh directory every rank agrees on (rank 0's pid), removed with the object.
+struct shared_temp_dir {
+  fs::path path;
+  explicit shared_temp_dir(const char* tag) {
+    long long pid = static_cast<long long>(::getpid());
+    MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    path = fs::temp_directory_path() / ("xsoftmax_sharded_ckpt_" + std::string(tag) + "_" + std::to_string(pid));
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) fs::remove_all(path), fs::create_directories(path);
+    barrier();
+  }
+  ~shared_temp_dir() {
+    barrier();
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) fs::remove_all(path);
+  }
+  std::string operator/(const std::string& sub) const { return (path / sub).string(); }
+};
+
+/// The unsharded layer (classes x dim, bias) in storage T, the same on every rank.
+template <class T>
+struct layer {
+  std::vector<T> w, b;
+  layer() {
+    std::mt19937 g(11);
+    std::normal_distribution<float> nd(0.f, 0.5f);
+    for (index_t i = 0; i < classes * dim; ++i) w.push_back(xs::from_float<T>(nd(g)));
+    for (index_t i = 0; i < classes; ++i) b.push_back(xs::from_float<T>(nd(g)));
+  }
+};
+
+/// Uneven bounds of `shards` shards over the classes (shard s grows with s).
+std::vector<index_t> uneven_bounds(index_t shards) {
+  std::vector<index_t> bounds{0};
+  index_t weight_sum = shards * (shards + 1) / 2;
+  for (index_t s = 1; s < shards; ++s) bounds.push_back(classes * (s * (s + 1) / 2) / weight_sum);
+  bounds.push_back(classes);
+  return bounds;
+}
+
+/// Rank 0 writes `full` as a checkpoint of `bounds` shards into `dir`.
+template <class T>
+void write_virtual(const std::string& dir, const layer<T>& full, const std::vector<index_t>& bounds) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    const xs::sharded_checkpoint_layout l{classes, dim, xs::element_name<T>(), true, bounds};
+    for (index_t s = 0; s < l.shards(); ++s) {
+      const index_t b = bounds[static_cast<std::size_t>(s)], e = bounds[static_cast<std::size_t>(s + 1)];
+      xs::save_checkpoint_shard<T>(dir, l, s, xs::matrix_view<const T>(full.w.data() + b * dim, e - b, dim),
+                                   full.b.data() + b);
+    }
+    xs::save_checkpoint_manifest(dir, l);
+  }
+  barrier();
+}
+
+template <class T>
+bool bitwise(const T* a, const T* b, index_t n) {
+  return std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(T)) == 0;
+}
+
+/// `head`'s weights and bias are the full layer's rows of its classes, bit for bit.
+template <class Head, class T>
+void check_rows(const Head& head, const layer<T>& full) {
+  const index_t begin = head.class_begin(), rows = head.weights().rows;
+  CHECK(bitwise(head.weights().data, full.w.data() + begin * dim, rows * dim));
+  CHECK(bitwise(head.bias(), full.b.data() + begin, rows));
+}
+
+template <class P>
+void reshard_roundtrips() {
+  using T = typename P::storage_type;
+  const layer<T> full;
+  xs::mpi_communicator comm;
+  const shared_temp_dir tmp(xs::element_name<T>());
+  for (index_t shards = 1; shards <= 4; ++shards) {
+    CAPTURE(shards);
+    const std::string dir = tmp / ("virtual" + std::to_string(shards));
+    write_virtual(dir, full, uneven_bounds(shards));
+    xs::full_softmax<P, xs::serial, sharding> head(sharding(comm, classes), dim, true);
+    xs::load_sharded_checkpoint(dir, head);
+    check_rows(head, full);
+    xs::full_softmax<P, xs::serial> whole(classes, dim, true);
+    xs::load_sharded_checkpoint(dir, whole);
+    check_rows(whole, full);
+  }
+  // Saved by these S ranks, loaded unsharded and by the S ranks again.
+  layer<T> mine = full;
+  const sharding sh(comm, classes);
+  const index_t begin = sh.class_begin();
+  const xs::full_softmax<P, xs::serial, sharding> saved(
+      sh, xs::matrix_view<T>(mine.w.data() + begin * dim, sh.local_classes(), dim), mine.b.data() + begin);
+  const std::string dir = tmp / "real";
+  xs::save_sharded_checkpoint(dir, saved);
+  const xs::sharded_checkpoint_layout l = xs::read_sharded_checkpoint_layout(dir);
+  CHECK(l.shards() == comm.size());
+  CHECK(l.num_classes == classes);
+  xs::full_softmax<P, xs::serial> whole(classes, dim, true);
+  xs::load_sharded_checkpoint(dir, whole);
+  check_rows(whole, full);
+  xs::full_softmax<P, xs::omp, sharding> again(sharding(comm, classes), dim, true);
+  xs::load_sharded_checkpoint(dir, again);
+  check_rows(again, full);
+}
+
+}  // namespace
+
+TEST_CASE("sharded checkpoints reshard S -> S' bit for bit (fp32)") { reshard_roundtrips<xs::fp32>(); }
+TEST_CASE("sharded checkpoints reshard S -> S' bit for bit (bf16)") { reshard_roundtrips<xs::bf16>(); }
+
+TEST_CASE("sharded checkpoints: mismatches throw checkpoint_error on every rank, heads unchanged") {
+  const layer<float> full;
+  xs::mpi_communicator comm;
+  const shared_temp_dir tmp("errors");
+  const std::string dir = tmp / "four";
+  write_virtual(dir, full, uneven_bounds(4));
+  using head_f32 = xs::full_softmax<xs::fp32, xs::serial, sharding>;
+  const auto unchanged = [](const auto& head, const auto& before) {
+    CHECK(bitwise(head.weights().data, before.data(), head.weights().rows * head.dim()));
+  };
+  {
+    head_f32 other_n(sharding(comm, classes + 1), dim, true);
+    const std::vector<float> before(other_n.weights().data, other_n.weights().data + other_n.weights().rows * dim);
+    CHECK_THROWS_WITH_AS(xs::load_sharded_checkpoint(dir, other_n), doctest::Contains("num_classes = 1003"),
+                         xs::checkpoint_error);
+    unchanged(other_n, before);
+  }
+  head_f32 other_dim(sharding(comm, classes), dim + 1, true);
+  CHECK_THROWS_WITH_AS(xs::load_sharded_checkpoint(dir, other_dim), doctest::Contains("dim = 16"), xs::checkpoint_error);
+  xs::full_softmax<xs::bf16, xs::serial, sharding> other_precision(sharding(comm, classes), dim, true);
+  CHECK_THROWS_WITH_AS(xs::load_sharded_checkpoint(dir, other_precision), doctest::Contains("precision = fp32"),
+                       xs::checkpoint_error);
+  head_f32 no_bias(sharding(comm, classes), dim, false);
+  CHECK_THROWS_AS(xs::load_sharded_checkpoint(dir, no_bias), xs::checkpoint_error);
+
+  // The last shard missing: only the last rank reads it, yet every rank throws and keeps its weights.
+  barrier();
+  if (comm.rank() == 0) fs::remove(tmp / xs::sharded_checkpoint_shard_file(3, 4).insert(0, "four/"));
+  barrier();
+  head_f32 head(sharding(comm, classes), dim, true);
+  const std::vector<float> before(head.weights().data, head.weights().data + head.weights().rows * dim);
+  CHECK_THROWS_AS(xs::load_sharded_checkpoint(dir, head), xs::checkpoint_error);
+  unchanged(head, before);
+  CHECK_THROWS_AS(xs::load_sharded_checkpoint(tmp / "absent", head), xs::checkpoint_error);
+}
