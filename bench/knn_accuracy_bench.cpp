@@ -266,6 +266,24 @@ void bm_sampled(benchmark::State& state) {
   }
 }
 
+/// A control for KNN: negatives drawn uniformly, state.range(0) unique ones per step (about the size
+/// of a KNN active set), so that an active set of the same size but without the neighbourhoods can
+/// be compared with KNN's (uniform proposal: the log-Q correction is one constant, which cancels).
+void bm_uniform(benchmark::State& state) {
+  const study_config& c = data().cfg;
+  for (auto _ : state) {
+    xsoftmax::sampling_options so;
+    so.num_sampled = state.range(0);
+    so.unique = true;
+    so.seed = 11;
+    xsoftmax::selective_softmax<xsoftmax::sampled_negatives, xsoftmax::fp32, xsoftmax::omp> head(
+        xsoftmax::sampled_negatives::from_counts(std::vector<double>(static_cast<size_t>(c.n), 1.0), so, 1.0), c.n,
+        c.dim, false, init());
+    const std::string name = "uniform negatives, m = " + std::to_string(state.range(0));
+    report(state, name.c_str(), train(head, c.lr));
+  }
+}
+
 void bm_hs(benchmark::State& state) {
   const study_config& c = data().cfg;
   if (c.normalised()) {  // its loss is a product of node softmaxes: no s cos theta over all classes
@@ -310,6 +328,7 @@ const bool registered = [] {
   unit(benchmark::RegisterBenchmark("knn_accuracy/full", bm_full));
   unit(benchmark::RegisterBenchmark("knn_accuracy/knn", bm_knn)->Arg(1)->Arg(50)->Arg(200)->Arg(1000));
   unit(benchmark::RegisterBenchmark("knn_accuracy/sampled", bm_sampled)->Arg(1)->Arg(4));
+  unit(benchmark::RegisterBenchmark("knn_accuracy/uniform", bm_uniform)->Arg(8900));
   unit(benchmark::RegisterBenchmark("knn_accuracy/hs", bm_hs)->Arg(1)->Arg(4));
   return true;
 }();
