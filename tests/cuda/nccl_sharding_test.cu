@@ -5,7 +5,8 @@
 // and top-k equal the unsharded cuda head's (to cuBLAS's summation order), in both hidden layouts,
 // and repeated runs are bitwise equal. Also the
 // communicator's verbs on device memory, and its errors. Several ranks need several GPUs (NCCL
-// refuses one GPU twice in a communicator): the multi-rank algorithm is tested under MPI.
+// refuses one GPU twice in a communicator): the multi-rank algorithm is tested under MPI. A
+// sharded checkpoint of the NCCL head (device weights) reloads bit for bit.
 
 // First: this test is the self-containment check of the NCCL header.
 #include <xsoftmax/sharding/nccl_communicator.cuh>
@@ -13,8 +14,11 @@
 #include "support.cuh"
 
 #include <xsoftmax/cuda.cuh>
+#include <xsoftmax/io/sharded_checkpoint.hpp>
 
 #include <doctest/doctest.h>
+
+#include <filesystem>
 
 #include <nccl.h>
 
@@ -124,4 +128,23 @@ TEST_CASE("cuda full_softmax over class_sharding<nccl_communicator> (one rank) e
   nccl_sharded_equals_unsharded<xs::fp32>(1000, 16, 37, true, 21);
   nccl_sharded_equals_unsharded<xs::fp32>(300, 64, 200, false, 22);
   nccl_sharded_equals_unsharded<xs::bf16>(513, 33, 70, true, 23);
+}
+
+TEST_CASE("sharded checkpoint of a cuda head over class_sharding<nccl_communicator> reloads bit for bit") {
+  one_rank_nccl nccl;
+  rng g(31);
+  weights<float> w(g, 257, 12, true);
+  const xs::full_softmax<xs::fp32, xs::cuda, sharding> head(sharding(nccl.communicator(), 257), w.device_view(),
+                                                            w.device_bias());
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "xsoftmax_nccl_sharded_ckpt";
+  std::filesystem::remove_all(dir);
+  xs::save_sharded_checkpoint(dir.string(), head);
+  xs::full_softmax<xs::fp32, xs::cuda, sharding> back(sharding(nccl.communicator(), 257), 12, true);
+  xs::load_sharded_checkpoint(dir.string(), back);
+  std::vector<float> got(w.w.size()), bias(w.b.size());
+  REQUIRE(cudaMemcpy(got.data(), back.weights().data, got.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(bias.data(), back.bias(), bias.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(bitwise_equal(got, w.w));
+  CHECK(bitwise_equal(bias, w.b));
+  std::filesystem::remove_all(dir);
 }

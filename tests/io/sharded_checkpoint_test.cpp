@@ -42,7 +42,7 @@ TEST_CASE("sharded checkpoint with one rank: save, load unsharded and from a thr
   CHECK(std::memcmp(whole.bias(), head.bias(), sizeof(float) * n) == 0);
 
   // Three shards of the same rows, written from slices, load back into the one-rank head.
-  const xs::sharded_checkpoint_layout l{n, d, "fp32", true, {0, 10, 60, n}};
+  const xs::sharded_checkpoint_layout l{n, d, "fp32", true, {0, 10, 60, n}, {}};
   for (index_t s = 0; s < 3; ++s) {
     const index_t b = l.class_bounds[static_cast<std::size_t>(s)], e = l.class_bounds[static_cast<std::size_t>(s + 1)];
     xs::save_checkpoint_shard<float>(tmp / "three", l, s, xs::matrix_view<const float>(whole.weights().data + b * d, e - b, d),
@@ -59,7 +59,7 @@ TEST_CASE("sharded checkpoint layouts and shards are validated") {
   const temp_dir tmp;
   std::vector<float> rows(10 * 4), bias(10);
   const xs::matrix_view<const float> ten(rows.data(), 10, 4);
-  const xs::sharded_checkpoint_layout good{20, 4, "fp32", true, {0, 10, 20}};
+  const xs::sharded_checkpoint_layout good{20, 4, "fp32", true, {0, 10, 20}, {}};
   xs::sharded_checkpoint_layout empty_shard = good, short_cover = good, bf16 = good;
   empty_shard.class_bounds = {0, 10, 10, 20};
   short_cover.class_bounds = {0, 10, 19};
@@ -75,7 +75,7 @@ TEST_CASE("sharded checkpoint layouts and shards are validated") {
   // A shard file whose range disagrees with the manifest: written for another layout.
   xs::save_checkpoint_manifest(tmp / "y", good);
   xs::save_checkpoint_shard<float>(tmp / "y", good, 0, ten, bias.data());
-  const xs::sharded_checkpoint_layout shifted{20, 4, "fp32", true, {0, 11, 20}};
+  const xs::sharded_checkpoint_layout shifted{20, 4, "fp32", true, {0, 11, 20}, {}};
   xs::save_checkpoint_shard<float>(tmp / "y", shifted, 1, xs::matrix_view<const float>(rows.data(), 9, 4), bias.data());
   xs::full_softmax<xs::fp32, xs::serial> head(20, 4, true);
   CHECK_THROWS_WITH_AS(xs::load_sharded_checkpoint(tmp / "y", head), doctest::Contains("class_begin"),

@@ -4,12 +4,15 @@
 // ranges unlike class_sharding's), and a checkpoint saved collectively by the S ranks loads into
 // an unsharded head and back into the S ranks: weights and bias bitwise equal, fp32 and bf16.
 // Mismatched N, dim, precision or bias, and a shard file missing for one rank only, throw
-// checkpoint_error on every rank and leave every head unchanged.
+// checkpoint_error on every rank and leave every head unchanged. With an Adam optimizer: its state
+// saved by the S ranks loads unsharded (every rank's rows, gathered with MPI, bit for bit) and
+// back on the S ranks; another rule, or a checkpoint without an optimizer, is rejected.
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/io/sharded_checkpoint.hpp>
+#include <xsoftmax/optim/sparse_optimizer.hpp>
 
 #include <doctest/doctest.h>
 
@@ -79,7 +82,7 @@ void write_virtual(const std::string& dir, const layer<T>& full, const std::vect
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
-    const xs::sharded_checkpoint_layout l{classes, dim, xs::element_name<T>(), true, bounds};
+    const xs::sharded_checkpoint_layout l{classes, dim, xs::element_name<T>(), true, bounds, {}};
     for (index_t s = 0; s < l.shards(); ++s) {
       const index_t b = bounds[static_cast<std::size_t>(s)], e = bounds[static_cast<std::size_t>(s + 1)];
       xs::save_checkpoint_shard<T>(dir, l, s, xs::matrix_view<const T>(full.w.data() + b * dim, e - b, dim),
@@ -178,4 +181,77 @@ TEST_CASE("sharded checkpoints: mismatches throw checkpoint_error on every rank,
   CHECK_THROWS_AS(xs::load_sharded_checkpoint(dir, head), xs::checkpoint_error);
   unchanged(head, before);
   CHECK_THROWS_AS(xs::load_sharded_checkpoint(tmp / "absent", head), xs::checkpoint_error);
+}
+
+TEST_CASE("sharded checkpoints with optimizer state: S ranks -> unsharded -> S ranks, bit for bit") {
+  using adam = xs::sparse_optimizer<xs::adam_rule, xs::serial>;
+  layer<float> full;
+  xs::mpi_communicator comm;
+  const shared_temp_dir tmp("optimizer");
+  const sharding sh(comm, classes);
+  const index_t begin = sh.class_begin(), local = sh.local_classes();
+  xs::full_softmax<xs::fp32, xs::serial, sharding> head(
+      sh, xs::matrix_view<float>(full.w.data() + begin * dim, local, dim), full.b.data() + begin);
+  adam opt(local, dim, true);
+  // Two Adam steps on each rank's batch: the state of every row becomes non-trivial.
+  std::mt19937 g(40 + static_cast<unsigned>(comm.rank()));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const index_t rows = 5 + comm.rank();
+  std::vector<float> h(static_cast<std::size_t>(rows * dim)), gh(h.size());
+  std::vector<index_t> t(static_cast<std::size_t>(rows));
+  for (auto& x : h) x = nd(g);
+  for (auto& c : t) c = static_cast<index_t>(g() % classes);
+  for (int step = 0; step < 2; ++step) {
+    typename decltype(head)::gradient_type grad;
+    head.forward_backward(xs::matrix_view<const float>(h.data(), rows, dim), xs::vector_view<const index_t>(t.data(), rows),
+                          xs::matrix_view<float>(gh.data(), rows, dim), grad);
+    opt.step(head, grad, 0.01f);
+  }
+  const std::string dir = tmp / "with_adam";
+  xs::save_sharded_checkpoint(dir, head, opt);
+  CHECK(xs::read_sharded_checkpoint_layout(dir).optimizer == "adam");
+
+  // Every rank's rows of the weights and of the state, gathered: the unsharded reference.
+  const auto gather = [&](const auto* mine, index_t per_row, auto mpi_type) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(mine)>>;
+    std::vector<int> counts(static_cast<std::size_t>(comm.size())), offsets(counts.size());
+    for (int q = 0; q < comm.size(); ++q) {
+      counts[static_cast<std::size_t>(q)] = static_cast<int>((sh.shard_begin(q + 1) - sh.shard_begin(q)) * per_row);
+      offsets[static_cast<std::size_t>(q)] = static_cast<int>(sh.shard_begin(q) * per_row);
+    }
+    std::vector<T> all(static_cast<std::size_t>(classes * per_row));
+    MPI_Allgatherv(mine, counts[static_cast<std::size_t>(comm.rank())], mpi_type, all.data(), counts.data(),
+                   offsets.data(), mpi_type, MPI_COMM_WORLD);
+    return all;
+  };
+  const auto all_w = gather(head.weights().data, dim, MPI_FLOAT);
+  const auto all_state = gather(opt.state(), dim * 2, MPI_FLOAT);
+  const auto all_bias_state = gather(opt.bias_state(), 2, MPI_FLOAT);
+  const auto all_counts = gather(opt.update_counts(), 1, MPI_INT64_T);
+
+  xs::full_softmax<xs::fp32, xs::serial> whole(classes, dim, true);
+  adam whole_opt(classes, dim, true);
+  xs::load_sharded_checkpoint(dir, whole, whole_opt);
+  CHECK(bitwise(whole.weights().data, all_w.data(), classes * dim));
+  CHECK(bitwise(whole_opt.state(), all_state.data(), classes * dim * 2));
+  CHECK(bitwise(whole_opt.bias_state(), all_bias_state.data(), classes * 2));
+  CHECK(bitwise(whole_opt.update_counts(), all_counts.data(), classes));
+  CHECK(whole_opt.steps() == opt.steps());
+
+  // Back onto the S ranks.
+  xs::full_softmax<xs::fp32, xs::serial, sharding> again(sharding(comm, classes), dim, true);
+  adam again_opt(local, dim, true);
+  xs::load_sharded_checkpoint(dir, again, again_opt);
+  CHECK(bitwise(again_opt.state(), opt.state(), local * dim * 2));
+  CHECK(bitwise(again_opt.update_counts(), opt.update_counts(), local));
+  CHECK(again_opt.steps() == opt.steps());
+
+  // Another rule, and a checkpoint saved without an optimizer.
+  xs::sparse_optimizer<xs::momentum_rule, xs::serial> momentum(local, dim, true);
+  CHECK_THROWS_WITH_AS(xs::load_sharded_checkpoint(dir, again, momentum), doctest::Contains("adam"), xs::checkpoint_error);
+  xs::save_sharded_checkpoint(tmp / "no_optimizer", head);
+  CHECK_THROWS_WITH_AS(xs::load_sharded_checkpoint(tmp / "no_optimizer", again, again_opt), doctest::Contains("none"),
+                       xs::checkpoint_error);
+  adam wrong_rows(local + 1, dim, true);
+  CHECK_THROWS_AS(xs::load_sharded_checkpoint(dir, again, wrong_rows), xs::shape_error);
 }

@@ -7,163 +7,50 @@
 ///   <dir>/manifest.safetensors              "class_bounds" I64 [S + 1]: shard s holds the classes
 ///                                           [bounds[s], bounds[s + 1]) (0 = bounds[0] < ... <
 ///                                           bounds[S] = N); __metadata__: format, head, precision,
-///                                           num_classes, dim, shards, has_bias.
+///                                           num_classes, dim, shards, has_bias, optimizer (the
+///                                           rule's name, or "none").
 ///   <dir>/shard-<s>-of-<S>.safetensors      (5-digit s and S) "weight" [rows, dim] in the storage
 ///                                           dtype, "bias" [rows] when the head has one;
 ///                                           __metadata__: the manifest's keys and shard,
 ///                                           class_begin, class_end.
+///   <dir>/optimizer-shard-<s>-of-<S>...     with an optimizer: optimizer.safetensors' tensors
+///                                           ("state", "bias_state", "update_counts") and keys
+///                                           for the shard's rows (see io/checkpoint.hpp), plus
+///                                           the shard's keys.
 ///
 /// Loading reads the manifest, then only the shard files whose ranges overlap the head's classes,
-/// and copies the overlapping rows: weights come back bit for bit whatever S and S'. Everything is
-/// read and validated before the head is written: a missing or malformed file, or a checkpoint of
-/// another head kind, N, dim, storage precision (no conversion: resharding is bit-exact; convert
-/// with the unsharded `load_checkpoint`) or bias presence throws `checkpoint_error` naming the file
-/// and the mismatch. The sharded verbs are collective: every rank calls them, and after reading
-/// (or writing) the ranks agree through the communicator, so either every rank's head is loaded or
-/// every rank throws (a rank whose own files were fine names the failing rank).
+/// and copies the overlapping rows: weights (and optimizer state) come back bit for bit whatever S
+/// and S'. Everything is read and validated before anything is written: a missing or malformed
+/// file, or a checkpoint of another head kind, N, dim, storage precision (no conversion:
+/// resharding is bit-exact; convert with the unsharded `load_checkpoint`), bias presence, optimizer
+/// rule, slots or state precision throws `checkpoint_error` naming the file and the mismatch. The
+/// sharded verbs are collective: every rank calls them, and after reading (or writing) the ranks
+/// agree through the communicator, so either every rank succeeds or every rank throws (a rank
+/// whose own part was fine names the failing rank).
 ///
-/// The directory must be visible to every rank (a shared filesystem) for S' != S. Files are each
+/// The directory must be visible to every rank (a shared filesystem) for S' != S. Each file is
 /// written through a temporary and renamed (see `safetensors_writer::write`); the manifest is
 /// written last, after every shard, but a save interrupted between shards of the same S can leave
 /// a mix of old and new shards. Memory: a rank holds one shard file at a time, whole, plus its own
-/// rows; the optimizer's state is not part of a sharded checkpoint yet.
+/// rows. Only `full_softmax` heads are sharded today.
 
-#include <xsoftmax/detail/sharding/sharded_rows.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/io/checkpoint.hpp>
+#include <xsoftmax/io/detail/sharded_checkpoint_parts.hpp>
 #include <xsoftmax/io/safetensors.hpp>
+#include <xsoftmax/io/sharded_checkpoint_types.hpp>
+#include <xsoftmax/optim/sparse_optimizer.hpp>
 #include <xsoftmax/precision.hpp>
 
 #include <algorithm>
-#include <cstdint>
-#include <cstdio>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax {
 
-/// The manifest file of a sharded checkpoint directory.
-inline constexpr const char* sharded_checkpoint_manifest_file = "manifest.safetensors";
-
-/// "shard-00002-of-00004.safetensors": the file of shard `shard` (0-based) of `shards`.
-[[nodiscard]] inline std::string sharded_checkpoint_shard_file(index_t shard, index_t shards) {
-  char name[64];
-  std::snprintf(name, sizeof name, "shard-%05lld-of-%05lld.safetensors", static_cast<long long>(shard),
-                static_cast<long long>(shards));
-  return name;
-}
-
-/// What a sharded checkpoint's manifest records: the head's shape and each shard's class range.
-struct sharded_checkpoint_layout {
-  index_t num_classes = 0;           ///< N
-  index_t dim = 0;                   ///< d
-  std::string precision;             ///< storage type's `element_name` ("fp32", "bf16", "fp16")
-  bool has_bias = false;
-  std::vector<index_t> class_bounds; ///< S + 1 bounds: shard s holds [class_bounds[s], class_bounds[s + 1])
-
-  /// S, the number of shards.
-  [[nodiscard]] index_t shards() const { return static_cast<index_t>(class_bounds.size()) - 1; }
-
-  /// The layout of `sharding` (its ranks' ranges) for a head of `dim` and storage `T`.
-  template <class T, class Comm>
-  [[nodiscard]] static sharded_checkpoint_layout of(const class_sharding<Comm>& sharding, index_t dim, bool has_bias) {
-    sharded_checkpoint_layout l{sharding.num_classes(), dim, element_name<T>(), has_bias, {}};
-    for (int r = 0; r <= sharding.size(); ++r) l.class_bounds.push_back(sharding.shard_begin(r));
-    return l;
-  }
-};
-
-namespace io::detail {
-
-inline constexpr const char* sharded_checkpoint_format = "xsoftmax.sharded_checkpoint.v1";
-
-inline void set_layout_metadata(safetensors_writer& w, const sharded_checkpoint_layout& l) {
-  w.set_metadata("format", sharded_checkpoint_format);
-  w.set_metadata("head", "full_softmax");
-  w.set_metadata("precision", l.precision);
-  w.set_metadata("num_classes", std::to_string(l.num_classes));
-  w.set_metadata("dim", std::to_string(l.dim));
-  w.set_metadata("shards", std::to_string(l.shards()));
-  w.set_metadata("has_bias", l.has_bias ? "true" : "false");
-}
-
-/// Throws `invalid_argument` unless `l`'s bounds go strictly up from 0 to N and d >= 1.
-inline void check_layout(const char* where, const sharded_checkpoint_layout& l) {
-  using xsoftmax::detail::expects;
-  expects(l.dim >= 1, where, ": dim = ", l.dim, " must be >= 1");
-  expects(l.shards() >= 1, where, ": class_bounds has ", l.class_bounds.size(), " entries; at least 2 are needed");
-  expects(l.class_bounds.front() == 0 && l.class_bounds.back() == l.num_classes, where, ": class_bounds runs from ",
-          l.class_bounds.front(), " to ", l.class_bounds.back(), " instead of 0 to num_classes = ", l.num_classes);
-  for (index_t s = 0; s < l.shards(); ++s)
-    expects(l.class_bounds[s] < l.class_bounds[s + 1], where, ": shard ", s, " has the empty class range [",
-            l.class_bounds[s], ", ", l.class_bounds[s + 1], ")");
-}
-
-/// The rows [begin, end) of a checkpoint of layout `layout` in `dir`, read from the overlapping
-/// shards (dense rows x dim, and the bias when the layout has one). Throws `checkpoint_error`.
-template <class T>
-void read_class_range(const std::string& dir, const sharded_checkpoint_layout& layout, index_t begin, index_t end,
-                      std::vector<T>& weights, std::vector<T>& bias) {
-  const index_t d = layout.dim;
-  weights.assign(static_cast<std::size_t>((end - begin) * d), T{});
-  bias.assign(layout.has_bias ? static_cast<std::size_t>(end - begin) : 0, T{});
-  for (index_t s = 0; s < layout.shards(); ++s) {
-    const index_t b = layout.class_bounds[s], e = layout.class_bounds[s + 1];
-    const index_t lo = std::max(b, begin), hi = std::min(e, end);
-    if (lo >= hi) continue;
-    const safetensors_file f = safetensors_file::read(path_in(dir, sharded_checkpoint_shard_file(s, layout.shards()).c_str()));
-    expect_metadata(f, "format", sharded_checkpoint_format, "reader (a sharded checkpoint shard) expects");
-    expect_metadata(f, "precision", layout.precision, "manifest");
-    expect_metadata(f, "num_classes", std::to_string(layout.num_classes), "manifest");
-    expect_metadata(f, "dim", std::to_string(d), "manifest");
-    expect_metadata(f, "shards", std::to_string(layout.shards()), "manifest");
-    expect_metadata(f, "shard", std::to_string(s), "manifest");
-    expect_metadata(f, "class_begin", std::to_string(b), "manifest");
-    expect_metadata(f, "class_end", std::to_string(e), "manifest");
-    expect_metadata(f, "has_bias", layout.has_bias ? "true" : "false", "manifest");
-    if (f.tensor("weight").type != dtype_of<T>())
-      f.fail("tensor \"weight\" has dtype ", dtype_name(f.tensor("weight").type), " but the head stores ",
-             dtype_name(dtype_of<T>()));
-    const std::vector<T> w = f.values<T>("weight", {e - b, d});
-    std::copy(w.begin() + (lo - b) * d, w.begin() + (hi - b) * d, weights.begin() + (lo - begin) * d);
-    if (layout.has_bias) {
-      const std::vector<T> bv = f.values<T>("bias", {e - b});
-      std::copy(bv.begin() + (lo - b), bv.begin() + (hi - b), bias.begin() + (lo - begin));
-    }
-  }
-}
-
-/// Every rank's `failed` flag combined through `sharding`'s communicator: the highest failing
-/// rank, or -1 when none failed (one all-reduce of one element; a barrier as well).
-template <class B, class Comm>
-[[nodiscard]] index_t highest_failed_rank(const backend_resources<B>& res, const class_sharding<Comm>& sharding,
-                                          bool failed) {
-  const xsoftmax::detail::execution<B> ex{res};
-  index_t v = failed ? sharding.rank() : -1;
-  xsoftmax::detail::host_in_comm_memory<Comm>(
-      ex, &v, 1, true, [&](index_t* p) { sharding.communicator().all_reduce(p, 1, reduce_op::max); });
-  return v;
-}
-
-/// Runs `f` on every rank, then agrees: rethrows this rank's `checkpoint_error`, or throws one
-/// naming the failing rank, on every rank.
-template <class B, class Comm, class F>
-void collectively(const char* where, const backend_resources<B>& res, const class_sharding<Comm>& sharding, F f) {
-  std::string mine;
-  try {
-    f();
-  } catch (const checkpoint_error& e) {
-    mine = e.what();
-  }
-  const index_t failed = highest_failed_rank<B>(res, sharding, !mine.empty());
-  if (!mine.empty()) throw checkpoint_error(mine);
-  if (failed >= 0)
-    throw checkpoint_error(xsoftmax::detail::message(where, ": rank ", failed, " failed (see its error); nothing ",
-                                                     "was loaded on any rank"));
-}
-
-}  // namespace io::detail
 
 /// Writes the manifest of `layout` to `dir` (created if needed). Throws `invalid_argument` for a
 /// layout whose bounds do not run strictly up from 0 to N, `checkpoint_error` when writing fails.
@@ -224,6 +111,8 @@ void save_checkpoint_shard(const std::string& dir, const sharded_checkpoint_layo
   const index_t shards = io::detail::metadata_integer(f, "shards");
   if (shards < 1) f.fail("metadata \"shards\" = ", shards, " is not positive");
   l.class_bounds = f.values<index_t>("class_bounds", {shards + 1});
+  const auto opt = f.metadata().find("optimizer");
+  l.optimizer = opt == f.metadata().end() || opt->second == "none" ? std::string() : opt->second;
   try {
     io::detail::check_layout("manifest", l);
   } catch (const invalid_argument& e) {
@@ -232,24 +121,102 @@ void save_checkpoint_shard(const std::string& dir, const sharded_checkpoint_layo
   return l;
 }
 
-/// Saves a class-sharded `head`: every rank writes its shard, then rank 0 the manifest. Collective
-/// (every rank calls it); on return every rank's files are written, or every rank throws
-/// `checkpoint_error` (its own error, or one naming the rank that failed).
-template <class P, class B, class Comm>
-void save_sharded_checkpoint(const std::string& dir, const full_softmax<P, B, class_sharding<Comm>>& head) {
+namespace io::detail {
+
+/// The optimizer file of shard `shard` of `layout`: optimizer.safetensors' tensors and keys, plus
+/// the shard's keys.
+template <class Head, class Rule, class OB, class State>
+[[nodiscard]] safetensors_writer optimizer_shard_contents(const Head& head, const sparse_optimizer<Rule, OB, State>& opt,
+                                                          const sharded_checkpoint_layout& layout, index_t shard) {
+  safetensors_writer w = optimizer_contents(head, opt);
+  set_layout_metadata(w, layout);
+  w.set_metadata("shard", std::to_string(shard));
+  w.set_metadata("class_begin", std::to_string(layout.class_bounds[shard]));
+  w.set_metadata("class_end", std::to_string(layout.class_bounds[shard + 1]));
+  return w;
+}
+
+/// Throws `shape_error` unless `opt` was made for `head`'s local weights.
+template <class Head, class Rule, class OB, class State>
+void check_fits(const char* where, const Head& head, const sparse_optimizer<Rule, OB, State>& opt) {
+  static_assert(std::is_same_v<OB, typename head_backend<Head>::type>,
+                "xsoftmax: sharded checkpoint: the optimizer must run on the head's backend");
+  xsoftmax::detail::expects<shape_error>(opt.rows() == head.weights().rows && opt.dim() == head.dim(), where,
+                                         ": the optimizer is for ", opt.rows(), " x ", opt.dim(),
+                                         " weights but the head has ", head.weights().rows, " x ", head.dim());
+}
+
+/// Saves the shards (and, when `opt` is not null, the optimizer shards) then the manifest.
+template <class P, class B, class Comm, class Opt>
+void save_sharded(const std::string& dir, const full_softmax<P, B, class_sharding<Comm>>& head, const Opt* opt) {
   using T = typename P::storage_type;
+  const char* where = "save_sharded_checkpoint";
   const auto& sh = head.sharding();
-  const auto layout = sharded_checkpoint_layout::of<T>(sh, head.dim(), head.has_bias());
-  const auto w = io::detail::to_host<B>(head.resources(), head.weights());
-  std::vector<T> bias;
-  if (head.has_bias()) bias = io::detail::to_host<B>(head.resources(), matrix_view<T>(head.bias(), w.size() / head.dim(), 1));
-  io::detail::collectively<B>("save_sharded_checkpoint", head.resources(), sh, [&] {
-    save_checkpoint_shard<T>(dir, layout, sh.rank(), matrix_view<const T>(w.data(), sh.local_classes(), head.dim()),
+  auto layout = sharded_checkpoint_layout::of<T>(sh, head.dim(), head.has_bias());
+  if constexpr (!std::is_same_v<Opt, void>) layout.optimizer = Opt::rule_type::name;
+  collectively<B>(where, "its files are missing or stale", head.resources(), sh, [&] {
+    if constexpr (!std::is_same_v<Opt, void>) check_fits(where, head, *opt);
+    const auto w = to_host<B>(head.resources(), head.weights());
+    std::vector<T> bias;
+    if (head.has_bias()) bias = to_host<B>(head.resources(), matrix_view<T>(head.bias(), head.weights().rows, 1));
+    save_checkpoint_shard<T>(dir, layout, sh.rank(), matrix_view<const T>(w.data(), head.weights().rows, head.dim()),
                              bias.data());
+    if constexpr (!std::is_same_v<Opt, void>)
+      optimizer_shard_contents(head, *opt, layout, sh.rank())
+          .write(path_in(dir, sharded_checkpoint_optimizer_file(sh.rank(), layout.shards()).c_str()));
   });
-  io::detail::collectively<B>("save_sharded_checkpoint", head.resources(), sh, [&] {
+  collectively<B>(where, "the manifest was not written", head.resources(), sh, [&] {
     if (sh.rank() == 0) save_checkpoint_manifest(dir, layout);
   });
+}
+
+/// Reads and checks everything `head` (and `opt`, unless null) will receive; installs nothing.
+template <class P, class B, class S, class Opt, class State>
+void read_sharded(const std::string& dir, const full_softmax<P, B, S>& head, const Opt* opt,
+                  std::vector<typename P::storage_type>& w, std::vector<typename P::storage_type>& bias,
+                  optimizer_range<State>& state) {
+  using T = typename P::storage_type;
+  const sharded_checkpoint_layout l = read_sharded_checkpoint_layout(dir);
+  const std::string manifest = path_in(dir, sharded_checkpoint_manifest_file);
+  const auto mismatch = [&](const char* what, const auto& file_value, const auto& head_value) {
+    throw checkpoint_error(xsoftmax::detail::message(manifest, ": ", what, " = ", file_value, " but the head has ",
+                                                     head_value));
+  };
+  if (l.num_classes != head.num_classes()) mismatch("num_classes", l.num_classes, head.num_classes());
+  if (l.dim != head.dim()) mismatch("dim", l.dim, head.dim());
+  if (l.precision != element_name<T>()) mismatch("precision", l.precision, element_name<T>());
+  if (l.has_bias != head.has_bias())
+    mismatch("has_bias", l.has_bias ? "true" : "false", head.has_bias() ? "true" : "false");
+  const index_t begin = head.class_begin(), end = begin + head.weights().rows;
+  read_class_range<T>(dir, l, begin, end, w, bias);
+  if constexpr (!std::is_same_v<Opt, void>) {
+    using Rule = typename Opt::rule_type;
+    check_fits("load_sharded_checkpoint", head, *opt);
+    if (l.optimizer != Rule::name)
+      throw checkpoint_error(xsoftmax::detail::message(manifest, ": metadata \"optimizer\" = \"",
+                                                       l.optimizer.empty() ? "none" : l.optimizer,
+                                                       "\" but the optimizer's rule is \"", Rule::name, "\""));
+    state = read_optimizer_range<State>(dir, l, begin, end, Rule::name, Rule::slots, opt->bias_state() != nullptr);
+  }
+}
+
+}  // namespace io::detail
+
+/// Saves a class-sharded `head`: every rank writes its shard, then rank 0 the manifest. Collective
+/// (every rank calls it); on return every rank's files are written, or every rank throws (its own
+/// error, or `checkpoint_error` naming the rank that failed).
+template <class P, class B, class Comm>
+void save_sharded_checkpoint(const std::string& dir, const full_softmax<P, B, class_sharding<Comm>>& head) {
+  io::detail::save_sharded<P, B, Comm, void>(dir, head, nullptr);
+}
+
+/// Saves `head` and its `optimizer` (this rank's rows: moments, bias state, update counts, step
+/// count) as above, one optimizer file per shard. Throws `shape_error` (on every rank) when an
+/// optimizer was made for another shape than its rank's local weights.
+template <class P, class B, class Comm, class Rule, class OB, class State>
+void save_sharded_checkpoint(const std::string& dir, const full_softmax<P, B, class_sharding<Comm>>& head,
+                             const sparse_optimizer<Rule, OB, State>& optimizer) {
+  io::detail::save_sharded(dir, head, &optimizer);
 }
 
 /// Loads the classes of `head` (this rank's range when class-sharded, all of them otherwise) from
@@ -259,26 +226,35 @@ template <class P, class B, class S>
 void load_sharded_checkpoint(const std::string& dir, full_softmax<P, B, S>& head) {
   using T = typename P::storage_type;
   std::vector<T> w, bias;
-  const auto read = [&] {
-    const sharded_checkpoint_layout l = read_sharded_checkpoint_layout(dir);
-    const std::string manifest = io::detail::path_in(dir, sharded_checkpoint_manifest_file);
-    const auto mismatch = [&](const char* what, const auto& file_value, const auto& head_value) {
-      throw checkpoint_error(xsoftmax::detail::message(manifest, ": ", what, " = ", file_value, " but the head has ",
-                                                       head_value));
-    };
-    if (l.num_classes != head.num_classes()) mismatch("num_classes", l.num_classes, head.num_classes());
-    if (l.dim != head.dim()) mismatch("dim", l.dim, head.dim());
-    if (l.precision != element_name<T>()) mismatch("precision", l.precision, element_name<T>());
-    if (l.has_bias != head.has_bias())
-      mismatch("has_bias", l.has_bias ? "true" : "false", head.has_bias() ? "true" : "false");
-    const index_t begin = head.class_begin();
-    io::detail::read_class_range<T>(dir, l, begin, begin + head.weights().rows, w, bias);
-  };
-  if constexpr (is_class_sharding<S>) io::detail::collectively<B>("load_sharded_checkpoint", head.resources(), head.sharding(), read);
+  io::detail::optimizer_range<float> unused;
+  const auto read = [&] { io::detail::read_sharded<P, B, S, void>(dir, head, nullptr, w, bias, unused); };
+  if constexpr (is_class_sharding<S>)
+    io::detail::collectively<B>("load_sharded_checkpoint", "no head was changed", head.resources(), head.sharding(), read);
   else read();
-  const auto weights = head.weights();
-  io::detail::from_host<B>(head.resources(), w, weights);
-  if (head.has_bias()) io::detail::from_host<B>(head.resources(), bias, matrix_view<T>(head.bias(), weights.rows, 1));
+  io::detail::from_host<B>(head.resources(), w, head.weights());
+  if (head.has_bias()) io::detail::from_host<B>(head.resources(), bias, matrix_view<T>(head.bias(), head.weights().rows, 1));
+}
+
+/// Loads `head` and `optimizer` (the same rows of the saved optimizer state, and its step count)
+/// from a sharded checkpoint saved with an optimizer of the same rule, slots and state precision,
+/// on any number of ranks. Throws `checkpoint_error` (another rule, no optimizer saved, shards
+/// that disagree on the step count, and as above) or `shape_error`; on any rank's failure neither
+/// the head nor the optimizer changes on any rank.
+template <class P, class B, class S, class Rule, class OB, class State>
+void load_sharded_checkpoint(const std::string& dir, full_softmax<P, B, S>& head,
+                             sparse_optimizer<Rule, OB, State>& optimizer) {
+  using T = typename P::storage_type;
+  std::vector<T> w, bias;
+  io::detail::optimizer_range<State> st;
+  const auto read = [&] { io::detail::read_sharded(dir, head, &optimizer, w, bias, st); };
+  if constexpr (is_class_sharding<S>)
+    io::detail::collectively<B>("load_sharded_checkpoint", "no head or optimizer was changed", head.resources(),
+                                head.sharding(), read);
+  else read();
+  io::detail::from_host<B>(head.resources(), w, head.weights());
+  if (head.has_bias()) io::detail::from_host<B>(head.resources(), bias, matrix_view<T>(head.bias(), head.weights().rows, 1));
+  io::detail::optimizer_contents_read<State> r{std::move(st.state), std::move(st.bias_state), std::move(st.counts), st.steps};
+  io::detail::install_optimizer(head, optimizer, r);
 }
 
 }  // namespace xsoftmax

@@ -24,8 +24,8 @@ namespace xsoftmax::io::detail {
 /// The backend a head runs on.
 template <class Head>
 struct head_backend;
-template <class P, class B>
-struct head_backend<full_softmax<P, B>> { using type = B; };
+template <class P, class B, class S>
+struct head_backend<full_softmax<P, B, S>> { using type = B; };
 template <class Tree, class P, class B, class NodeForm>
 struct head_backend<hierarchical_softmax<Tree, P, B, NodeForm>> { using type = B; };
 template <class S, class P, class B>
