@@ -52,6 +52,9 @@ struct study_config {
   index_t dim = static_cast<index_t>(env_or("XSOFTMAX_STUDY_DIM", 64));
   index_t batch = static_cast<index_t>(env_or("XSOFTMAX_STUDY_BATCH", 256));
   index_t steps = static_cast<index_t>(env_or("XSOFTMAX_STUDY_STEPS", 150));
+  /// Passes over the training stream (same order each time): more than one lets the class geometry,
+  /// and so the KNN graph, settle before the end.
+  index_t epochs = static_cast<index_t>(env_or("XSOFTMAX_STUDY_EPOCHS", 1));
   // Mean reduction. Linear: 2048 (8 per sample at B = 256), tuned for the full softmax at N = 1e4.
   // Normalised: 0.3, tuned the same way (see RESULTS.md; the gradient of a normalised row is
   // orthogonal to it and scales as 1 / |w|, so the plain lr does not carry over).
