@@ -204,6 +204,41 @@ TEST_CASE_TEMPLATE("margin: selective and KNN heads use the margin over each row
                   "per-sample with smoothing and z-loss");
 }
 
+// The normalised classifier of the KNN study (issue 13): a cosine graph with K < N, so that each
+// batch scores only its targets' neighbourhoods, with s cos theta logits (CosFace m = 0: no margin)
+// and with either margin; the set is the union the head documents, checked from its own graph.
+TEST_CASE_TEMPLATE("margin: a KNN head with K < N scores the margin logits over its targets' cosine neighbours", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  test_rng rng(805);
+  const index_t n = 41, d = 6, batch = 8, k = 4;
+  problem p = make_problem(rng, n, n, d, batch, false, 0.2);
+  xsoftmax::knn_options ko;
+  ko.graph.k = k;
+  ko.graph.metric = xsoftmax::similarity::cosine;
+  xsoftmax::knn_softmax<xsoftmax::fp32, B> knn(mview(p.w, n, d), ko);
+  std::vector<index_t> active;
+  for (index_t t : p.targets) {
+    if (t < 0) continue;
+    active.push_back(t);
+    for (index_t j = 0; j < k; ++j) active.push_back(knn.graph().neighbors(t)[j]);
+  }
+  active = with_targets(active, {});
+  CHECK(static_cast<index_t>(active.size()) < n);  // a real subset
+  const auto hb = make_hidden<float>(p.h, batch, d);
+  const auto set = [&](index_t) { return active; };
+  for (const margin_options m :
+       {margin_options::cosface(16.f, 0.f), margin_options::cosface(16.f, 0.35f), margin_options::arcface(16.f, 0.5f)})
+    for (reduction r : {reduction::none, reduction::mean}) {
+      test_vector<float> grad_output;
+      if (r == reduction::none) grad_output = random_grad_output(rng, batch);
+      const std::string what = "knn k " + std::to_string(k) + ", " + describe(m) + ", " + reduction_name(r);
+      const loss_options o = with_margin(m, r);
+      check_forward(knn, margin_reference(m, 0, 0, set), p.params(), hb, p.targets, o, what);
+      const auto out = check_gradients(knn, margin_reference(m, 0, 0, set), p.params(), hb, p.targets, o, grad_output, what);
+      CHECK(gradient_rows(out.grad) == active);  // active rows only
+    }
+}
+
 TEST_CASE_TEMPLATE("margin: sampled negatives run training steps; every class drawn equals full", B,
                    XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(803);
