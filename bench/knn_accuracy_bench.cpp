@@ -11,6 +11,8 @@
 //   full softmax; KNN softmax with K = 50, 200, 1000 (graph over the weights by cosine, IVF-built,
 //   rebuilt every R steps); sampled softmax (unique negatives from the unigram^0.75 distribution
 //   of the training labels, log-Q correction); hierarchical softmax (uniform two-level tree).
+//   Controls: KNN with K = 1 (a class is its own nearest neighbour: the batch's targets are the only
+//   negatives) and uniformly drawn negatives as many as KNN-50's active set (same size, no graph).
 // Each method is one Google Benchmark (one iteration: training + evaluation) whose counters are
 // the results: top-1 on a held-out test set drawn from the same distribution (prediction scores
 // every class), seconds per training step (graph rebuilds included), weight rows touched per
