@@ -90,7 +90,7 @@ def _extensions():
     print("xsoftmax: include directories: %s" % include_dirs, file=sys.stderr)
     return [CppExtension(
         name="xsoftmax._C",
-        sources=[os.path.join("csrc", "ops.cpp")],
+        sources=[os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "sharded_ops.cpp")],
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx},
         extra_link_args=link,

@@ -23,6 +23,8 @@
 // (shape, non-finite, tree errors) -> ValueError, anything else -> RuntimeError; the message is
 // the library's, which names the verb, the argument and the offending value.
 
+#include "tensor_args.hpp"
+
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -42,133 +44,10 @@
 #include <unordered_map>
 #include <vector>
 
-namespace xs = xsoftmax;
-using xs::index_t;
-
-// torch's 16-bit floats and CUDA's are the same 2-byte raw bit patterns; a weight tensor's data
-// pointer is reinterpreted, never converted.
-static_assert(sizeof(at::BFloat16) == sizeof(__nv_bfloat16) && alignof(at::BFloat16) == alignof(__nv_bfloat16),
-              "at::BFloat16 and __nv_bfloat16 must be layout-compatible");
-static_assert(sizeof(at::Half) == sizeof(__half) && alignof(at::Half) == alignof(__half),
-              "at::Half and __half must be layout-compatible");
-static_assert(std::is_same_v<index_t, int64_t>, "xsoftmax::index_t must be int64");
-
 namespace {
 
+using namespace xsoftmax_torch;
 using tree_type = xs::runtime_tree<64>;
-using backend = xs::omp;
-
-// ------------------------------------------------------------------------------------------------
-// Errors
-// ------------------------------------------------------------------------------------------------
-
-/// Rethrows the exception being handled as the c10 error Python maps to the matching exception.
-[[noreturn]] void rethrow_as_torch_error() {
-  try {
-    throw;
-  } catch (const c10::Error&) {
-    throw;
-  } catch (const std::out_of_range& e) {
-    C10_THROW_ERROR(IndexError, e.what());
-  } catch (const std::invalid_argument& e) {
-    C10_THROW_ERROR(ValueError, e.what());
-  } catch (const std::bad_alloc&) {
-    C10_THROW_ERROR(Error, "xsoftmax: out of host memory");
-  } catch (const std::exception& e) {
-    C10_THROW_ERROR(Error, e.what());
-  }
-}
-
-template <class F>
-auto guarded(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (...) {
-    rethrow_as_torch_error();
-  }
-}
-
-// ------------------------------------------------------------------------------------------------
-// Argument checks (the library checks values and shapes of what it is given; these check what a
-// tensor must be before a view of it can be made)
-// ------------------------------------------------------------------------------------------------
-
-void check_cpu(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "xsoftmax::", op, ": ", name, " is on ", t.device(),
-                    "; this build of xsoftmax runs on CPU tensors only");
-}
-
-/// hidden: a (B x dim) float32 CPU matrix with unit column stride (copied to such if not).
-at::Tensor prepare_hidden(const at::Tensor& hidden, const char* op) {
-  check_cpu(hidden, op, "hidden");
-  TORCH_CHECK_VALUE(hidden.dim() == 2, "xsoftmax::", op, ": hidden must be 2-D (B x dim), got shape ",
-                    hidden.sizes());
-  at::Tensor h = hidden.scalar_type() == at::kFloat ? hidden : hidden.to(at::kFloat);
-  if (h.size(0) > 0 && h.size(1) > 0 && (h.stride(1) != 1 || h.stride(0) < h.size(1))) h = h.contiguous();
-  return h;
-}
-
-at::Tensor prepare_targets(const at::Tensor& targets, const at::Tensor& hidden, const char* op) {
-  check_cpu(targets, op, "targets");
-  TORCH_CHECK_VALUE(targets.scalar_type() == at::kLong, "xsoftmax::", op, ": targets.dtype = ",
-                    targets.scalar_type(), ", expected int64 (torch.long)");
-  TORCH_CHECK_VALUE(targets.dim() == 1 && targets.size(0) == hidden.size(0), "xsoftmax::", op,
-                    ": targets has shape ", targets.sizes(), " but hidden has ", hidden.size(0),
-                    " rows (expected shape [", hidden.size(0), "])");
-  return targets.contiguous();
-}
-
-void check_weight(const at::Tensor& weight, const c10::optional<at::Tensor>& bias, const char* op) {
-  check_cpu(weight, op, "weight");
-  TORCH_CHECK_VALUE(weight.dim() == 2, "xsoftmax::", op, ": weight must be 2-D (rows x dim), got shape ",
-                    weight.sizes());
-  TORCH_CHECK_VALUE(weight.size(0) > 0 && weight.size(1) > 0, "xsoftmax::", op, ": weight has shape ",
-                    weight.sizes(), "; both sizes must be > 0");
-  TORCH_CHECK_VALUE(weight.stride(1) == 1 && weight.stride(0) >= weight.size(1), "xsoftmax::", op,
-                    ": weight must have unit column stride (row-major rows) to be used in place; got strides ",
-                    weight.strides(), " (call .contiguous() on the parameter once)");
-  if (bias.has_value() && bias->defined()) {
-    check_cpu(*bias, op, "bias");
-    TORCH_CHECK_VALUE(bias->scalar_type() == weight.scalar_type(), "xsoftmax::", op, ": bias.dtype = ",
-                      bias->scalar_type(), " differs from weight.dtype = ", weight.scalar_type());
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "xsoftmax::", op,
-                      ": bias has shape ", bias->sizes(), ", expected [", weight.size(0), "]");
-    TORCH_CHECK_VALUE(bias->is_contiguous(), "xsoftmax::", op, ": bias must be contiguous");
-  }
-}
-
-xs::loss_options make_options(int64_t reduction, int64_t ignore_index, const char* op) {
-  TORCH_CHECK_VALUE(reduction >= 0 && reduction <= 2, "xsoftmax::", op, ": reduction = ", reduction,
-                    " must be 0 (none), 1 (mean) or 2 (sum)");
-  xs::loss_options o;
-  o.reduce = reduction == 0 ? xs::reduction::none : reduction == 1 ? xs::reduction::mean : xs::reduction::sum;
-  o.ignore_index = ignore_index;
-  return o;
-}
-
-template <class S>
-xs::matrix_view<S> weight_view(const at::Tensor& w) {
-  return {reinterpret_cast<S*>(w.data_ptr()), w.size(0), w.size(1), w.stride(0)};
-}
-
-template <class S>
-S* bias_pointer(const c10::optional<at::Tensor>& bias) {
-  return bias.has_value() && bias->defined() ? reinterpret_cast<S*>(bias->data_ptr()) : nullptr;
-}
-
-xs::matrix_view<const float> hidden_view(const at::Tensor& h) {
-  return {h.data_ptr<float>(), h.size(0), h.size(1), h.size(0) > 0 ? h.stride(0) : h.size(1)};
-}
-
-xs::vector_view<const index_t> targets_view(const at::Tensor& t) {
-  return {t.data_ptr<int64_t>(), t.size(0)};
-}
-
-int64_t step_value(const c10::optional<at::Tensor>& step) {
-  if (!step.has_value() || !step->defined()) return 0;
-  TORCH_CHECK_VALUE(step->numel() == 1, "xsoftmax: step must hold one value, got shape ", step->sizes());
-  return step->to(at::kCPU).to(at::kLong).item<int64_t>();
-}
 
 // ------------------------------------------------------------------------------------------------
 // Head states: handles held by the Python modules
@@ -274,20 +153,6 @@ void release_state(int64_t handle) {
 // Dispatch: weight dtype -> precision, handle -> head type
 // ------------------------------------------------------------------------------------------------
 
-template <class F>
-decltype(auto) dispatch_precision(at::ScalarType t, const char* op, F&& f) {
-  switch (t) {
-    case at::kFloat:
-      return f(xs::fp32{});
-    case at::kBFloat16:
-      return f(xs::bf16{});
-    case at::kHalf:
-      return f(xs::fp16{});
-    default:
-      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": weight.dtype = ", t,
-                        " is not supported (float32, bfloat16 or float16)");
-  }
-}
 
 /// Calls `f(head)` with the head `handle` names, attached to `weight` / `bias`. Selective heads
 /// (sampled, KNN) only when `Selective`; the others are full softmax (handle 0) and hierarchical.
@@ -346,78 +211,11 @@ void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at:
   });
 }
 
-// ------------------------------------------------------------------------------------------------
-// Gradients -> tensors
-// ------------------------------------------------------------------------------------------------
-
-using gradient = xs::sparse_gradient<backend, float>;
-
-/// (rows, values, bias) of a weight gradient: dense (rows empty, values rows x dim) or sparse.
-/// Sparse tensors share the gradient's buffers (no copy).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gradient_tensors(const std::shared_ptr<gradient>& g,
-                                                                 int64_t weight_rows, int64_t dim, bool has_bias,
-                                                                 bool sparse) {
-  const int64_t r = g->num_rows();
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const auto i64 = at::TensorOptions().dtype(at::kLong);
-  auto keep = [g](void*) {};  // the deleter holds the gradient object alive
-  at::Tensor rows, values, bias;
-  if (r == 0) {
-    rows = at::empty({0}, i64);
-    values = at::empty({0, dim}, f32);
-    bias = at::empty({0}, f32);
-  } else {
-    rows = torch::from_blob(thrust::raw_pointer_cast(g->rows.data()), {r}, keep, i64);
-    values = torch::from_blob(thrust::raw_pointer_cast(g->values.data()), {r, dim}, keep, f32);
-    bias = has_bias ? torch::from_blob(thrust::raw_pointer_cast(g->bias_values.data()), {r}, keep, f32)
-                    : at::empty({0}, f32);
-  }
-  if (!has_bias) bias = at::empty({0}, f32);
-  if (sparse) return {rows, values, bias};
-
-  // Dense. The full softmax produces every row in order: its values are the dense gradient.
-  bool identity = r == weight_rows;
-  if (identity) {
-    const int64_t* p = rows.data_ptr<int64_t>();
-    for (int64_t i = 0; i < r && identity; ++i) identity = p[i] == i;
-  }
-  if (identity) return {at::empty({0}, i64), values, bias};
-  at::Tensor dense = at::zeros({weight_rows, dim}, f32);
-  at::Tensor dense_bias = at::zeros({has_bias ? weight_rows : 0}, f32);
-  if (r > 0) {
-    dense.index_copy_(0, rows, values);
-    if (has_bias) dense_bias.index_copy_(0, rows, bias);
-  }
-  return {at::empty({0}, i64), dense, dense_bias};
-}
 
 // ------------------------------------------------------------------------------------------------
 // Operators
 // ------------------------------------------------------------------------------------------------
 
-struct loss_args {
-  at::Tensor hidden, targets;
-  xs::loss_options options;
-};
-
-loss_args prepare(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                  const at::Tensor& targets, int64_t reduction, int64_t ignore_index, const char* op) {
-  check_weight(weight, bias, op);
-  loss_args a;
-  a.hidden = prepare_hidden(hidden, op);
-  a.targets = prepare_targets(targets, a.hidden, op);
-  a.options = make_options(reduction, ignore_index, op);
-  return a;
-}
-
-/// F.cross_entropy's mean over no sample is NaN (the library returns 0; the gradients are 0 in both).
-float mean_of_nothing_is_nan(float loss, const loss_args& a) {
-  if (a.options.reduce != xs::reduction::mean) return loss;
-  const int64_t* t = a.targets.data_ptr<int64_t>();
-  for (int64_t i = 0; i < a.targets.size(0); ++i)
-    if (t[i] != a.options.ignore_index) return loss;
-  return std::numeric_limits<float>::quiet_NaN();
-}
 
 at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
@@ -666,6 +464,11 @@ TORCH_LIBRARY_IMPL(xsoftmax, CPU, m) {
   m.impl("topk", &topk_op);
 }
 
+namespace xsoftmax_torch {
+/// The torch.distributed operators (sharded_ops.cpp).
+void register_sharded_ops(pybind11::module& m);
+}  // namespace xsoftmax_torch
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "xsoftmax PyTorch operators (CPU) and head handles";
   m.def("create_tree", &create_tree, pybind11::arg("parent"), pybind11::arg("leaf_class"),
@@ -681,4 +484,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("knn_rebuild", &knn_rebuild, pybind11::arg("head"));
   m.def("release", &release_state, pybind11::arg("head"));
   m.def("has_cblas", &has_cblas);
+  xsoftmax_torch::register_sharded_ops(m);
 }

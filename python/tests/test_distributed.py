@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ShardedFullSoftmaxLoss over a gloo process group (2 and 3 ranks, spawned processes) against
+F.cross_entropy over the whole layer in float64: losses, hidden gradients of each rank's rows,
+and each rank's weight and bias gradient rows, for uneven class and batch splits, every reduction,
+label smoothing, ignored targets, upstream gradients that differ between ranks, the replicated
+layout, log_prob and predict."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available in this torch build")
+
+N, D = 1003, 16       # 1003 classes: no world size here divides it
+BATCHES = [5, 3, 4]   # rows per rank (data-parallel), uneven on purpose
+
+
+def _layer(seed=7):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, D, generator=g, dtype=torch.float64) * 0.3
+    b = torch.randn(N, generator=g, dtype=torch.float64) * 0.1
+    return w, b
+
+
+def _batch(world, seed=11):
+    g = torch.Generator().manual_seed(seed)
+    sizes = BATCHES[:world]
+    h = torch.randn(sum(sizes), D, generator=g, dtype=torch.float64)
+    t = torch.randint(0, N, (sum(sizes),), generator=g)
+    t[1] = -100                      # an ignored row (rank 0's)
+    t[sizes[0]] = N - 1              # the last class, on the last rank's shard
+    return h, t, sizes
+
+
+def _close(a, b, what, rtol=2e-5, atol=2e-6):
+    a, b = a.double(), b.double()
+    if not torch.allclose(a, b, rtol=rtol, atol=atol):
+        raise AssertionError(f"{what}: max abs difference {(a - b).abs().max().item():.3g}")
+
+
+def _reference(w, b, h, t, sizes, reduction, smoothing, upstream):
+    """d(sum_q upstream_q . loss_q)/d(w, b, h) in float64, loss_q = cross-entropy of rank q's rows."""
+    w, b, h = (x.clone().requires_grad_() for x in (w, b, h))
+    losses, total, start = [], 0.0, 0
+    for q, n in enumerate(sizes):
+        rows = slice(start, start + n)
+        lq = F.cross_entropy(h[rows] @ w.T + b, t[rows], reduction=reduction, label_smoothing=smoothing)
+        losses.append(lq.detach())
+        total = total + (lq * upstream[q]).sum()
+        start += n
+    total.backward()
+    return losses, w.grad, b.grad, h.grad
+
+
+def _check_step(head, w, b, h, t, sizes, rank, reduction, smoothing, upstream):
+    start = sum(sizes[:rank])
+    rows = slice(start, start + sizes[rank])
+    with torch.no_grad():
+        head.weight.copy_(head.shard_of(w).float())
+        head.bias.copy_(head.shard_of(b).float())
+    head.weight.grad = head.bias.grad = None
+    head.reduction = reduction
+    head.label_smoothing = smoothing
+    mine = h[rows].float().clone().requires_grad_()
+    loss = head(mine, t[rows])
+    (loss * upstream[rank].float()).sum().backward()
+    losses, gw, gb, gh = _reference(w, b, h, t, sizes, reduction, smoothing, upstream)
+    what = f"rank {rank}, reduction {reduction}, smoothing {smoothing}"
+    _close(loss, losses[rank], f"{what}: loss")
+    _close(mine.grad, gh[rows], f"{what}: grad_hidden")
+    _close(head.weight.grad, head.shard_of(gw), f"{what}: weight grad")
+    _close(head.bias.grad, head.shard_of(gb), f"{what}: bias grad")
+
+
+def _worker(rank, world, init_file):
+    from xsoftmax.distributed import ShardedFullSoftmaxLoss, class_range
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        w, b = _layer()
+        h, t, sizes = _batch(world)
+        head = ShardedFullSoftmaxLoss(N, D, bias=True)
+        assert (head.class_begin, head.class_end) == class_range(N, world, rank)
+        assert head.weight.shape == (head.class_end - head.class_begin, D)
+        same = [torch.tensor(1.0, dtype=torch.float64)] * world
+        twice = [torch.tensor(2.0, dtype=torch.float64)] * world
+        differ = [torch.tensor(0.5 + q, dtype=torch.float64) for q in range(world)]
+        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, same)
+        _check_step(head, w, b, h, t, sizes, rank, "sum", 0.1, same)
+        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, twice)    # the saved gradients, scaled
+        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, differ)   # the recomputing backward
+        g = torch.Generator().manual_seed(5)
+        per_row = [torch.randn(n, generator=g, dtype=torch.float64) for n in sizes]
+        _check_step(head, w, b, h, t, sizes, rank, "none", 0.0, per_row)
+
+        # log_prob and predict of this rank's rows against the whole layer's log-softmax.
+        start = sum(sizes[:rank])
+        rows = slice(start, start + sizes[rank])
+        logp = torch.log_softmax(h[rows] @ w.T + b, dim=1)
+        safe = t[rows].clamp(min=0)
+        _close(head.log_prob(h[rows].float(), safe), logp.gather(1, safe[:, None])[:, 0], "log_prob")
+        values, classes = head.predict(h[rows].float(), k=3)
+        ref_values, ref_classes = logp.topk(3, dim=1)
+        assert torch.equal(classes, ref_classes), f"rank {rank}: predict classes {classes} != {ref_classes}"
+        _close(values, ref_values, "predict log-probabilities")
+
+        # Replicated rows: every rank passes the whole batch and gets the whole loss and gradient.
+        rep = ShardedFullSoftmaxLoss(N, D, bias=True, layout="replicated")
+        with torch.no_grad():
+            rep.weight.copy_(rep.shard_of(w).float())
+            rep.bias.copy_(rep.shard_of(b).float())
+        all_rows = h.float().clone().requires_grad_()
+        rep(all_rows, t).backward()
+        losses, gw, _, gh = _reference(w, b, h, t, [h.shape[0]], "mean", 0.0, [torch.tensor(1.0)])
+        _close(all_rows.grad, gh, "replicated grad_hidden")
+        _close(rep.weight.grad, rep.shard_of(gw), "replicated weight grad")
+
+        # Bad input names the argument; a bad layout is refused before any collective.
+        with pytest.raises(ValueError, match="layout"):
+            ShardedFullSoftmaxLoss(N, D, layout="columns")
+        with pytest.raises(ValueError, match="world_size"):
+            class_range(world - 1, world, 0)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_full_softmax_equals_whole_layer(world, tmp_path):
+    mp.spawn(_worker, args=(world, str(tmp_path / "init")), nprocs=world, join=True)
+
+
+def test_class_range_split():
+    from xsoftmax.distributed import class_range
+    ranges = [class_range(10, 4, r) for r in range(4)]
+    assert ranges == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+def test_needs_an_initialised_group():
+    from xsoftmax.distributed import ShardedFullSoftmaxLoss
+    if dist.is_initialized():
+        pytest.skip("a default group exists in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ShardedFullSoftmaxLoss(10, 4)
