@@ -10,8 +10,9 @@
 /// softmax uses it for each long run of samples against its node's block of child rows. Memory:
 /// O(rows x chunk) scores, never O(rows x n).
 
-#include <xsoftmax/detail/cuda/packed_batch.cuh>
 #include <xsoftmax/detail/cuda/gemm.cuh>
+#include <xsoftmax/detail/cuda/gradient_scale.cuh>
+#include <xsoftmax/detail/cuda/launch.cuh>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 
 #include <cub/block/block_reduce.cuh>

@@ -17,7 +17,7 @@
 #include <xsoftmax/detail/cuda/dense.cuh>
 #include <xsoftmax/detail/cuda/grouped_gemm.cuh>
 #include <xsoftmax/detail/cuda/launch.cuh>
-#include <xsoftmax/detail/cuda/packed_batch.cuh>
+#include <xsoftmax/detail/cuda/gradient_scale.cuh>
 #include <xsoftmax/detail/cuda/warp.cuh>
 #include <xsoftmax/detail/cuda/workspace.cuh>
 #include <xsoftmax/detail/hierarchical/dense_runs.hpp>

@@ -14,7 +14,8 @@
 /// different device than the one it was built on. Size: 8 bytes per path step plus ~24 per weight
 /// row and ~16 per class (a binary Huffman tree over 1M classes: about 0.2 GB).
 
-#include <xsoftmax/detail/cuda/packed_batch.cuh>
+#include <xsoftmax/detail/cuda/error.cuh>
+#include <xsoftmax/detail/cuda/launch.cuh>
 #include <xsoftmax/detail/cuda/resources.cuh>
 #include <xsoftmax/detail/hierarchical/tree_access.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
