@@ -30,6 +30,16 @@ MPI_Datatype mpi_type(ncclDataType_t t) {
   }
 }
 int mock_comm_object;
+/// The point-to-point calls of an open ncclGroupStart .. ncclGroupEnd, posted at ncclGroupEnd.
+struct mock_p2p {
+  bool send;
+  void* buffer;
+  int count;
+  MPI_Datatype type;
+  int peer;
+};
+std::vector<mock_p2p> mock_group;
+int mock_group_depth = 0;
 }  // namespace
 
 extern "C" {
@@ -65,6 +75,33 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t n, ncclDataType_
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t, cudaStream_t) {
   return MPI_Allgather(send, static_cast<int>(n), mpi_type(t), recv, static_cast<int>(n), mpi_type(t), MPI_COMM_WORLD)
              ? ncclSystemError : ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  ++mock_group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclSend(const void* send, size_t n, ncclDataType_t t, int peer, ncclComm_t, cudaStream_t) {
+  if (mock_group_depth == 0) return ncclInvalidUsage;  // the communicator always groups its calls
+  mock_group.push_back({true, const_cast<void*>(send), static_cast<int>(n), mpi_type(t), peer});
+  return ncclSuccess;
+}
+ncclResult_t ncclRecv(void* recv, size_t n, ncclDataType_t t, int peer, ncclComm_t, cudaStream_t) {
+  if (mock_group_depth == 0) return ncclInvalidUsage;
+  mock_group.push_back({false, recv, static_cast<int>(n), mpi_type(t), peer});
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (--mock_group_depth > 0) return ncclSuccess;
+  std::vector<MPI_Request> requests(mock_group.size());
+  for (std::size_t i = 0; i < mock_group.size(); ++i) {
+    const mock_p2p& p = mock_group[i];
+    const int rc = p.send ? MPI_Isend(p.buffer, p.count, p.type, p.peer, 77, MPI_COMM_WORLD, &requests[i])
+                          : MPI_Irecv(p.buffer, p.count, p.type, p.peer, 77, MPI_COMM_WORLD, &requests[i]);
+    if (rc != MPI_SUCCESS) return ncclSystemError;
+  }
+  mock_group.clear();
+  return MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE) ? ncclSystemError
+                                                                                                : ncclSuccess;
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t, ncclComm_t,
                                cudaStream_t) {
@@ -122,6 +159,35 @@ TEST_CASE("nccl_communicator (mock transport): collectives with unequal counts e
   CHECK(m == std::vector<float>{static_cast<float>(size - 1), 0.f});
   const index_t wrong = mine + 1;
   CHECK_THROWS_AS(nccl.all_gather(send.data(), wrong, a.data(), counts.data()), xs::invalid_argument);
+}
+
+TEST_CASE("nccl_communicator (mock transport): all_to_all with unequal counts equals mpi_communicator's") {
+  xs::nccl_communicator nccl = mock_nccl();
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  // Rank p sends (p + 2q) % 3 elements to rank q (some blocks empty, the own block included).
+  std::vector<index_t> sc(static_cast<std::size_t>(size)), rc(sc.size());
+  index_t ns = 0, nr = 0;
+  for (int q = 0; q < size; ++q) {
+    sc[static_cast<std::size_t>(q)] = (rank + 2 * q) % 3, ns += sc[static_cast<std::size_t>(q)];
+    rc[static_cast<std::size_t>(q)] = (q + 2 * rank) % 3, nr += rc[static_cast<std::size_t>(q)];
+  }
+  std::vector<double> send(static_cast<std::size_t>(ns));
+  for (index_t i = 0; i < ns; ++i) send[static_cast<std::size_t>(i)] = 1000.0 * rank + static_cast<double>(i);
+  std::vector<double> a(static_cast<std::size_t>(nr) + 1, -1.0), b(a);
+  nccl.all_to_all(send.data(), sc.data(), a.data(), rc.data());
+  mpi.all_to_all(send.data(), sc.data(), b.data(), rc.data());
+  CHECK(a == b);
+  CHECK(a.back() == -1.0);
+  // The block from rank q starts with 1000 q + (offset of block `rank` in q's send buffer).
+  index_t at = 0;
+  for (int q = 0; q < size; ++q) {
+    index_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += (q + 2 * r) % 3;
+    for (index_t e = 0; e < rc[static_cast<std::size_t>(q)]; ++e)
+      CHECK(a[static_cast<std::size_t>(at + e)] == 1000.0 * q + static_cast<double>(offset + e));
+    at += rc[static_cast<std::size_t>(q)];
+  }
 }
 
 TEST_CASE("class_sharding<nccl_communicator> (mock transport) equals class_sharding<mpi_communicator>") {
