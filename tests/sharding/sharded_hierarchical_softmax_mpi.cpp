@@ -248,6 +248,17 @@ TEST_CASE_TEMPLATE("sharded hierarchical softmax equals the unsharded head: 3-le
     compare<B, xs::softmax_nodes>(t, o, {}, true);
     compare<B, xs::softmax_nodes>(t, o, {}, false);
   }
+  // Zipf by class id: the first of the 10 upper subtrees holds ~45 % of the mass; on more than one
+  // rank splitting replaces it by its 10 children, and the head still equals the unsharded one.
+  xs::hs_shard_options skew;
+  skew.cut_depth = 1;
+  skew.class_frequency = zipf(classes);
+  skew.split_above = 1.0;
+  xs::mpi_communicator comm;
+  const xs::hs_shard_plan<> split(t, comm.size(), skew);
+  CHECK(split.num_subtrees() == (comm.size() > 1 ? 19 : 10));
+  CHECK(split.expected_imbalance() <= 1.5);
+  compare<B, xs::softmax_nodes>(t, skew, {}, true);
 }
 
 TEST_CASE("sharded hierarchical softmax: a batch whose targets all sit in one subtree") {
@@ -266,6 +277,22 @@ TEST_CASE("sharded hierarchical softmax: a batch whose targets all sit in one su
     targets.insert(targets.end(), b.t.begin(), b.t.end());
   }
   CHECK(plan.imbalance(targets) == doctest::Approx(comm.size()));
+  // Re-planned from that batch's histogram with splitting: on more than one rank the hot subtree
+  // (leaves only) moves into the replicated top tree, nothing of the batch is routed, and the head
+  // still equals the unsharded one.
+  xs::hs_shard_options adaptive = o;
+  adaptive.class_frequency.assign(classes, 0.0);
+  for (index_t c : targets) adaptive.class_frequency[static_cast<std::size_t>(c)] += 1.0;
+  adaptive.split_above = 1.0;
+  const xs::hs_shard_plan<> split(t, comm.size(), adaptive);
+  if (comm.size() > 1) {
+    CHECK(split.num_subtrees() == plan.num_subtrees() - 1);
+    for (index_t c : hot) CHECK(split.subtree_of(c) == -1);
+    CHECK(split.imbalance(targets) == 1.0);
+  } else {
+    CHECK(split.num_subtrees() == plan.num_subtrees());  // one rank: nothing to balance, no split
+  }
+  compare<xs::serial, xs::softmax_nodes>(t, adaptive, hot, true);
 }
 
 TEST_CASE("hs_shard_plan: the row maps cover the full tree once; work and assignment") {

@@ -12,8 +12,10 @@
 /// Subtrees go to ranks by greedy longest-processing-time balancing of their *expected work*: the
 /// class frequency mass times the path cost below the cut (per node, its number of children for
 /// softmax nodes, 1 for sigmoid nodes). Optionally, frontier subtrees heavier than
-/// `split_above` x the mean rank work are split (the frontier moves one level down below them)
-/// before assignment, which bounds the imbalance that one hot subtree causes.
+/// `split_above` x the mean rank work are split (the frontier moves one level down below them, and
+/// a subtree of leaves only moves into the replicated top tree) before assignment, which bounds
+/// the imbalance that one hot subtree causes. The top tree's work is data-parallel (every rank
+/// does it for its own rows), so it is balanced by construction and not counted as rank work.
 
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>
@@ -37,8 +39,9 @@ struct hs_shard_options {
   /// Relative frequency of each class (any non-negative scale; N entries), or empty for uniform.
   std::vector<double> class_frequency;
   /// 0: no splitting. > 0: while the heaviest subtree's expected work exceeds `split_above` x the
-  /// mean work per rank and it has an internal child, replace it by its children (internal ones
-  /// become subtrees, leaves join the top tree). 1.0 aims at perfect balance.
+  /// mean work per rank, replace it by its children (internal ones become subtrees, leaves join the
+  /// top tree; a subtree of leaves only is absorbed whole into the replicated top tree), unless
+  /// that would leave fewer subtrees than ranks. 1.0 aims at perfect balance.
   double split_above = 0.0;
   /// Splitting stops when the top tree would get more internal nodes than this (replicated memory).
   index_t max_top_nodes = 1 << 16;

@@ -80,15 +80,20 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
   detail::expects(cut_nodes > 0, who, "cut_depth = ", o.cut_depth,
                   ": no internal node sits at that depth (the deepest internal nodes are at depth ", tree.height() - 1,
                   ")");
+  // A split node joins the top tree: its internal children become subtrees, its leaves top leaves
+  // (a subtree of leaves only is thus absorbed whole into the replicated top tree, where every
+  // rank does its own rows' share of it).
+  index_t frontier_size = cut_nodes;
   while (o.split_above > 0 && !heaviest.empty() && top_nodes < o.max_top_nodes) {
     const auto [w, minus_k] = heaviest.top();
     const index_t k = -minus_k;
     if (w <= o.split_above * routed_total / ranks) break;
-    bool internal_child = false;
+    index_t internal_children = 0;
     for (index_t r = bo[static_cast<size_t>(k)]; r < bo[static_cast<size_t>(k) + 1]; ++r)
-      internal_child = internal_child || rc[static_cast<size_t>(r)] >= 0;
-    if (!internal_child) break;  // the heaviest cannot be split: the imbalance cannot drop below it
+      internal_children += rc[static_cast<size_t>(r)] >= 0 ? 1 : 0;
+    if (frontier_size - 1 + internal_children < ranks) break;  // a rank would be left without a subtree
     heaviest.pop();
+    frontier_size += internal_children - 1;
     frontier[static_cast<size_t>(k)] = 0, ++top_nodes;
     routed_total -= w;
     for (index_t r = bo[static_cast<size_t>(k)]; r < bo[static_cast<size_t>(k) + 1]; ++r) {
