@@ -4,13 +4,15 @@
 // ncclAllGather / ncclReduceScatter / ncclAllReduce are the MPI collectives of MPI_COMM_WORLD), so
 // its own logic — unequal counts padded to the largest, the scratch buffer, in-place all-reduce,
 // the device_memory routing of the sharded head — runs under mpirun with 1 to 4 ranks against
-// mpi_communicator. The executable links neither libcudart nor libnccl. The real NCCL path is
+// mpi_communicator; ncclSend / ncclRecv (all_to_all) are posted at ncclGroupEnd as MPI_Isend /
+// MPI_Irecv. The executable links neither libcudart nor libnccl. The real NCCL path is
 // tests/cuda/nccl_sharding_test.cu (GPU).
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 #include <xsoftmax/sharding/nccl_communicator.cuh>
 
 #include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
 
 #include <doctest/doctest.h>
 
@@ -250,4 +252,44 @@ TEST_CASE("class_sharding<nccl_communicator> (mock transport) equals class_shard
     hm.topk(hv, k, xs::matrix_view<index_t>(cm.data(), n_rows, k), xs::matrix_view<float>(vm.data(), n_rows, k));
     CHECK(cn == cm);
   }
+}
+
+TEST_CASE("sharded_hierarchical_softmax<nccl_communicator> (mock transport) equals the MPI one") {
+  constexpr index_t classes = 301, dim = 8;
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  std::vector<double> freq(static_cast<std::size_t>(classes));
+  for (index_t c = 0; c < classes; ++c) freq[static_cast<std::size_t>(c)] = 1.0 / static_cast<double>(c + 1);
+  xs::hs_shard_options o;
+  o.cut_depth = 4;
+  o.class_frequency = freq;
+  const xs::hs_shard_plan<> plan(xs::runtime_tree<>::huffman(freq), size, o);
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  std::vector<float> top(plan.top_rows().size() * dim), local(plan.local_rows(rank).size() * dim);
+  for (auto& x : top) x = nd(g);
+  for (auto& x : local) x = nd(g);
+  const xs::matrix_view<float> tv(top.data(), static_cast<index_t>(plan.top_rows().size()), dim);
+  const xs::matrix_view<float> lv(local.data(), static_cast<index_t>(plan.local_rows(rank).size()), dim);
+  const xs::sharded_hierarchical_softmax<xs::nccl_communicator> hn(plan, mock_nccl(), tv, lv);
+  const xs::sharded_hierarchical_softmax<xs::mpi_communicator> hm(plan, mpi, tv, lv);
+  const index_t rows = 5 + 2 * rank;
+  std::mt19937 gr(70 + static_cast<unsigned>(rank));
+  std::vector<float> h(static_cast<std::size_t>(rows * dim));
+  for (auto& x : h) x = nd(gr);
+  std::vector<index_t> t(static_cast<std::size_t>(rows));
+  for (auto& x : t) x = static_cast<index_t>(gr() % classes);
+  const xs::matrix_view<const float> hv(h.data(), rows, dim);
+  const xs::vector_view<const index_t> tgt(t.data(), rows);
+  std::vector<float> gn(h.size()), gm(h.size());
+  xs::sharded_hierarchical_softmax<xs::mpi_communicator>::gradient_type tn, ln, tm, lm;
+  const float a = hn.forward_backward(hv, tgt, xs::matrix_view<float>(gn.data(), rows, dim), tn, ln);
+  const float b = hm.forward_backward(hv, tgt, xs::matrix_view<float>(gm.data(), rows, dim), tm, lm);
+  // Routing is data movement: the per-row results are bitwise the same; only the top tree's
+  // gradient sum is added in MPI's (the mock's) order instead of rank order.
+  CHECK(a == b);
+  CHECK(gn == gm);
+  CHECK(std::vector<float>(ln.values.begin(), ln.values.end()) == std::vector<float>(lm.values.begin(), lm.values.end()));
+  REQUIRE(tn.values.size() == tm.values.size());
+  for (std::size_t i = 0; i < tn.values.size(); ++i) CHECK(tn.values[i] == doctest::Approx(tm.values[i]).epsilon(1e-5).scale(1e-3));
 }
