@@ -33,6 +33,11 @@
 
 namespace xsoftmax {
 
+namespace detail {
+/// What a routed step computes: losses, losses and gradients, or log-probabilities.
+enum class hs_route_mode { forward, train, log_prob };
+}  // namespace detail
+
 /// Hierarchical softmax over the full tree of `plan`, sharded across `Communicator`'s ranks (see
 /// the file comment).
 ///
@@ -86,10 +91,13 @@ class sharded_hierarchical_softmax {
 
   /// Per-sample negative log-likelihood of this rank's batch (B x dim hidden, B targets), reduced
   /// per `options` (mean, sum, none; `ignore_index`) over this rank's rows, as
-  /// `hierarchical_softmax::forward`. Collective: every rank calls it (with its own batch).
+  /// `hierarchical_softmax::forward`. Collective: every rank calls it, with its own batch of at
+  /// least one row. Bad input throws (`shape_error`, `out_of_range`, `non_finite_error`,
+  /// `invalid_argument`, naming the argument) before the first collective; a rank that throws
+  /// leaves the others waiting in it, as for every sharded head (see class_sharding.hpp).
   float forward(matrix_view<const float> hidden, vector_view<const index_t> targets, loss_options options = {},
                 vector_view<float> per_sample = {}) const {
-    return run_("forward", hidden, targets, options, per_sample, nullptr, nullptr, nullptr, {});
+    return run_(detail::hs_route_mode::forward, hidden, targets, options, per_sample, nullptr, nullptr, nullptr, {});
   }
 
   /// `forward` with the gradients: `grad_hidden` (B x dim, this rank's rows) is overwritten;
@@ -100,8 +108,8 @@ class sharded_hierarchical_softmax {
                          matrix_view<float> grad_hidden, gradient_type& grad_top, gradient_type& grad_local,
                          loss_options options = {}, vector_view<float> per_sample = {},
                          vector_view<const float> grad_output = {}) const {
-    return run_("forward_backward", hidden, targets, options, per_sample, &grad_hidden, &grad_top, &grad_local,
-                grad_output);
+    return run_(detail::hs_route_mode::train, hidden, targets, options, per_sample, &grad_hidden, &grad_top,
+                &grad_local, grad_output);
   }
 
   /// log p(targets[i] | hidden[i]) of this rank's rows into `out` (B entries); every target must
@@ -109,7 +117,7 @@ class sharded_hierarchical_softmax {
   void log_prob(matrix_view<const float> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
 
  private:
-  float run_(const char* verb, matrix_view<const float> hidden, vector_view<const index_t> targets,
+  float run_(detail::hs_route_mode mode, matrix_view<const float> hidden, vector_view<const index_t> targets,
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
              gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output) const;
 

@@ -7,7 +7,6 @@
 #include <xsoftmax/head_verbs.hpp>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,9 +14,6 @@
 namespace xsoftmax {
 
 namespace detail {
-/// What a routed step computes: losses, losses and gradients, or log-probabilities.
-enum class hs_route_mode { forward, train, log_prob };
-
 /// `top_weights` after the checks of the sharded head's constructor (see its documentation).
 template <class Plan, class T>
 matrix_view<T> checked_hs_shard_weights(const Plan& plan, int size, int rank, matrix_view<T> top_weights,
@@ -37,8 +33,8 @@ matrix_view<T> checked_hs_shard_weights(const Plan& plan, int size, int rank, ma
   return top_weights;
 }
 
-/// Reinterprets an index_t count vector as element counts of `width` elements per row.
-inline std::vector<index_t> times(const std::vector<index_t>& rows, index_t width) {
+/// Element counts of `rows` rows of `width` elements each.
+inline std::vector<index_t> element_counts(const std::vector<index_t>& rows, index_t width) {
   std::vector<index_t> out(rows);
   for (index_t& x : out) x *= width;
   return out;
@@ -75,21 +71,21 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::log_prob(matrix_view<const flo
   detail::expects<shape_error>(out.size == hidden.rows && (out.data != nullptr || hidden.rows == 0),
                                detail::verb_where(head_name, "log_prob"), ": out has ", out.size, " entries but hidden has ",
                                hidden.rows, " rows");
-  run_("log_prob", hidden, targets, detail::log_prob_options(), out, nullptr, nullptr, nullptr, {});
+  run_(detail::hs_route_mode::log_prob, hidden, targets, detail::log_prob_options(), out, nullptr, nullptr, nullptr, {});
 }
 
 // The routed step (see the header). Every check that can differ between ranks (shapes, targets,
 // hidden values: the top head's own checks) runs before the first collective.
 template <class C, class F, class P, class B, int D>
-float sharded_hierarchical_softmax<C, F, P, B, D>::run_(const char* verb, matrix_view<const float> hidden,
+float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mode, matrix_view<const float> hidden,
                                                         vector_view<const index_t> targets, loss_options options,
                                                         vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                         gradient_type* grad_top, gradient_type* grad_local,
                                                         vector_view<const float> grad_output) const {
   using std::size_t;
   using mode_t = detail::hs_route_mode;
-  const mode_t mode = grad_top ? mode_t::train : std::strcmp(verb, "log_prob") == 0 ? mode_t::log_prob : mode_t::forward;
-  const std::string where = detail::verb_where(head_name, verb);
+  const std::string where = detail::verb_where(
+      head_name, mode == mode_t::train ? "forward_backward" : mode == mode_t::forward ? "forward" : "log_prob");
   const index_t rows = hidden.rows, d = dim(), n = num_classes();
   const int ranks = size();
 
@@ -158,8 +154,8 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(const char* verb, matrix
   for (index_t r : recv_rows) received += r;
   std::vector<float> recv_f(static_cast<size_t>(received * fw));
   std::vector<index_t> recv_i(static_cast<size_t>(received * 2));
-  comm_.all_to_all(send_f.data(), detail::times(send_rows, fw).data(), recv_f.data(), detail::times(recv_rows, fw).data());
-  comm_.all_to_all(send_i.data(), detail::times(send_rows, 2).data(), recv_i.data(), detail::times(recv_rows, 2).data());
+  comm_.all_to_all(send_f.data(), detail::element_counts(send_rows, fw).data(), recv_f.data(), detail::element_counts(recv_rows, fw).data());
+  comm_.all_to_all(send_i.data(), detail::element_counts(send_rows, 2).data(), recv_i.data(), detail::element_counts(recv_rows, 2).data());
 
   // 4. Each of this rank's subtrees on the rows it received (reduction none, upstream per row).
   const index_t rw = 1 + (mode == mode_t::train ? d : 0);
@@ -215,7 +211,7 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(const char* verb, matrix
 
   // 5. Back to the rows' ranks, added to the top part.
   std::vector<float> back(order.size() * static_cast<size_t>(rw));
-  comm_.all_to_all(reply.data(), detail::times(recv_rows, rw).data(), back.data(), detail::times(send_rows, rw).data());
+  comm_.all_to_all(reply.data(), detail::element_counts(recv_rows, rw).data(), back.data(), detail::element_counts(send_rows, rw).data());
   for (size_t p = 0; p < order.size(); ++p) {
     const index_t i = order[p];
     part[static_cast<size_t>(i)] += back[p * static_cast<size_t>(rw)];
