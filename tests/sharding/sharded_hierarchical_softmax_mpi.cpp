@@ -3,7 +3,7 @@
 // ranks, against the unsharded hierarchical_softmax that every rank builds from the same seeded
 // weights: loss, per-sample losses, grad_hidden of the rank's own rows, the top tree's weight
 // gradient (summed over every rank's batch) and each rank's local weight-gradient rows, mapped back
-// to the full tree through the plan, and log_prob — for a binary Huffman tree over 1,003 Zipf
+// to the full tree through the plan, log_prob and top-k — for a binary Huffman tree over 1,003 Zipf
 // classes (both node forms; plain cut and hot-subtree splitting) and a uniform-ish 3-level tree with
 // classes above the cut; a batch whose targets all sit in one subtree; bitwise-equal repeated runs;
 // typed rejections (a rank with no subtree, bad cut depth, frequencies of the wrong size,
@@ -67,6 +67,20 @@ void check_close(const std::vector<float>& a, const std::vector<float>& b, doubl
   for (std::size_t i = 0; i < a.size(); ++i)
     if (std::abs(static_cast<double>(a[i]) - b[i]) > 10 * tol * std::max(largest, floor))
       FAIL_CHECK(what, "[", i, "] = ", a[i], " vs unsharded ", b[i]);
+}
+
+/// The sharded top-k against the unsharded one: log-probabilities close; classes equal, except a
+/// swap between neighbours whose log-probabilities tie to rounding (1e-5).
+void check_topk(const std::vector<index_t>& c, const std::vector<float>& v, const std::vector<index_t>& ref_c,
+                const std::vector<float>& ref_v, index_t k) {
+  check_close(v, ref_v, 1e-6, 1e-3, "topk log_probs");
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    if (c[i] == ref_c[i]) continue;
+    const std::size_t e = i % static_cast<std::size_t>(k);
+    const auto tie = [&](std::size_t j) { return std::abs(ref_v[i] - ref_v[j]) <= 1e-5f * std::max(1.f, std::abs(ref_v[i])); };
+    const bool near_tie = (e > 0 && tie(i - 1)) || (e + 1 < static_cast<std::size_t>(k) && tie(i + 1));
+    CHECK_MESSAGE(near_tie, "topk class [", i, "] = ", c[i], " vs unsharded ", ref_c[i]);
+  }
 }
 
 struct batch {
@@ -210,6 +224,17 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
   head.log_prob(lp_batch.hidden(), lp_batch.targets(), xs::vector_view<float>(lp.data(), own.rows));
   reference.log_prob(lp_batch.hidden(), lp_batch.targets(), xs::vector_view<float>(ref_lp.data(), own.rows));
   check_close(lp, ref_lp, 1e-6, 1e-3, "log_prob");
+
+  // Exact top-k (k = 60 reaches past the top tree's leaves and into many subtrees).
+  for (index_t k : {index_t(1), index_t(7), index_t(60)}) {
+    CAPTURE(k);
+    std::vector<index_t> c(static_cast<std::size_t>(own.rows * k)), ref_c(c.size());
+    std::vector<float> v(c.size()), ref_v(c.size());
+    head.topk(own.hidden(), k, xs::matrix_view<index_t>(c.data(), own.rows, k), xs::matrix_view<float>(v.data(), own.rows, k));
+    reference.topk(own.hidden(), k, xs::matrix_view<index_t>(ref_c.data(), own.rows, k),
+                   xs::matrix_view<float>(ref_v.data(), own.rows, k));
+    check_topk(c, v, ref_c, ref_v, k);
+  }
 }
 
 /// The classes below one subtree of `plan` (for the all-in-one-subtree batch).

@@ -3,7 +3,7 @@
 // MPI needed): the routed path (top head, all_to_all to the only owner, each subtree's head, the
 // rows' results back, the top gradient "summed" over one rank) equals the unsharded head on the same
 // weights — loss, per-sample losses, grad_hidden, every weight-gradient row mapped back through the
-// plan, log_prob — for both node forms. The multi-rank tests run under mpiexec
+// plan, log_prob, top-k — for both node forms. The multi-rank tests run under mpiexec
 // (sharded_hierarchical_softmax_mpi.cpp).
 
 #include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
@@ -77,6 +77,18 @@ void check_solo(const tree& full, int cut) {
   head.log_prob(hv, tv, xs::vector_view<float>(lp.data(), rows));
   reference.log_prob(hv, tv, xs::vector_view<float>(ref_lp.data(), rows));
   for (std::size_t i = 0; i < lp.size(); ++i) CHECK(lp[i] == doctest::Approx(ref_lp[i]).epsilon(1e-6));
+
+  for (index_t k : {index_t(1), index_t(9), index_t(257)}) {  // 257: every class
+    std::vector<index_t> c(static_cast<std::size_t>(rows * k)), ref_c(c.size());
+    std::vector<float> v(c.size()), ref_v(c.size());
+    head.topk(hv, k, xs::matrix_view<index_t>(c.data(), rows, k), xs::matrix_view<float>(v.data(), rows, k));
+    reference.topk(hv, k, xs::matrix_view<index_t>(ref_c.data(), rows, k), xs::matrix_view<float>(ref_v.data(), rows, k));
+    CAPTURE(k);
+    for (std::size_t i = 0; i < v.size(); ++i) CHECK(v[i] == doctest::Approx(ref_v[i]).epsilon(1e-5).scale(1.0));
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < c.size(); ++i) same += c[i] == ref_c[i] ? 1 : 0;
+    CHECK(same >= c.size() - c.size() / 50);  // a rare swap of neighbours that tie to rounding
+  }
 }
 }  // namespace
 

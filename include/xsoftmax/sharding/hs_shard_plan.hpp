@@ -85,6 +85,14 @@ class hs_shard_plan {
   [[nodiscard]] index_t subtree_of(index_t c) const { return class_subtree_[static_cast<std::size_t>(c)]; }
   /// Class c's class id in its subtree, -1 when c is a leaf of the top tree.
   [[nodiscard]] index_t local_class(index_t c) const { return class_local_[static_cast<std::size_t>(c)]; }
+  /// The subtree that top-tree class j stands for, -1 when j is a class of the full tree.
+  [[nodiscard]] index_t top_leaf_subtree(index_t j) const { return top_leaf_subtree_[static_cast<std::size_t>(j)]; }
+  /// The full tree's class that top-tree class j is, -1 when j stands for a subtree.
+  [[nodiscard]] index_t top_leaf_class(index_t j) const { return top_leaf_class_[static_cast<std::size_t>(j)]; }
+  /// The full tree's class of each of subtree s's classes (its local class ids, in order).
+  [[nodiscard]] const std::vector<index_t>& subtree_classes(index_t s) const {
+    return subtree_classes_[static_cast<std::size_t>(s)];
+  }
   /// The cost of class c's path below the frontier (the work its row brings to the owner).
   [[nodiscard]] index_t routed_cost(index_t c) const { return class_cost_[static_cast<std::size_t>(c)]; }
   /// Expected work of subtree s (frequency mass x path cost below the frontier; frequencies
@@ -138,6 +146,8 @@ class hs_shard_plan {
   std::vector<int> owner_;
   std::vector<std::vector<index_t>> by_rank_;
   std::vector<index_t> class_top_, class_subtree_, class_local_, class_cost_;
+  std::vector<index_t> top_leaf_subtree_, top_leaf_class_;
+  std::vector<std::vector<index_t>> subtree_classes_;
   std::vector<double> work_, rank_work_;
   std::vector<index_t> top_rows_;
   std::vector<std::vector<index_t>> local_rows_;

@@ -29,6 +29,7 @@
 #include <xsoftmax/tree/runtime_tree.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <utility>
 #include <vector>
 
 namespace xsoftmax {
@@ -36,6 +37,14 @@ namespace xsoftmax {
 namespace detail {
 /// What a routed step computes: losses, losses and gradients, or log-probabilities.
 enum class hs_route_mode { forward, train, log_prob };
+/// A top-k search request: the best classes of subtree `subtree` for row `row`, whose top-tree
+/// log-probability of that subtree is `base`.
+struct hs_topk_request {
+  index_t row = 0, subtree = 0;
+  float base = 0.f;
+};
+/// (log-probability, class) candidates of each row.
+using hs_topk_candidates = std::vector<std::vector<std::pair<float, index_t>>>;
 }  // namespace detail
 
 /// Hierarchical softmax over the full tree of `plan`, sharded across `Communicator`'s ranks (see
@@ -52,7 +61,7 @@ enum class hs_route_mode { forward, train, log_prob };
 /// sparse gradients, `grad_top` (top-tree rows, summed over every rank's batch, identical on every
 /// rank) and `grad_local` (local rows, from every rank's rows routed here).
 ///
-/// Not offered yet: `topk`, `log_distribution`, the replicated hidden layout, the `_async` verbs,
+/// Not offered yet: `log_distribution`, the replicated hidden layout, the `_async` verbs,
 /// `apply_sgd` (apply `grad_top` / `grad_local` to the two weight views), device backends.
 template <class Communicator, class NodeForm = softmax_nodes, class Precision = fp32, class Backend = serial,
           int MaxDepth = 64>
@@ -116,10 +125,23 @@ class sharded_hierarchical_softmax {
   /// be a class. Collective.
   void log_prob(matrix_view<const float> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
 
+  /// The k most probable classes of each of this rank's rows, best first (ties: smaller class
+  /// first), and their log-probabilities; `classes` and `log_probs` are B x k. Exact, in two
+  /// rounds: the top tree's best min(k, top classes) leaves are explored (their subtrees searched
+  /// by their owners), then every other top leaf whose log-probability reaches the k-th best found
+  /// (a class below it cannot beat its subtree's root). Throws `invalid_argument` unless
+  /// 1 <= k <= num_classes, `shape_error` for outputs of the wrong shape. Collective.
+  void topk(matrix_view<const float> hidden, index_t k, matrix_view<index_t> classes,
+            matrix_view<float> log_probs) const;
+
  private:
   float run_(detail::hs_route_mode mode, matrix_view<const float> hidden, vector_view<const index_t> targets,
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
              gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output) const;
+  /// Sends each request's row to its subtree's owner, which searches the subtree's best k classes;
+  /// adds them (base + log p_sub) to the row's candidates. Collective (every rank calls it).
+  void explore_(matrix_view<const float> hidden, index_t k, const std::vector<detail::hs_topk_request>& requests,
+                detail::hs_topk_candidates& candidates) const;
 
   plan_type plan_;
   mutable Communicator comm_;
@@ -132,3 +154,4 @@ class sharded_hierarchical_softmax {
 }  // namespace xsoftmax
 
 #include <xsoftmax/detail/sharding/sharded_hierarchical_softmax.inl>
+#include <xsoftmax/detail/sharding/sharded_hierarchical_softmax_topk.inl>

@@ -136,9 +136,13 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
           const index_t c = detail::decode_leaf(code);
           class_top_[static_cast<size_t>(c)] = j;
           top_representative.push_back(c);
+          top_leaf_class_.push_back(c);
+          top_leaf_subtree_.push_back(-1);
         } else {
           subtree_top[static_cast<size_t>(node_subtree[static_cast<size_t>(code)])] = j;
           top_representative.push_back(-1);  // filled below with the subtree's first class
+          top_leaf_class_.push_back(-1);
+          top_leaf_subtree_.push_back(node_subtree[static_cast<size_t>(code)]);
         }
       }
     }
@@ -175,6 +179,7 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
       }
     }
     top_representative[static_cast<size_t>(subtree_top[static_cast<size_t>(s)])] = classes.front();
+    subtree_classes_.push_back(classes);
     subtrees_.push_back(tree_type::from_parents(std::move(parent), std::move(leaf), static_cast<index_t>(classes.size())));
     const tree_type& sub = subtrees_.back();
     std::vector<index_t>& map = sub_rows[static_cast<size_t>(s)];
