@@ -3,7 +3,7 @@
 // ranks, against the unsharded hierarchical_softmax that every rank builds from the same seeded
 // weights: loss, per-sample losses, grad_hidden of the rank's own rows, the top tree's weight
 // gradient (summed over every rank's batch) and each rank's local weight-gradient rows, mapped back
-// to the full tree through the plan, log_prob and top-k — for a binary Huffman tree over 1,003 Zipf
+// to the full tree through the plan, log_prob, top-k and apply_sgd (replicas stay equal) — for a binary Huffman tree over 1,003 Zipf
 // classes (both node forms; plain cut and hot-subtree splitting) and a uniform-ish 3-level tree with
 // classes above the cut; a batch whose targets all sit in one subtree; bitwise-equal repeated runs;
 // typed rejections (a rank with no subtree, bad cut depth, frequencies of the wrong size,
@@ -215,6 +215,43 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
     CHECK(std::vector<float>(g_top.values.begin(), g_top.values.end()) == std::vector<float>(g_top2.values.begin(), g_top2.values.end()));
     CHECK(std::vector<float>(g_local.values.begin(), g_local.values.end()) ==
           std::vector<float>(g_local2.values.begin(), g_local2.values.end()));
+  }
+
+  // apply_sgd: the sharded head's weights move exactly as the full weights do under the mapped
+  // gradients (the last reduction's), replicas of the top included.
+  {
+    std::vector<float> gh(own.h.size());
+    typename sharded::gradient_type g_top, g_local;
+    head.forward_backward(own.hidden(), own.targets(), xs::matrix_view<float>(gh.data(), own.rows, dim), g_top, g_local);
+    std::vector<float> want_top = top_w, want_local = local_w;
+    for (index_t e = 0; e < g_top.num_rows(); ++e)
+      for (index_t j = 0; j < dim; ++j)
+        want_top[static_cast<std::size_t>(g_top.rows[static_cast<std::size_t>(e)] * dim + j)] -= 0.5f * g_top.values[static_cast<std::size_t>(e * dim + j)];
+    for (index_t e = 0; e < g_local.num_rows(); ++e)
+      for (index_t j = 0; j < dim; ++j)
+        want_local[static_cast<std::size_t>(g_local.rows[static_cast<std::size_t>(e)] * dim + j)] -= 0.5f * g_local.values[static_cast<std::size_t>(e * dim + j)];
+    sharded trained = head;
+    typename sharded::gradient_type bad = g_local;
+    if (bad.num_rows() > 0) {
+      bad.rows[0] = n_local;  // out of range: nothing may change
+      const std::vector<float> before = top_w;
+      CHECK_THROWS_AS(trained.apply_sgd(g_top, bad, 0.5f), xs::out_of_range);
+      CHECK(top_w == before);
+    }
+    trained.apply_sgd(g_top, g_local, 0.5f);
+    CHECK(top_w == want_top);
+    CHECK(local_w == want_local);
+    // Every rank holds the same top weights.
+    std::vector<float> rank0 = top_w;
+    MPI_Bcast(rank0.data(), static_cast<int>(rank0.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    CHECK(top_w == rank0);
+    // Back to the shared weights, in place (the heads view these buffers).
+    const std::vector<float> top0 = pick_rows(w, top_rows, dim), local0 = pick_rows(w, local_rows, dim);
+    std::copy(top0.begin(), top0.end(), top_w.begin());
+    std::copy(local0.begin(), local0.end(), local_w.begin());
+    const std::vector<float> top_b0 = pick_rows(bias, top_rows, 1), local_b0 = pick_rows(bias, local_rows, 1);
+    std::copy(top_b0.begin(), top_b0.end(), top_b.begin());
+    std::copy(local_b0.begin(), local_b0.end(), local_b.begin());
   }
 
   // log_prob ignores nothing.

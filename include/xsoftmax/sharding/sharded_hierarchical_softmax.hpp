@@ -61,8 +61,8 @@ using hs_topk_candidates = std::vector<std::vector<std::pair<float, index_t>>>;
 /// sparse gradients, `grad_top` (top-tree rows, summed over every rank's batch, identical on every
 /// rank) and `grad_local` (local rows, from every rank's rows routed here).
 ///
-/// Not offered yet: `log_distribution`, the replicated hidden layout, the `_async` verbs,
-/// `apply_sgd` (apply `grad_top` / `grad_local` to the two weight views), device backends.
+/// Not offered yet: `backward` alone, `log_distribution`, the replicated hidden layout, the
+/// `_async` verbs, hidden rows other than fp32, device backends.
 template <class Communicator, class NodeForm = softmax_nodes, class Precision = fp32, class Backend = serial,
           int MaxDepth = 64>
 class sharded_hierarchical_softmax {
@@ -124,6 +124,13 @@ class sharded_hierarchical_softmax {
   /// log p(targets[i] | hidden[i]) of this rank's rows into `out` (B entries); every target must
   /// be a class. Collective.
   void log_prob(matrix_view<const float> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
+
+  /// weights -= lr * gradient for the replicated top tree (`grad_top`, identical on every rank,
+  /// so the replicas stay equal) and this rank's local rows (`grad_local`), as the two gradients
+  /// of `forward_backward` give them. Both are checked before anything changes (rows in range and
+  /// unique, shapes, finite values; `lr` finite): `out_of_range`, `shape_error`,
+  /// `non_finite_error`, `invalid_argument`. Local: no collective.
+  void apply_sgd(const gradient_type& grad_top, const gradient_type& grad_local, float lr);
 
   /// The k most probable classes of each of this rank's rows, best first (ties: smaller class
   /// first), and their log-probabilities; `classes` and `log_probs` are B x k. Exact, in two

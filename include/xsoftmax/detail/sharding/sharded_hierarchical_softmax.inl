@@ -7,6 +7,7 @@
 #include <xsoftmax/head_verbs.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,54 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::log_prob(matrix_view<const flo
                                detail::verb_where(head_name, "log_prob"), ": out has ", out.size, " entries but hidden has ",
                                hidden.rows, " rows");
   run_(detail::hs_route_mode::log_prob, hidden, targets, detail::log_prob_options(), out, nullptr, nullptr, nullptr, {});
+}
+
+template <class C, class F, class P, class B, int D>
+void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type& grad_top,
+                                                            const gradient_type& grad_local, float lr) {
+  using std::size_t;
+  const std::string where = detail::verb_where(head_name, "apply_sgd");
+  const index_t d = dim(), n_local = static_cast<index_t>(plan_.local_rows(rank_).size()), rows = grad_local.num_rows();
+  detail::expects(std::isfinite(lr), where, ": lr = ", lr, " is not finite");
+  // grad_local whole first; then the top head checks grad_top before changing anything; only then
+  // is anything written.
+  detail::expects<shape_error>(rows == 0 || grad_local.dim == d, where, ": grad_local.dim = ", grad_local.dim,
+                               " but the head's dim is ", d);
+  detail::expects<shape_error>(static_cast<index_t>(grad_local.values.size()) == rows * d, where,
+                               ": grad_local.values has ", grad_local.values.size(), " entries for ", rows, " rows");
+  detail::expects<shape_error>(static_cast<index_t>(grad_local.bias_values.size()) == (top_.has_bias() ? rows : 0),
+                               where, ": grad_local.bias_values has ", grad_local.bias_values.size(), " entries for ",
+                               rows, " rows", top_.has_bias() ? "" : " (the head has no bias)");
+  std::vector<char> seen(static_cast<size_t>(n_local), 0);
+  for (index_t e = 0; e < rows; ++e) {
+    const index_t r = grad_local.rows[static_cast<size_t>(e)];
+    detail::expects<out_of_range>(r >= 0 && r < n_local, where, ": grad_local.rows[", e, "] = ", r,
+                                  " is outside this rank's local rows [0, ", n_local, ")");
+    detail::expects(!seen[static_cast<size_t>(r)], where, ": grad_local.rows[", e, "] = ", r, " is listed twice");
+    seen[static_cast<size_t>(r)] = 1;
+  }
+  for (size_t i = 0; i < grad_local.values.size(); ++i)
+    detail::expects<non_finite_error>(std::isfinite(grad_local.values[i]), where, ": grad_local.values[", i, "] = ",
+                                      static_cast<float>(grad_local.values[i]), " is not finite");
+  for (size_t i = 0; i < grad_local.bias_values.size(); ++i)
+    detail::expects<non_finite_error>(std::isfinite(grad_local.bias_values[i]), where, ": grad_local.bias_values[",
+                                      i, "] = ", static_cast<float>(grad_local.bias_values[i]), " is not finite");
+  top_.apply_sgd(grad_top, lr);
+  // Each subtree's share of grad_local, in its own rows.
+  const auto& mine = plan_.subtrees_of(rank_);
+  for (size_t k = 0; k < subs_.size(); ++k) {
+    const index_t begin = plan_.local_row_offset(mine[k]), end = begin + plan_type::weight_rows(plan_.subtree(mine[k]));
+    gradient_type part;
+    part.dim = d;
+    for (index_t e = 0; e < rows; ++e) {
+      const index_t r = grad_local.rows[static_cast<size_t>(e)];
+      if (r < begin || r >= end) continue;
+      part.rows.push_back(r - begin);
+      part.values.insert(part.values.end(), grad_local.values.begin() + e * d, grad_local.values.begin() + (e + 1) * d);
+      if (top_.has_bias()) part.bias_values.push_back(grad_local.bias_values[static_cast<size_t>(e)]);
+    }
+    if (part.num_rows() > 0) subs_[k].apply_sgd(part, lr);
+  }
 }
 
 // The routed step (see the header). Every check that can differ between ranks (shapes, targets,
