@@ -3,9 +3,9 @@
 // ranks, against the unsharded hierarchical_softmax that every rank builds from the same seeded
 // weights: loss, per-sample losses, grad_hidden of the rank's own rows, the top tree's weight
 // gradient (summed over every rank's batch) and each rank's local weight-gradient rows, mapped back
-// to the full tree through the plan, log_prob, top-k and apply_sgd (replicas stay equal) — for a binary Huffman tree over 1,003 Zipf
-// classes (both node forms; plain cut and hot-subtree splitting) and a uniform-ish 3-level tree with
-// classes above the cut; a batch whose targets all sit in one subtree; bitwise-equal repeated runs;
+// to the full tree through the plan, log_prob, top-k and apply_sgd (replicas stay equal) — for a
+// binary Huffman tree over 1,003 Zipf classes (both node forms; plain cut and hot-subtree splitting)
+// and a uniform-ish 3-level tree with classes above the cut; a batch whose targets all sit in one subtree; bitwise-equal repeated runs;
 // typed rejections (a rank with no subtree, bad cut depth, frequencies of the wrong size,
 // mismatched communicator and weights).
 
