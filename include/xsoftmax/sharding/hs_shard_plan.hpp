@@ -68,8 +68,11 @@ class hs_shard_plan {
   /// when the sigmoid form gets a non-binary tree.
   hs_shard_plan(const tree_type& tree, int ranks, hs_shard_options options = {});
 
+  /// The number of ranks the plan was made for.
   [[nodiscard]] int ranks() const { return ranks_; }
+  /// Classes of the full tree.
   [[nodiscard]] index_t num_classes() const { return static_cast<index_t>(class_subtree_.size()); }
+  /// Subtrees below the frontier (>= ranks()).
   [[nodiscard]] index_t num_subtrees() const { return static_cast<index_t>(subtrees_.size()); }
   /// The replicated tree above the frontier; its classes are `top_class(c)`.
   [[nodiscard]] const tree_type& top_tree() const { return top_; }

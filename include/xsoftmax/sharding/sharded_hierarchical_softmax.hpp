@@ -14,7 +14,12 @@
 ///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
 ///     replicas receive the same update.
 /// Everything but the sums is data movement, so the result equals the unsharded head's up to the
-/// order of floating-point additions, and repeated runs are bitwise equal.
+/// order of floating-point additions, and repeated runs are bitwise equal. `log_prob` routes the
+/// same way; `topk` is an exact search in two routed rounds (see its documentation).
+///
+/// Traffic per step: each routed row's hidden vector and upstream gradient out (plus two indices),
+/// its loss and hidden gradient back, and an all-reduce over the union of the ranks' touched top
+/// rows (`mpi_communicator` sums in rank order: S times the data, see mpi_communicator.hpp).
 ///
 /// Cost of this first version: one `hierarchical_softmax` call per subtree that received rows
 /// (each packs, sorts and plans its rows on its own: a fixed cost per subtree and step, which
@@ -52,7 +57,7 @@ using hs_topk_candidates = std::vector<std::vector<std::pair<float, index_t>>>;
 ///
 /// \tparam Communicator `mpi_communicator`, `solo_communicator` (see class_sharding.hpp).
 /// \tparam NodeForm     `softmax_nodes` or `sigmoid_nodes` (the plan's).
-/// \tparam Precision    `fp32`, `bf16`, `fp16` weight storage.
+/// \tparam Precision    `fp32`, `bf16`, `fp16` weight storage (only fp32 is tested).
 /// \tparam Backend      `serial` or `omp`.
 /// \tparam MaxDepth     the plan's trees' depth bound.
 ///
@@ -72,6 +77,7 @@ class sharded_hierarchical_softmax {
                 "xsoftmax: sharded_hierarchical_softmax needs a host-memory communicator (mpi_communicator)");
 
  public:
+  /// The prefix of every message a verb throws.
   static constexpr const char* head_name = "sharded_hierarchical_softmax";
   using plan_type = hs_shard_plan<MaxDepth, NodeForm>;
   using tree_type = runtime_tree<MaxDepth>;
@@ -87,15 +93,20 @@ class sharded_hierarchical_softmax {
                                matrix_view<storage_type> local_weights, storage_type* top_bias = nullptr,
                                storage_type* local_bias = nullptr, backend_resources<Backend> resources = {});
 
+  /// The plan (a copy of the constructor's).
   [[nodiscard]] const plan_type& plan() const { return plan_; }
+  /// This rank, and the number of ranks.
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return plan_.ranks(); }
+  /// Classes of the full tree (targets and top-k classes are its class ids).
   [[nodiscard]] index_t num_classes() const { return plan_.num_classes(); }
+  /// Width of the hidden rows and of every weight row.
   [[nodiscard]] index_t dim() const { return top_.dim(); }
   /// The replicated top tree's head (weights: `plan().top_rows()`).
   [[nodiscard]] const head_type& top_head() const { return top_; }
   /// The head of this rank's subtree `plan().subtrees_of(rank())[i]`.
   [[nodiscard]] const head_type& subtree_head(index_t i) const { return subs_[static_cast<std::size_t>(i)]; }
+  /// The communicator (collectives are not const: they change the transport's state).
   [[nodiscard]] Communicator& communicator() const { return comm_; }
 
   /// Per-sample negative log-likelihood of this rank's batch (B x dim hidden, B targets), reduced
