@@ -24,3 +24,4 @@
 #include <xsoftmax/selection/knn_selector.hpp>
 #include <xsoftmax/selection/feature_query.hpp>
 #include <xsoftmax/io/checkpoint.hpp>
+#include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>

@@ -4,13 +4,15 @@
 // ncclAllGather / ncclReduceScatter / ncclAllReduce are the MPI collectives of MPI_COMM_WORLD), so
 // its own logic — unequal counts padded to the largest, the scratch buffer, in-place all-reduce,
 // the device_memory routing of the sharded head — runs under mpirun with 1 to 4 ranks against
-// mpi_communicator. The executable links neither libcudart nor libnccl. The real NCCL path is
+// mpi_communicator; ncclSend / ncclRecv (all_to_all) are posted at ncclGroupEnd as MPI_Isend /
+// MPI_Irecv. The executable links neither libcudart nor libnccl. The real NCCL path is
 // tests/cuda/nccl_sharding_test.cu (GPU).
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 #include <xsoftmax/sharding/nccl_communicator.cuh>
 
 #include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
 
 #include <doctest/doctest.h>
 
@@ -30,6 +32,16 @@ MPI_Datatype mpi_type(ncclDataType_t t) {
   }
 }
 int mock_comm_object;
+/// The point-to-point calls of an open ncclGroupStart .. ncclGroupEnd, posted at ncclGroupEnd.
+struct mock_p2p {
+  bool send;
+  void* buffer;
+  int count;
+  MPI_Datatype type;
+  int peer;
+};
+std::vector<mock_p2p> mock_group;
+int mock_group_depth = 0;
 }  // namespace
 
 extern "C" {
@@ -65,6 +77,33 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t n, ncclDataType_
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t, cudaStream_t) {
   return MPI_Allgather(send, static_cast<int>(n), mpi_type(t), recv, static_cast<int>(n), mpi_type(t), MPI_COMM_WORLD)
              ? ncclSystemError : ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  ++mock_group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclSend(const void* send, size_t n, ncclDataType_t t, int peer, ncclComm_t, cudaStream_t) {
+  if (mock_group_depth == 0) return ncclInvalidUsage;  // the communicator always groups its calls
+  mock_group.push_back({true, const_cast<void*>(send), static_cast<int>(n), mpi_type(t), peer});
+  return ncclSuccess;
+}
+ncclResult_t ncclRecv(void* recv, size_t n, ncclDataType_t t, int peer, ncclComm_t, cudaStream_t) {
+  if (mock_group_depth == 0) return ncclInvalidUsage;
+  mock_group.push_back({false, recv, static_cast<int>(n), mpi_type(t), peer});
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (--mock_group_depth > 0) return ncclSuccess;
+  std::vector<MPI_Request> requests(mock_group.size());
+  for (std::size_t i = 0; i < mock_group.size(); ++i) {
+    const mock_p2p& p = mock_group[i];
+    const int rc = p.send ? MPI_Isend(p.buffer, p.count, p.type, p.peer, 77, MPI_COMM_WORLD, &requests[i])
+                          : MPI_Irecv(p.buffer, p.count, p.type, p.peer, 77, MPI_COMM_WORLD, &requests[i]);
+    if (rc != MPI_SUCCESS) return ncclSystemError;
+  }
+  mock_group.clear();
+  return MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE) ? ncclSystemError
+                                                                                                : ncclSuccess;
 }
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t, ncclComm_t,
                                cudaStream_t) {
@@ -122,6 +161,35 @@ TEST_CASE("nccl_communicator (mock transport): collectives with unequal counts e
   CHECK(m == std::vector<float>{static_cast<float>(size - 1), 0.f});
   const index_t wrong = mine + 1;
   CHECK_THROWS_AS(nccl.all_gather(send.data(), wrong, a.data(), counts.data()), xs::invalid_argument);
+}
+
+TEST_CASE("nccl_communicator (mock transport): all_to_all with unequal counts equals mpi_communicator's") {
+  xs::nccl_communicator nccl = mock_nccl();
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  // Rank p sends (p + 2q) % 3 elements to rank q (some blocks empty, the own block included).
+  std::vector<index_t> sc(static_cast<std::size_t>(size)), rc(sc.size());
+  index_t ns = 0, nr = 0;
+  for (int q = 0; q < size; ++q) {
+    sc[static_cast<std::size_t>(q)] = (rank + 2 * q) % 3, ns += sc[static_cast<std::size_t>(q)];
+    rc[static_cast<std::size_t>(q)] = (q + 2 * rank) % 3, nr += rc[static_cast<std::size_t>(q)];
+  }
+  std::vector<double> send(static_cast<std::size_t>(ns));
+  for (index_t i = 0; i < ns; ++i) send[static_cast<std::size_t>(i)] = 1000.0 * rank + static_cast<double>(i);
+  std::vector<double> a(static_cast<std::size_t>(nr) + 1, -1.0), b(a);
+  nccl.all_to_all(send.data(), sc.data(), a.data(), rc.data());
+  mpi.all_to_all(send.data(), sc.data(), b.data(), rc.data());
+  CHECK(a == b);
+  CHECK(a.back() == -1.0);
+  // The block from rank q starts with 1000 q + (offset of block `rank` in q's send buffer).
+  index_t at = 0;
+  for (int q = 0; q < size; ++q) {
+    index_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += (q + 2 * r) % 3;
+    for (index_t e = 0; e < rc[static_cast<std::size_t>(q)]; ++e)
+      CHECK(a[static_cast<std::size_t>(at + e)] == 1000.0 * q + static_cast<double>(offset + e));
+    at += rc[static_cast<std::size_t>(q)];
+  }
 }
 
 TEST_CASE("class_sharding<nccl_communicator> (mock transport) equals class_sharding<mpi_communicator>") {
@@ -184,4 +252,44 @@ TEST_CASE("class_sharding<nccl_communicator> (mock transport) equals class_shard
     hm.topk(hv, k, xs::matrix_view<index_t>(cm.data(), n_rows, k), xs::matrix_view<float>(vm.data(), n_rows, k));
     CHECK(cn == cm);
   }
+}
+
+TEST_CASE("sharded_hierarchical_softmax<nccl_communicator> (mock transport) equals the MPI one") {
+  constexpr index_t classes = 301, dim = 8;
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  std::vector<double> freq(static_cast<std::size_t>(classes));
+  for (index_t c = 0; c < classes; ++c) freq[static_cast<std::size_t>(c)] = 1.0 / static_cast<double>(c + 1);
+  xs::hs_shard_options o;
+  o.cut_depth = 4;
+  o.class_frequency = freq;
+  const xs::hs_shard_plan<> plan(xs::runtime_tree<>::huffman(freq), size, o);
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  std::vector<float> top(plan.top_rows().size() * dim), local(plan.local_rows(rank).size() * dim);
+  for (auto& x : top) x = nd(g);
+  for (auto& x : local) x = nd(g);
+  const xs::matrix_view<float> tv(top.data(), static_cast<index_t>(plan.top_rows().size()), dim);
+  const xs::matrix_view<float> lv(local.data(), static_cast<index_t>(plan.local_rows(rank).size()), dim);
+  const xs::sharded_hierarchical_softmax<xs::nccl_communicator> hn(plan, mock_nccl(), tv, lv);
+  const xs::sharded_hierarchical_softmax<xs::mpi_communicator> hm(plan, mpi, tv, lv);
+  const index_t rows = 5 + 2 * rank;
+  std::mt19937 gr(70 + static_cast<unsigned>(rank));
+  std::vector<float> h(static_cast<std::size_t>(rows * dim));
+  for (auto& x : h) x = nd(gr);
+  std::vector<index_t> t(static_cast<std::size_t>(rows));
+  for (auto& x : t) x = static_cast<index_t>(gr() % classes);
+  const xs::matrix_view<const float> hv(h.data(), rows, dim);
+  const xs::vector_view<const index_t> tgt(t.data(), rows);
+  std::vector<float> gn(h.size()), gm(h.size());
+  xs::sharded_hierarchical_softmax<xs::mpi_communicator>::gradient_type tn, ln, tm, lm;
+  const float a = hn.forward_backward(hv, tgt, xs::matrix_view<float>(gn.data(), rows, dim), tn, ln);
+  const float b = hm.forward_backward(hv, tgt, xs::matrix_view<float>(gm.data(), rows, dim), tm, lm);
+  // Routing is data movement: the per-row results are bitwise the same; only the top tree's
+  // gradient sum is added in MPI's (the mock's) order instead of rank order.
+  CHECK(a == b);
+  CHECK(gn == gm);
+  CHECK(std::vector<float>(ln.values.begin(), ln.values.end()) == std::vector<float>(lm.values.begin(), lm.values.end()));
+  REQUIRE(tn.values.size() == tm.values.size());
+  for (std::size_t i = 0; i < tn.values.size(); ++i) CHECK(tn.values[i] == doctest::Approx(tm.values[i]).epsilon(1e-5).scale(1e-3));
 }

@@ -16,7 +16,13 @@
 ///    `counts[q]` elements (its own `count == counts[rank]`); `recv` receives them in rank order;
 ///  * `reduce_scatter(const float* send, float* recv, const index_t* counts)`: `send` holds
 ///    sum(counts) elements on every rank; rank q receives in `recv` the element-wise sum over ranks
-///    of the q-th block (`counts[q]` elements).
+///    of the q-th block (`counts[q]` elements);
+///  * `all_to_all(const T* send, const index_t* send_counts, T* recv, const index_t* recv_counts)`:
+///    rank p sends `send_counts[q]` elements to rank q (the blocks of `send`, in rank order) and
+///    receives `recv_counts[q]` elements from rank q into `recv` (in rank order); `recv_counts[q]`
+///    on rank p must equal `send_counts[p]` on rank q (exchange the counts first, with an
+///    `all_to_all` of one count per rank). Only data moves: no sum, so any transport is bitwise
+///    exact. Used by `sharded_hierarchical_softmax` to route rows to their subtree's owner and back.
 /// Collectives are issued in the same order on every rank (every rank calls the same verb with the
 /// same options); a rank that throws before a collective leaves the others waiting in it, so every
 /// input check that can differ between ranks runs before the first collective of a verb.

@@ -74,6 +74,17 @@ class mpi_communicator {
           "MPI_Allgatherv");
   }
 
+  /// Rank q gets `send_counts[q]` elements of `send` (blocks in rank order); `recv` gets
+  /// `recv_counts[q]` elements from each rank q, in rank order (`MPI_Alltoallv`).
+  template <class T>
+  void all_to_all(const T* send, const index_t* send_counts, T* recv, const index_t* recv_counts) {
+    std::vector<int> sc(static_cast<std::size_t>(size_)), so(sc.size()), rc(sc.size()), ro(sc.size());
+    layout(send_counts, sc, so);
+    layout(recv_counts, rc, ro);
+    check(MPI_Alltoallv(send, sc.data(), so.data(), type<T>(), recv, rc.data(), ro.data(), type<T>(), comm_),
+          "MPI_Alltoallv");
+  }
+
   /// `recv` (counts[rank] elements) = sum over ranks, in rank order, of their block `rank` of `send`.
   template <class T>
   void reduce_scatter(const T* send, T* recv, const index_t* counts) {

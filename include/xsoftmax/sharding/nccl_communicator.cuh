@@ -120,6 +120,36 @@ class nccl_communicator {
     finish();
   }
 
+  /// Rank q gets `send_counts[q]` device elements of `send` (blocks in rank order); `recv` gets
+  /// `recv_counts[q]` device elements from each rank q, in rank order (counts on the host). One
+  /// NCCL group of point-to-point `ncclSend` / `ncclRecv` (NCCL has no all-to-all-v collective);
+  /// the block a rank sends itself is a device copy.
+  template <class T>
+  void all_to_all(const T* send, const index_t* send_counts, T* recv, const index_t* recv_counts) {
+    std::vector<std::size_t> send_at(static_cast<std::size_t>(size_) + 1, 0), recv_at(send_at);
+    for (int q = 0; q < size_; ++q) {
+      send_at[static_cast<std::size_t>(q) + 1] = send_at[static_cast<std::size_t>(q)] + count(send_counts[q]);
+      recv_at[static_cast<std::size_t>(q) + 1] = recv_at[static_cast<std::size_t>(q)] + count(recv_counts[q]);
+    }
+    detail::expects(send_counts[rank_] == recv_counts[rank_], "nccl_communicator::all_to_all: send_counts[", rank_,
+                    "] = ", send_counts[rank_], " but recv_counts[", rank_, "] = ", recv_counts[rank_]);
+    if (send_counts[rank_] > 0)
+      XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(recv + recv_at[static_cast<std::size_t>(rank_)],
+                                        send + send_at[static_cast<std::size_t>(rank_)], bytes<T>(send_counts[rank_]),
+                                        cudaMemcpyDeviceToDevice, stream_));
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      const auto qs = static_cast<std::size_t>(q);
+      if (send_counts[q] > 0)
+        check(ncclSend(send + send_at[qs], count(send_counts[q]), type<T>(), q, comm_, stream_), "ncclSend");
+      if (recv_counts[q] > 0)
+        check(ncclRecv(recv + recv_at[qs], count(recv_counts[q]), type<T>(), q, comm_, stream_), "ncclRecv");
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    finish();
+  }
+
   /// `recv` (counts[rank] device elements) = sum over ranks of their block `rank` of `send`
   /// (sum(counts) device elements on every rank).
   template <class T>

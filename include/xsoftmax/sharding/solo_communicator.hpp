@@ -31,6 +31,12 @@ class solo_communicator {
   void reduce_scatter(const T* send, T* recv, const index_t* counts) {
     std::copy(send, send + counts[0], recv);
   }
+  template <class T>
+  void all_to_all(const T* send, const index_t* send_counts, T* recv, const index_t* recv_counts) {
+    detail::expects(send_counts[0] == recv_counts[0], "solo_communicator::all_to_all: send_counts[0] = ",
+                    send_counts[0], " but recv_counts[0] = ", recv_counts[0]);
+    std::copy(send, send + send_counts[0], recv);
+  }
 };
 
 }  // namespace xsoftmax

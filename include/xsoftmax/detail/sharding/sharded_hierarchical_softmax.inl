@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `sharded_hierarchical_softmax`: construction and the one routed step behind every verb (see the
+/// header's file comment). Host memory throughout: the head is offered on host backends only.
+
+#include <xsoftmax/head_verbs.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace xsoftmax {
+
+namespace detail {
+/// `top_weights` after the checks of the sharded head's constructor (see its documentation).
+template <class Plan, class T>
+matrix_view<T> checked_hs_shard_weights(const Plan& plan, int size, int rank, matrix_view<T> top_weights,
+                                        matrix_view<T> local_weights, const T* top_bias, const T* local_bias) {
+  constexpr const char* who = "sharded_hierarchical_softmax: ";
+  expects(size == plan.ranks(), who, "the communicator has ", size, " ranks but the plan was made for ", plan.ranks());
+  expects((top_bias == nullptr) == (local_bias == nullptr), who,
+          "top_bias and local_bias must both be given or both be null");
+  const index_t top_rows = static_cast<index_t>(plan.top_rows().size());
+  const index_t local_rows = static_cast<index_t>(plan.local_rows(rank).size());
+  expects<shape_error>(top_weights.rows == top_rows, who, "top_weights has ", top_weights.rows,
+                       " rows but the plan's top tree has ", top_rows);
+  expects<shape_error>(local_weights.rows == local_rows, who, "local_weights has ", local_weights.rows,
+                       " rows but rank ", rank, "'s subtrees have ", local_rows);
+  expects<shape_error>(local_weights.cols == top_weights.cols, who, "local_weights has ", local_weights.cols,
+                       " columns but top_weights has ", top_weights.cols);
+  return top_weights;
+}
+
+/// Element counts of `rows` rows of `width` elements each.
+inline std::vector<index_t> element_counts(const std::vector<index_t>& rows, index_t width) {
+  std::vector<index_t> out(rows);
+  for (index_t& x : out) x *= width;
+  return out;
+}
+}  // namespace detail
+
+template <class C, class F, class P, class B, int D>
+sharded_hierarchical_softmax<C, F, P, B, D>::sharded_hierarchical_softmax(
+    plan_type plan, C communicator, matrix_view<storage_type> top_weights, matrix_view<storage_type> local_weights,
+    storage_type* top_bias, storage_type* local_bias, backend_resources<B> resources)
+    : plan_(std::move(plan)),
+      comm_(std::move(communicator)),
+      rank_(comm_.rank()),
+      top_(plan_.top_tree(),
+           detail::checked_hs_shard_weights(plan_, comm_.size(), comm_.rank(), top_weights, local_weights, top_bias,
+                                            local_bias),
+           top_bias, resources) {
+  slot_.assign(static_cast<std::size_t>(plan_.num_subtrees()), -1);
+  const auto& mine = plan_.subtrees_of(rank_);
+  subs_.reserve(mine.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const index_t s = mine[i], at = plan_.local_row_offset(s), rows = plan_type::weight_rows(plan_.subtree(s));
+    slot_[static_cast<std::size_t>(s)] = static_cast<index_t>(i);
+    subs_.emplace_back(plan_.subtree(s), matrix_view<storage_type>(local_weights.row(at), rows, local_weights.cols,
+                                                                   local_weights.stride),
+                       local_bias ? local_bias + at : nullptr, resources);
+  }
+}
+
+template <class C, class F, class P, class B, int D>
+void sharded_hierarchical_softmax<C, F, P, B, D>::log_prob(matrix_view<const float> hidden,
+                                                           vector_view<const index_t> targets,
+                                                           vector_view<float> out) const {
+  detail::expects<shape_error>(out.size == hidden.rows && (out.data != nullptr || hidden.rows == 0),
+                               detail::verb_where(head_name, "log_prob"), ": out has ", out.size, " entries but hidden has ",
+                               hidden.rows, " rows");
+  run_(detail::hs_route_mode::log_prob, hidden, targets, detail::log_prob_options(), out, nullptr, nullptr, nullptr, {});
+}
+
+template <class C, class F, class P, class B, int D>
+void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type& grad_top,
+                                                            const gradient_type& grad_local, float lr) {
+  using std::size_t;
+  const std::string where = detail::verb_where(head_name, "apply_sgd");
+  const index_t d = dim(), n_local = static_cast<index_t>(plan_.local_rows(rank_).size()), rows = grad_local.num_rows();
+  detail::expects(std::isfinite(lr), where, ": lr = ", lr, " is not finite");
+  // grad_local whole first; then the top head checks grad_top before changing anything; only then
+  // is anything written.
+  detail::expects<shape_error>(rows == 0 || grad_local.dim == d, where, ": grad_local.dim = ", grad_local.dim,
+                               " but the head's dim is ", d);
+  detail::expects<shape_error>(static_cast<index_t>(grad_local.values.size()) == rows * d, where,
+                               ": grad_local.values has ", grad_local.values.size(), " entries for ", rows, " rows");
+  detail::expects<shape_error>(static_cast<index_t>(grad_local.bias_values.size()) == (top_.has_bias() ? rows : 0),
+                               where, ": grad_local.bias_values has ", grad_local.bias_values.size(), " entries for ",
+                               rows, " rows", top_.has_bias() ? "" : " (the head has no bias)");
+  std::vector<char> seen(static_cast<size_t>(n_local), 0);
+  for (index_t e = 0; e < rows; ++e) {
+    const index_t r = grad_local.rows[static_cast<size_t>(e)];
+    detail::expects<out_of_range>(r >= 0 && r < n_local, where, ": grad_local.rows[", e, "] = ", r,
+                                  " is outside this rank's local rows [0, ", n_local, ")");
+    detail::expects(!seen[static_cast<size_t>(r)], where, ": grad_local.rows[", e, "] = ", r, " is listed twice");
+    seen[static_cast<size_t>(r)] = 1;
+  }
+  for (size_t i = 0; i < grad_local.values.size(); ++i)
+    detail::expects<non_finite_error>(std::isfinite(grad_local.values[i]), where, ": grad_local.values[", i, "] = ",
+                                      static_cast<float>(grad_local.values[i]), " is not finite");
+  for (size_t i = 0; i < grad_local.bias_values.size(); ++i)
+    detail::expects<non_finite_error>(std::isfinite(grad_local.bias_values[i]), where, ": grad_local.bias_values[",
+                                      i, "] = ", static_cast<float>(grad_local.bias_values[i]), " is not finite");
+  top_.apply_sgd(grad_top, lr);
+  // Each subtree's share of grad_local, in its own rows.
+  const auto& mine = plan_.subtrees_of(rank_);
+  for (size_t k = 0; k < subs_.size(); ++k) {
+    const index_t begin = plan_.local_row_offset(mine[k]), end = begin + plan_type::weight_rows(plan_.subtree(mine[k]));
+    gradient_type part;
+    part.dim = d;
+    for (index_t e = 0; e < rows; ++e) {
+      const index_t r = grad_local.rows[static_cast<size_t>(e)];
+      if (r < begin || r >= end) continue;
+      part.rows.push_back(r - begin);
+      part.values.insert(part.values.end(), grad_local.values.begin() + e * d, grad_local.values.begin() + (e + 1) * d);
+      if (top_.has_bias()) part.bias_values.push_back(grad_local.bias_values[static_cast<size_t>(e)]);
+    }
+    if (part.num_rows() > 0) subs_[k].apply_sgd(part, lr);
+  }
+}
+
+// The routed step (see the header). Every check that can differ between ranks (shapes, targets,
+// hidden values: the top head's own checks) runs before the first collective.
+template <class C, class F, class P, class B, int D>
+float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mode, matrix_view<const float> hidden,
+                                                        vector_view<const index_t> targets, loss_options options,
+                                                        vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                                                        gradient_type* grad_top, gradient_type* grad_local,
+                                                        vector_view<const float> grad_output) const {
+  using std::size_t;
+  using mode_t = detail::hs_route_mode;
+  const std::string where = detail::verb_where(
+      head_name, mode == mode_t::train ? "forward_backward" : mode == mode_t::forward ? "forward" : "log_prob");
+  const index_t rows = hidden.rows, d = dim(), n = num_classes();
+  const int ranks = size();
+
+  // 1. Checks of what the top head cannot see (global targets, the caller's per-sample buffer).
+  detail::expects<shape_error>(targets.size == rows, where, ": targets has ", targets.size, " entries but hidden has ",
+                               rows, " rows");
+  const bool can_ignore = mode != mode_t::log_prob;
+  for (index_t i = 0; i < rows; ++i) {
+    const index_t t = targets[i];
+    detail::expects<out_of_range>((can_ignore && t == options.ignore_index) || (t >= 0 && t < n), where, ": targets[", i,
+                                  "] = ", t, " is out of range [0, ", n, ")",
+                                  can_ignore ? " and is not ignore_index" : "");
+  }
+  if (per_sample.size != 0 || (mode == mode_t::forward && options.reduce == reduction::none))
+    detail::expects<shape_error>(per_sample.size == rows && per_sample.data != nullptr, where, ": per_sample has ",
+                                 per_sample.size, " entries but hidden has ", rows, " rows");
+  const auto ignored = [&](index_t i) { return can_ignore && targets[i] == options.ignore_index; };
+
+  // 2. The top tree on this rank's rows (its checks: hidden, options, grad shapes).
+  std::vector<index_t> top_targets(static_cast<size_t>(rows));
+  index_t valid = 0;
+  for (index_t i = 0; i < rows; ++i) {
+    top_targets[static_cast<size_t>(i)] = ignored(i) ? -1 : plan_.top_class(targets[i]);
+    valid += ignored(i) ? 0 : 1;
+  }
+  std::vector<float> part(static_cast<size_t>(rows), 0.f);  // per row: loss (or log-probability)
+  const vector_view<float> part_view(part.data(), rows);
+  const vector_view<const index_t> top_view(top_targets.data(), rows);
+  loss_options top_options = options;
+  top_options.ignore_index = -1;
+  gradient_type own_top;
+  if (mode == mode_t::train) top_.forward_backward(hidden, top_view, *grad_hidden, own_top, top_options, part_view, grad_output);
+  else if (mode == mode_t::forward) top_.forward(hidden, top_view, top_options, part_view);
+  else top_.log_prob(hidden, top_view, part_view);
+
+  // 3. Rows below the frontier to their subtree's owner: hidden row (+ upstream gradient), and
+  //    (subtree, class in the subtree). The upstream gradient is the unsharded head's.
+  float scale = 1.f;
+  if (mode == mode_t::train) {
+    if (options.reduce != reduction::none && grad_output.size == 1) scale = grad_output[0];
+    if (options.reduce == reduction::mean && valid > 0) scale /= static_cast<float>(valid);
+  }
+  const bool per_row_upstream = mode == mode_t::train && options.reduce == reduction::none && grad_output.size != 0;
+  std::vector<std::vector<index_t>> to(static_cast<size_t>(ranks));
+  for (index_t i = 0; i < rows; ++i)
+    if (!ignored(i) && plan_.subtree_of(targets[i]) >= 0)
+      to[static_cast<size_t>(plan_.owner(plan_.subtree_of(targets[i])))].push_back(i);
+  std::vector<index_t> order, send_rows(static_cast<size_t>(ranks)), recv_rows(send_rows.size()),
+      ones(send_rows.size(), 1);
+  for (int q = 0; q < ranks; ++q) {
+    send_rows[static_cast<size_t>(q)] = static_cast<index_t>(to[static_cast<size_t>(q)].size());
+    order.insert(order.end(), to[static_cast<size_t>(q)].begin(), to[static_cast<size_t>(q)].end());
+  }
+  const index_t fw = d + (mode == mode_t::train ? 1 : 0);
+  std::vector<float> send_f(order.size() * static_cast<size_t>(fw));
+  std::vector<index_t> send_i(order.size() * 2);
+  for (size_t p = 0; p < order.size(); ++p) {
+    const index_t i = order[p], t = targets[i];
+    std::copy(hidden.row(i), hidden.row(i) + d, send_f.begin() + static_cast<std::ptrdiff_t>(p * static_cast<size_t>(fw)));
+    if (mode == mode_t::train) send_f[p * static_cast<size_t>(fw) + static_cast<size_t>(d)] = per_row_upstream ? grad_output[i] : scale;
+    send_i[2 * p] = plan_.subtree_of(t);
+    send_i[2 * p + 1] = plan_.local_class(t);
+  }
+  comm_.all_to_all(send_rows.data(), ones.data(), recv_rows.data(), ones.data());
+  index_t received = 0;
+  for (index_t r : recv_rows) received += r;
+  std::vector<float> recv_f(static_cast<size_t>(received * fw));
+  std::vector<index_t> recv_i(static_cast<size_t>(received * 2));
+  comm_.all_to_all(send_f.data(), detail::element_counts(send_rows, fw).data(), recv_f.data(), detail::element_counts(recv_rows, fw).data());
+  comm_.all_to_all(send_i.data(), detail::element_counts(send_rows, 2).data(), recv_i.data(), detail::element_counts(recv_rows, 2).data());
+
+  // 4. Each of this rank's subtrees on the rows it received (reduction none, upstream per row).
+  const index_t rw = 1 + (mode == mode_t::train ? d : 0);
+  std::vector<float> reply(static_cast<size_t>(received * rw), 0.f);
+  std::vector<std::vector<index_t>> by_slot(subs_.size());
+  for (index_t r = 0; r < received; ++r) by_slot[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(2 * r)])])].push_back(r);
+  if (mode == mode_t::train) {
+    grad_local->dim = d;
+    grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
+  }
+  loss_options none;
+  none.reduce = reduction::none;
+  none.ignore_index = -1;
+  for (size_t k = 0; k < subs_.size(); ++k) {
+    const std::vector<index_t>& mine = by_slot[k];
+    const index_t m = static_cast<index_t>(mine.size());
+    if (m == 0) continue;
+    std::vector<float> h(static_cast<size_t>(m * d)), up(static_cast<size_t>(m)), out(static_cast<size_t>(m)),
+        gh(mode == mode_t::train ? static_cast<size_t>(m * d) : 0);
+    std::vector<index_t> t(static_cast<size_t>(m));
+    for (index_t j = 0; j < m; ++j) {
+      const size_t r = static_cast<size_t>(mine[static_cast<size_t>(j)]);
+      std::copy(recv_f.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(fw)),
+                recv_f.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(fw) + static_cast<size_t>(d)),
+                h.begin() + j * d);
+      if (mode == mode_t::train) up[static_cast<size_t>(j)] = recv_f[r * static_cast<size_t>(fw) + static_cast<size_t>(d)];
+      t[static_cast<size_t>(j)] = recv_i[2 * r + 1];
+    }
+    const matrix_view<const float> hv(h.data(), m, d);
+    const vector_view<const index_t> tv(t.data(), m);
+    const vector_view<float> ov(out.data(), m);
+    const head_type& head = subs_[k];
+    if (mode == mode_t::train) {
+      gradient_type g;
+      head.forward_backward(hv, tv, matrix_view<float>(gh.data(), m, d), g, none, ov,
+                            vector_view<const float>(up.data(), m));
+      const index_t at = plan_.local_row_offset(plan_.subtrees_of(rank_)[k]);
+      for (index_t e = 0; e < g.num_rows(); ++e) grad_local->rows.push_back(g.rows[static_cast<size_t>(e)] + at);
+      grad_local->values.insert(grad_local->values.end(), g.values.begin(), g.values.end());
+      grad_local->bias_values.insert(grad_local->bias_values.end(), g.bias_values.begin(), g.bias_values.end());
+    } else if (mode == mode_t::forward) {
+      head.forward(hv, tv, none, ov);
+    } else {
+      head.log_prob(hv, tv, ov);
+    }
+    for (index_t j = 0; j < m; ++j) {
+      const size_t r = static_cast<size_t>(mine[static_cast<size_t>(j)]);
+      reply[r * static_cast<size_t>(rw)] = out[static_cast<size_t>(j)];
+      if (mode == mode_t::train)
+        std::copy(gh.begin() + j * d, gh.begin() + (j + 1) * d, reply.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(rw) + 1));
+    }
+  }
+
+  // 5. Back to the rows' ranks, added to the top part.
+  std::vector<float> back(order.size() * static_cast<size_t>(rw));
+  comm_.all_to_all(reply.data(), detail::element_counts(recv_rows, rw).data(), back.data(), detail::element_counts(send_rows, rw).data());
+  for (size_t p = 0; p < order.size(); ++p) {
+    const index_t i = order[p];
+    part[static_cast<size_t>(i)] += back[p * static_cast<size_t>(rw)];
+    if (mode == mode_t::train) {
+      float* g = grad_hidden->row(i);
+      const float* from = back.data() + p * static_cast<size_t>(rw) + 1;
+      for (index_t c = 0; c < d; ++c) g[c] += from[c];
+    }
+  }
+
+  // 6. The top tree's gradient: the union of every rank's touched rows, summed in rank order.
+  if (mode == mode_t::train) {
+    std::vector<index_t> mine_count{own_top.num_rows()}, counts(static_cast<size_t>(ranks));
+    comm_.all_gather(mine_count.data(), 1, counts.data(), ones.data());
+    index_t all = 0;
+    for (index_t c : counts) all += c;
+    std::vector<index_t> own_rows(own_top.rows.begin(), own_top.rows.end()), union_rows(static_cast<size_t>(all));
+    comm_.all_gather(own_rows.data(), own_top.num_rows(), union_rows.data(), counts.data());
+    std::sort(union_rows.begin(), union_rows.end());
+    union_rows.erase(std::unique(union_rows.begin(), union_rows.end()), union_rows.end());
+    const index_t u = static_cast<index_t>(union_rows.size());
+    const bool bias = top_.has_bias();
+    std::vector<float> values(static_cast<size_t>(u * d), 0.f), bias_values(bias ? static_cast<size_t>(u) : 0, 0.f);
+    for (index_t e = 0; e < own_top.num_rows(); ++e) {
+      const auto at = std::lower_bound(union_rows.begin(), union_rows.end(), own_rows[static_cast<size_t>(e)]) -
+                      union_rows.begin();
+      std::copy(own_top.values.begin() + e * d, own_top.values.begin() + (e + 1) * d, values.begin() + at * d);
+      if (bias) bias_values[static_cast<size_t>(at)] = own_top.bias_values[static_cast<size_t>(e)];
+    }
+    comm_.all_reduce(values.data(), u * d, reduce_op::sum);
+    if (bias) comm_.all_reduce(bias_values.data(), u, reduce_op::sum);
+    grad_top->dim = d;
+    grad_top->rows.assign(union_rows.begin(), union_rows.end());
+    grad_top->values.assign(values.begin(), values.end());
+    grad_top->bias_values.assign(bias_values.begin(), bias_values.end());
+  }
+
+  // 7. Per-sample values and the reduced loss (in row order, in double).
+  if (per_sample.size != 0) std::copy(part.begin(), part.end(), per_sample.data);
+  double total = 0;
+  for (float x : part) total += x;
+  if (options.reduce == reduction::mean) total = valid > 0 ? total / static_cast<double>(valid) : 0.0;
+  return static_cast<float>(total);
+}
+
+}  // namespace xsoftmax

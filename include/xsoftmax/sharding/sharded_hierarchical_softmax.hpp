@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `sharded_hierarchical_softmax`: a hierarchical softmax split across the ranks of a communicator
+/// by an `hs_shard_plan` — the top tree replicated, each subtree on one rank — with data-parallel
+/// rows (each rank passes its own batch).
+///
+/// A step, on every rank (the loss factorises at the frontier: see hs_shard_plan.hpp):
+///  1. the top tree's head runs on the rank's own rows (targets mapped to their top leaves);
+///  2. each row whose target lies below the frontier goes, with its upstream gradient, to the owner
+///     of its subtree (`all_to_all`);
+///  3. the owner runs each of its subtrees' heads on the rows it received for it (reduction none);
+///  4. the per-row losses and hidden gradients go back (the reverse `all_to_all`) and are added to
+///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
+///     replicas receive the same update.
+/// Everything but the sums is data movement, so the result equals the unsharded head's up to the
+/// order of floating-point additions, and repeated runs are bitwise equal. `log_prob` routes the
+/// same way; `topk` is an exact search in two routed rounds (see its documentation).
+///
+/// Traffic per step: each routed row's hidden vector and upstream gradient out (plus two indices),
+/// its loss and hidden gradient back, and an all-reduce over the union of the ranks' touched top
+/// rows (`mpi_communicator` sums in rank order: S times the data, see mpi_communicator.hpp).
+///
+/// Cost of this first version: one `hierarchical_softmax` call per subtree that received rows
+/// (each packs, sorts and plans its rows on its own: a fixed cost per subtree and step, which
+/// dominates when a rank owns many subtrees with few rows each); rows and gradients cross the
+/// transport through host memory, so only host backends (serial, omp) are offered.
+
+#include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/sharding/sharded_rows.hpp>
+#include <xsoftmax/hierarchical_softmax.hpp>
+#include <xsoftmax/sharding/class_sharding.hpp>
+#include <xsoftmax/sharding/hs_shard_plan.hpp>
+#include <xsoftmax/tree/runtime_tree.hpp>
+#include <xsoftmax/types.hpp>
+
+#include <utility>
+#include <vector>
+
+namespace xsoftmax {
+
+namespace detail {
+/// What a routed step computes: losses, losses and gradients, or log-probabilities.
+enum class hs_route_mode { forward, train, log_prob };
+/// A top-k search request: the best classes of subtree `subtree` for row `row`, whose top-tree
+/// log-probability of that subtree is `base`.
+struct hs_topk_request {
+  index_t row = 0, subtree = 0;
+  float base = 0.f;
+};
+/// (log-probability, class) candidates of each row.
+using hs_topk_candidates = std::vector<std::vector<std::pair<float, index_t>>>;
+}  // namespace detail
+
+/// Hierarchical softmax over the full tree of `plan`, sharded across `Communicator`'s ranks (see
+/// the file comment).
+///
+/// \tparam Communicator `mpi_communicator`, `solo_communicator` (see class_sharding.hpp).
+/// \tparam NodeForm     `softmax_nodes` or `sigmoid_nodes` (the plan's).
+/// \tparam Precision    `fp32`, `bf16`, `fp16` weight storage (only fp32 is tested).
+/// \tparam Backend      `serial` or `omp`.
+/// \tparam MaxDepth     the plan's trees' depth bound.
+///
+/// Weights: the replicated top tree's (`plan.top_rows()`, in that order) and this rank's local rows
+/// (`plan.local_rows(rank)`), both as views into the caller's buffers (no copy). Gradients: two
+/// sparse gradients, `grad_top` (top-tree rows, summed over every rank's batch, identical on every
+/// rank) and `grad_local` (local rows, from every rank's rows routed here).
+///
+/// Not offered yet: `backward` alone, `log_distribution`, the replicated hidden layout, the
+/// `_async` verbs, hidden rows other than fp32, device backends.
+template <class Communicator, class NodeForm = softmax_nodes, class Precision = fp32, class Backend = serial,
+          int MaxDepth = 64>
+class sharded_hierarchical_softmax {
+  static_assert(is_host_backend<Backend>,
+                "xsoftmax: sharded_hierarchical_softmax routes rows through host memory: serial or omp backend");
+  static_assert(!detail::takes_device_memory<Communicator> || detail::device_communicator_on_host<Communicator>,
+                "xsoftmax: sharded_hierarchical_softmax needs a host-memory communicator (mpi_communicator)");
+
+ public:
+  /// The prefix of every message a verb throws.
+  static constexpr const char* head_name = "sharded_hierarchical_softmax";
+  using plan_type = hs_shard_plan<MaxDepth, NodeForm>;
+  using tree_type = runtime_tree<MaxDepth>;
+  using head_type = hierarchical_softmax<tree_type, Precision, Backend, NodeForm>;
+  using storage_type = typename head_type::storage_type;
+  using gradient_type = typename head_type::gradient_type;
+
+  /// Attaches to the caller's `top_weights` (plan.top_rows().size() x dim) and `local_weights`
+  /// (plan.local_rows(rank).size() x dim) and optional biases (both or neither). Throws
+  /// `invalid_argument` when the communicator's size is not `plan.ranks()` or only one bias is
+  /// given, `shape_error` when a weight view has the wrong number of rows or the two widths differ.
+  sharded_hierarchical_softmax(plan_type plan, Communicator communicator, matrix_view<storage_type> top_weights,
+                               matrix_view<storage_type> local_weights, storage_type* top_bias = nullptr,
+                               storage_type* local_bias = nullptr, backend_resources<Backend> resources = {});
+
+  /// The plan (a copy of the constructor's).
+  [[nodiscard]] const plan_type& plan() const { return plan_; }
+  /// This rank, and the number of ranks.
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return plan_.ranks(); }
+  /// Classes of the full tree (targets and top-k classes are its class ids).
+  [[nodiscard]] index_t num_classes() const { return plan_.num_classes(); }
+  /// Width of the hidden rows and of every weight row.
+  [[nodiscard]] index_t dim() const { return top_.dim(); }
+  /// The replicated top tree's head (weights: `plan().top_rows()`).
+  [[nodiscard]] const head_type& top_head() const { return top_; }
+  /// The head of this rank's subtree `plan().subtrees_of(rank())[i]`.
+  [[nodiscard]] const head_type& subtree_head(index_t i) const { return subs_[static_cast<std::size_t>(i)]; }
+  /// The communicator (collectives are not const: they change the transport's state).
+  [[nodiscard]] Communicator& communicator() const { return comm_; }
+
+  /// Per-sample negative log-likelihood of this rank's batch (B x dim hidden, B targets), reduced
+  /// per `options` (mean, sum, none; `ignore_index`) over this rank's rows, as
+  /// `hierarchical_softmax::forward`. Collective: every rank calls it, with its own batch of at
+  /// least one row. Bad input throws (`shape_error`, `out_of_range`, `non_finite_error`,
+  /// `invalid_argument`, naming the argument) before the first collective; a rank that throws
+  /// leaves the others waiting in it, as for every sharded head (see class_sharding.hpp).
+  float forward(matrix_view<const float> hidden, vector_view<const index_t> targets, loss_options options = {},
+                vector_view<float> per_sample = {}) const {
+    return run_(detail::hs_route_mode::forward, hidden, targets, options, per_sample, nullptr, nullptr, nullptr, {});
+  }
+
+  /// `forward` with the gradients: `grad_hidden` (B x dim, this rank's rows) is overwritten;
+  /// `grad_top` gets the top tree's touched rows (ascending), of the sum over every rank's loss,
+  /// the same on every rank; `grad_local` this rank's local rows touched by any rank's rows
+  /// (subtree by subtree). `grad_output` as in `hierarchical_softmax::forward_backward`.
+  float forward_backward(matrix_view<const float> hidden, vector_view<const index_t> targets,
+                         matrix_view<float> grad_hidden, gradient_type& grad_top, gradient_type& grad_local,
+                         loss_options options = {}, vector_view<float> per_sample = {},
+                         vector_view<const float> grad_output = {}) const {
+    return run_(detail::hs_route_mode::train, hidden, targets, options, per_sample, &grad_hidden, &grad_top,
+                &grad_local, grad_output);
+  }
+
+  /// log p(targets[i] | hidden[i]) of this rank's rows into `out` (B entries); every target must
+  /// be a class. Collective.
+  void log_prob(matrix_view<const float> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
+
+  /// weights -= lr * gradient for the replicated top tree (`grad_top`, identical on every rank,
+  /// so the replicas stay equal) and this rank's local rows (`grad_local`), as the two gradients
+  /// of `forward_backward` give them. Both are checked before anything changes (rows in range and
+  /// unique, shapes, finite values; `lr` finite): `out_of_range`, `shape_error`,
+  /// `non_finite_error`, `invalid_argument`. Local: no collective.
+  void apply_sgd(const gradient_type& grad_top, const gradient_type& grad_local, float lr);
+
+  /// The k most probable classes of each of this rank's rows, best first (ties: smaller class
+  /// first), and their log-probabilities; `classes` and `log_probs` are B x k. Exact, in two
+  /// rounds: the top tree's best min(k, top classes) leaves are explored (their subtrees searched
+  /// by their owners), then every other top leaf whose log-probability reaches the k-th best found
+  /// (a class below it cannot beat its subtree's root). Throws `invalid_argument` unless
+  /// 1 <= k <= num_classes, `shape_error` for outputs of the wrong shape. Collective.
+  void topk(matrix_view<const float> hidden, index_t k, matrix_view<index_t> classes,
+            matrix_view<float> log_probs) const;
+
+ private:
+  float run_(detail::hs_route_mode mode, matrix_view<const float> hidden, vector_view<const index_t> targets,
+             loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+             gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output) const;
+  /// Sends each request's row to its subtree's owner, which searches the subtree's best k classes;
+  /// adds them (base + log p_sub) to the row's candidates. Collective (every rank calls it).
+  void explore_(matrix_view<const float> hidden, index_t k, const std::vector<detail::hs_topk_request>& requests,
+                detail::hs_topk_candidates& candidates) const;
+
+  plan_type plan_;
+  mutable Communicator comm_;
+  int rank_ = 0;
+  head_type top_;
+  std::vector<head_type> subs_;      ///< this rank's subtrees' heads, in plan_.subtrees_of(rank_) order
+  std::vector<index_t> slot_;        ///< subtree -> index in subs_ (-1 when another rank owns it)
+};
+
+}  // namespace xsoftmax
+
+#include <xsoftmax/detail/sharding/sharded_hierarchical_softmax.inl>
+#include <xsoftmax/detail/sharding/sharded_hierarchical_softmax_topk.inl>
