@@ -29,7 +29,7 @@ namespace xsoftmax_torch {
 /// `reduce_scatter` is an all-reduce of the whole buffer followed by a copy of this rank's block:
 /// gloo offers no reduce-scatter on CPU tensors, so it moves size() times the bytes a true
 /// reduce-scatter would (the hidden gradients of a data-parallel step; the weight gradients never
-/// travel).
+/// travel). `all_to_all` is one c10d all-to-all with split sizes.
 class process_group_communicator {
  public:
   /// Throws `std::invalid_argument` for a null group.
@@ -88,6 +88,21 @@ class process_group_communicator {
     group_->allreduce(t)->wait();
     if (counts[me] > 0)
       std::memcpy(recv, static_cast<const T*>(all.data_ptr()) + offset, static_cast<std::size_t>(counts[me]) * sizeof(T));
+  }
+
+  /// Rank p sends `send_counts[q]` elements (the blocks of `send`, in rank order) to rank q and
+  /// receives `recv_counts[q]` from rank q into `recv`, in rank order.
+  template <class T>
+  void all_to_all(const T* send, const xsoftmax::index_t* send_counts, T* recv, const xsoftmax::index_t* recv_counts) {
+    const int s = size();
+    std::vector<int64_t> in_split(send_counts, send_counts + s), out_split(recv_counts, recv_counts + s);
+    int64_t n_in = 0, n_out = 0;
+    for (int q = 0; q < s; ++q) n_in += in_split[q], n_out += out_split[q];
+    // c10d reads the input and writes the output in place; the input is never written.
+    at::Tensor in = n_in > 0 ? torch::from_blob(const_cast<T*>(send), {n_in}, options_of<T>())
+                             : torch::empty({0}, options_of<T>());
+    at::Tensor out = n_out > 0 ? torch::from_blob(recv, {n_out}, options_of<T>()) : torch::empty({0}, options_of<T>());
+    group_->alltoall_base(out, in, out_split, in_split)->wait();
   }
 
  private:

@@ -115,6 +115,25 @@ std::tuple<at::Tensor, at::Tensor> sharded_full_topk(const group_ptr& group, con
   });
 }
 
+/// One `all_to_all` of the communicator (for tests): `send` (int64) split by `send_counts`; the
+/// receive counts are exchanged first, as the library does.
+at::Tensor communicator_all_to_all(const group_ptr& group, const at::Tensor& send, std::vector<int64_t> send_counts) {
+  return guarded([&] {
+    TORCH_CHECK_VALUE(group, "xsoftmax::communicator_all_to_all: group is None");
+    process_group_communicator comm(group);
+    TORCH_CHECK_VALUE(static_cast<int>(send_counts.size()) == comm.size(), "xsoftmax::communicator_all_to_all: ",
+                      send_counts.size(), " send counts for ", comm.size(), " ranks");
+    const at::Tensor in = send.to(at::kLong).contiguous();
+    std::vector<int64_t> ones(send_counts.size(), 1), recv_counts(send_counts.size());
+    comm.all_to_all(send_counts.data(), ones.data(), recv_counts.data(), ones.data());
+    int64_t total = 0;
+    for (int64_t c : recv_counts) total += c;
+    at::Tensor out = at::empty({total}, at::TensorOptions().dtype(at::kLong));
+    comm.all_to_all(in.data_ptr<int64_t>(), send_counts.data(), out.data_ptr<int64_t>(), recv_counts.data());
+    return out;
+  });
+}
+
 }  // namespace
 
 void register_sharded_ops(pybind11::module& m) {
@@ -126,6 +145,8 @@ void register_sharded_ops(pybind11::module& m) {
   m.def("sharded_full_topk", &sharded_full_topk, py::arg("group"), py::arg("hidden"), py::arg("weight"),
         py::arg("bias"), py::arg("num_classes"), py::arg("layout"), py::arg("k"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("communicator_all_to_all", &communicator_all_to_all, py::arg("group"), py::arg("send"),
+        py::arg("send_counts"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace xsoftmax_torch

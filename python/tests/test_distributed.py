@@ -119,6 +119,14 @@ def _worker(rank, world, init_file):
         _close(all_rows.grad, gh, "replicated grad_hidden")
         _close(rep.weight.grad, rep.shard_of(gw), "replicated weight grad")
 
+        # The communicator's all_to_all (the sharded hierarchical softmax's routing): rank p sends
+        # q + 1 copies of 100 p + q to rank q.
+        from xsoftmax import _C
+        send = torch.cat([torch.full((q + 1,), 100 * rank + q, dtype=torch.int64) for q in range(world)])
+        got = _C.communicator_all_to_all(dist.group.WORLD, send, [q + 1 for q in range(world)])
+        want = torch.cat([torch.full((rank + 1,), 100 * p + rank, dtype=torch.int64) for p in range(world)])
+        assert torch.equal(got, want), f"rank {rank}: all_to_all gave {got.tolist()}, expected {want.tolist()}"
+
         # Bad input names the argument; a bad layout is refused before any collective.
         with pytest.raises(ValueError, match="layout"):
             ShardedFullSoftmaxLoss(N, D, layout="columns")
