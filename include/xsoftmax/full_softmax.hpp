@@ -24,12 +24,11 @@ namespace xsoftmax {
 ///                   rank holds the classes [class_begin(), class_end()) of num_classes(); every
 ///                   verb is collective (call it on every rank, in the same order) and gives what
 ///                   the unsharded head gives — loss, log_prob and top-k over all classes (with
-///                   label smoothing and z-loss), `grad_hidden` of this rank's rows — with the
+///                   label smoothing, z-loss and angular margins), `grad_hidden` of this rank's rows — with the
 ///                   weight gradient and `apply_sgd` on the local rows (row 0 = class_begin()).
 ///                   In the `data_parallel` layout each rank passes its own batch; its weight
 ///                   gradient is that of the sum over ranks of each rank's reduced loss.
-///                   `log_distribution` and angular margins are not offered sharded yet (they
-///                   throw `invalid_argument`).
+///                   `log_distribution` is not offered sharded yet (it throws `invalid_argument`).
 ///
 /// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
 /// `non_finite_error` or `invalid_argument` naming the argument and value; nothing is changed then.

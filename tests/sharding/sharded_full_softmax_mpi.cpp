@@ -2,7 +2,8 @@
 // full_softmax over class_sharding<mpi_communicator>, run by ctest under mpirun with 1, 2, 3 and 4
 // ranks (1003 classes: no rank count divides them): every verb equals the unsharded head on the
 // same weights — loss, per-sample losses, grad_hidden of the rank's own rows, each rank's weight
-// gradient rows, log_prob, top-k — with label smoothing and z-loss too, in both hidden layouts;
+// gradient rows, log_prob, top-k — with label smoothing, z-loss and angular margins too, in both
+// hidden layouts;
 // repeated runs are bitwise equal; a rank with no class and mismatched shards are rejected.
 
 // First: this test is the self-containment check of the MPI header (tests/self_contained skips it).
@@ -165,6 +166,47 @@ TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (data-paralle
       CHECK(gh == gh2);
       CHECK(std::vector<float>(g.values.begin(), g.values.end()) == std::vector<float>(g2.values.begin(), g2.values.end()));
     }
+  }
+}
+
+TEST_CASE_TEMPLATE("sharded full softmax with an angular margin equals the unsharded head", B, xs::serial, xs::omp) {
+  // A margin needs heads without a bias: the same layer's weights, no bias, on both sides.
+  fixture<B> f;
+  sharding sh(f.comm, classes, xs::hidden_layout::data_parallel);
+  const index_t begin = sh.class_begin(), local = sh.local_classes();
+  xs::full_softmax<xs::fp32, B, sharding> head(sh, xs::matrix_view<float>(f.full.w.data() + begin * dim, local, dim));
+  xs::full_softmax<xs::fp32, B> reference(xs::matrix_view<float>(f.full.w.data(), classes, dim));
+  std::vector<batch> all;
+  for (int q = 0; q < f.size; ++q) all.push_back(batch_of(q));
+  const batch& own = all[static_cast<std::size_t>(f.rank)];
+  for (const xs::margin_options m : {xs::margin_options::arcface(16.f, 0.3f), xs::margin_options::cosface(16.f, 0.2f)}) {
+    xs::loss_options o;
+    o.margin = m;
+    o.label_smoothing = 0.05f;
+    CAPTURE(static_cast<int>(m.kind));
+    std::vector<float> gh(own.h.size()), ref_gh(own.h.size());
+    typename decltype(head)::gradient_type g;
+    typename decltype(reference)::gradient_type ref_g;
+    const float loss =
+        head.forward_backward(hidden(own), targets(own), xs::matrix_view<float>(gh.data(), own.rows, dim), g, o);
+    const float ref_loss = reference.forward_backward(hidden(own), targets(own),
+                                                      xs::matrix_view<float>(ref_gh.data(), own.rows, dim), ref_g, o);
+    check_close({loss}, {ref_loss}, 1e-6, 1e-3, "loss");
+    check_close(gh, ref_gh, 1e-6, 1e-5, "grad_hidden");
+    // The local rows of the gradient of the sum over ranks of each rank's loss.
+    std::vector<float> gw(static_cast<std::size_t>(classes * dim), 0.f);
+    for (const batch& b : all) {
+      std::vector<float> bh(b.h.size());
+      typename decltype(reference)::gradient_type bg;
+      reference.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(bh.data(), b.rows, dim), bg, o);
+      for (index_t i = 0; i < bg.num_rows(); ++i)
+        for (index_t j = 0; j < dim; ++j)
+          gw[bg.rows[static_cast<std::size_t>(i)] * dim + j] += bg.values[static_cast<std::size_t>(i * dim + j)];
+    }
+    REQUIRE(g.num_rows() == local);
+    check_close(std::vector<float>(g.values.begin(), g.values.end()),
+                std::vector<float>(gw.begin() + begin * dim, gw.begin() + (begin + local) * dim), 1e-6, 1e-5,
+                "grad_weights");
   }
 }
 

@@ -77,8 +77,6 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
                                               gradient_type* grad_weights, vector_view<const float> grad_output,
                                               float* loss) const {
   // Every rank sees the same options, so every rank throws here, before any collective.
-  detail::expects(!options.margin.enabled(), where,
-                  ": angular margins (loss_options::margin) are not yet offered by a class-sharded head");
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t d = dim(), n_local = local_classes();
   detail::batch_rows<B> own = detail::pack_rows(ex, hidden, targets, options.ignore_index);
@@ -105,6 +103,10 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
   a.loss = detail::raw(losses);
   a.label_smoothing = options.label_smoothing;
   a.z_loss = options.z_loss;
+  // An angular margin needs nothing more under sharding: every rank normalises the same gathered
+  // rows and its own weight rows; the target logit (with its margin) lives on its owner only, and
+  // the normalisation's Jacobian is linear, so the ranks' partial hidden gradients still sum.
+  a.margin = options.margin;
   a.combine_rows = [&](const detail::dense_row_statistics& st) {
     detail::combine_row_statistics(ex, sharding_.communicator(), st);
   };
