@@ -12,6 +12,8 @@
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 #include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
 
+#include "sharded_checks.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -50,24 +52,7 @@ tree uniformish() {
   return tree::from_parents(parent, classes);
 }
 
-/// Norm-wise relative error ||a - b|| / max(||b||, floor) <= tol, and every element within 10 tol
-/// of the largest (see sharded_full_softmax_mpi.cpp).
-void check_close(const std::vector<float>& a, const std::vector<float>& b, double tol, double floor,
-                 const std::string& what) {
-  REQUIRE(a.size() == b.size());
-  double err = 0, norm = 0, largest = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double e = static_cast<double>(a[i]) - b[i];
-    err += e * e, norm += static_cast<double>(b[i]) * b[i];
-    largest = std::max(largest, std::abs(static_cast<double>(b[i])));
-  }
-  const double rel = std::sqrt(err) / std::max(std::sqrt(norm), floor);
-  INFO(what, ": relative error ", rel);
-  CHECK(rel <= tol);
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::abs(static_cast<double>(a[i]) - b[i]) > 10 * tol * std::max(largest, floor))
-      FAIL_CHECK(what, "[", i, "] = ", a[i], " vs unsharded ", b[i]);
-}
+using xsoftmax_test::check_close;
 
 /// The sharded top-k against the unsharded one: log-probabilities close; classes equal, except a
 /// swap between neighbours whose log-probabilities tie to rounding (1e-5).
