@@ -5,7 +5,8 @@
 // group is not a tensor):
 //
 //   sharded_full_run(group, hidden, weight, bias?, targets, num_classes, layout, reduction,
-//                    ignore_index, label_smoothing, z_loss, grad_output?, want_gradients)
+//                    ignore_index, label_smoothing, z_loss, margin, margin_scale, margin_m,
+//                    grad_output?, want_gradients)
 //       -> (loss, grad_hidden, grad_weight, grad_bias)
 //   sharded_full_topk(group, hidden, weight, bias?, num_classes, layout, k) -> (log_probs, classes)
 //
@@ -14,7 +15,9 @@
 // rank passes its own rows and gets their loss and gradients), 1: replicated (every rank passes the
 // same rows). With `want_gradients`, grad_hidden (B x dim) and this rank's dense weight gradient
 // (local rows x dim, and the bias's) are returned, for the upstream gradient `grad_output` (None:
-// 1; a scalar, or B values for reduction none). Every rank must call with the same options.
+// 1; a scalar, or B values for reduction none). `margin` 0: none, 1: ArcFace, 2: CosFace (scale s,
+// margin m; the library checks them and that there is no bias). Every rank must call with the
+// same options.
 
 #include "process_group_communicator.hpp"
 #include "tensor_args.hpp"
@@ -55,12 +58,19 @@ void with_sharded_head(const group_ptr& group, const at::Tensor& weight, const c
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run(
     const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
-    double label_smoothing, double z_loss, const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
+    double label_smoothing, double z_loss, int64_t margin, double margin_scale, double margin_m,
+    const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
   return guarded([&] {
     const char* op = "sharded_full_run";
     loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
     a.options.label_smoothing = static_cast<float>(label_smoothing);
     a.options.z_loss = static_cast<float>(z_loss);
+    TORCH_CHECK_VALUE(margin >= 0 && margin <= 2, "xsoftmax::", op, ": margin = ", margin,
+                      " must be 0 (none), 1 (arcface) or 2 (cosface)");
+    a.options.margin.kind = margin == 1 ? xs::margin_kind::arcface : margin == 2 ? xs::margin_kind::cosface
+                                                                                 : xs::margin_kind::none;
+    a.options.margin.scale = static_cast<float>(margin_scale);
+    a.options.margin.m = static_cast<float>(margin_m);
     const int64_t b = a.hidden.size(0), d = a.hidden.size(1);
     const auto f32 = at::TensorOptions().dtype(at::kFloat);
     at::Tensor per_sample = at::empty({b}, f32), grad_hidden, grad_weight, grad_bias;
@@ -140,7 +150,8 @@ void register_sharded_ops(pybind11::module& m) {
   namespace py = pybind11;
   m.def("sharded_full_run", &sharded_full_run, py::arg("group"), py::arg("hidden"), py::arg("weight"),
         py::arg("bias"), py::arg("targets"), py::arg("num_classes"), py::arg("layout"), py::arg("reduction"),
-        py::arg("ignore_index"), py::arg("label_smoothing"), py::arg("z_loss"), py::arg("grad_output"),
+        py::arg("ignore_index"), py::arg("label_smoothing"), py::arg("z_loss"), py::arg("margin"),
+        py::arg("margin_scale"), py::arg("margin_m"), py::arg("grad_output"),
         py::arg("want_gradients"), py::call_guard<py::gil_scoped_release>());
   m.def("sharded_full_topk", &sharded_full_topk, py::arg("group"), py::arg("hidden"), py::arg("weight"),
         py::arg("bias"), py::arg("num_classes"), py::arg("layout"), py::arg("k"),

@@ -119,6 +119,38 @@ def _worker(rank, world, init_file):
         _close(all_rows.grad, gh, "replicated grad_hidden")
         _close(rep.weight.grad, rep.shard_of(gw), "replicated weight grad")
 
+        # ArcFace under sharding (no bias): normalised rows and weights, s cos(theta_t + m) on the target.
+        arc = ShardedFullSoftmaxLoss(N, D, margin="arcface", margin_scale=16.0, margin_m=0.3)
+        with torch.no_grad():
+            arc.weight.copy_(arc.shard_of(w).float())
+        mine = h[rows].float().clone().requires_grad_()
+        arc(mine, t[rows]).backward()
+        wr, hr = w.clone().requires_grad_(), h[rows].clone().requires_grad_()
+        cos = F.normalize(hr, dim=1) @ F.normalize(wr, dim=1).T
+        keep = t[rows] != -100
+        tc = cos[keep].gather(1, t[rows][keep][:, None])[:, 0]
+        theta = torch.acos(tc.clamp(-1, 1))
+        logits = 16.0 * cos[keep].scatter(1, t[rows][keep][:, None], torch.cos(theta + 0.3)[:, None])
+        ref = F.cross_entropy(logits, t[rows][keep])
+        # The weight gradient sums every rank's loss: rank q's rows against the same weights.
+        total = 0.0
+        start_q = 0
+        for q, n in enumerate(sizes):
+            rq = slice(start_q, start_q + n)
+            hq = hr if q == rank else h[rq]
+            cq = F.normalize(hq, dim=1) @ F.normalize(wr, dim=1).T
+            kq = t[rq] != -100
+            tq = cq[kq].gather(1, t[rq][kq][:, None])[:, 0]
+            lq = 16.0 * cq[kq].scatter(1, t[rq][kq][:, None], torch.cos(torch.acos(tq.clamp(-1, 1)) + 0.3)[:, None])
+            total = total + F.cross_entropy(lq, t[rq][kq])
+            start_q += n
+        total.backward()
+        _close(arc(h[rows].float(), t[rows]), ref, "arcface loss")
+        _close(mine.grad, hr.grad, "arcface grad_hidden")
+        _close(arc.weight.grad, arc.shard_of(wr.grad), "arcface weight grad")
+        with pytest.raises(ValueError, match="bias=False"):
+            ShardedFullSoftmaxLoss(N, D, margin="cosface", bias=True)
+
         # The communicator's all_to_all (the sharded hierarchical softmax's routing): rank p sends
         # q + 1 copies of 100 p + q to rank q.
         from xsoftmax import _C

@@ -31,6 +31,8 @@ from . import _C, _ops
 __all__ = ["class_range", "ShardedFullSoftmaxLoss"]
 
 _LAYOUTS = {"data_parallel": 0, "replicated": 1}
+_MARGINS = {None: 0, "arcface": 1, "cosface": 2}
+_DEFAULT_M = {"arcface": 0.5, "cosface": 0.35}
 
 
 def class_range(num_classes, world_size, rank):
@@ -98,6 +100,12 @@ class ShardedFullSoftmaxLoss(nn.Module):
         dtype: weight storage, torch.float32 / bfloat16 / float16 (arithmetic is float32).
         reduction, ignore_index: as in ``F.cross_entropy``, over this rank's rows.
         label_smoothing, z_loss: the library's loss terms (exact under sharding).
+        margin: None, 'arcface' (target logit s cos(theta + m), InsightFace's form) or 'cosface'
+            (s (cos theta - m)); every other logit is s cos theta, features and class weights
+            L2-normalised (needs ``bias=False``). ``margin_scale`` is s (default 64, the papers'
+            value for millions of identities; 16-32 suit fewer classes), ``margin_m`` is m
+            (default 0.5 rad for ArcFace, 0.35 for CosFace). ``log_prob`` and ``predict`` stay
+            margin-free (plain logits), as in the C++ library.
         init_scale: weights uniform in +-init_scale (default 1 / sqrt(dim)), drawn from ``seed``
             with the rank mixed in, so ranks differ.
 
@@ -107,7 +115,8 @@ class ShardedFullSoftmaxLoss(nn.Module):
     """
 
     def __init__(self, num_classes, dim, group=None, layout="data_parallel", bias=False, dtype=torch.float32,
-                 reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0, init_scale=None, seed=0):
+                 reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0, margin=None,
+                 margin_scale=64.0, margin_m=None, init_scale=None, seed=0):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ShardedFullSoftmaxLoss: torch.distributed is not initialised "
@@ -120,6 +129,10 @@ class ShardedFullSoftmaxLoss(nn.Module):
             raise ValueError(f"dtype = {dtype} must be torch.float32, torch.bfloat16 or torch.float16")
         if int(dim) < 1:
             raise ValueError(f"dim = {dim} must be >= 1")
+        if margin not in _MARGINS:
+            raise ValueError(f"margin = {margin!r} must be None, 'arcface' or 'cosface'")
+        if margin is not None and bias:
+            raise ValueError(f"margin = {margin!r} needs bias=False (logits are scaled cosines)")
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
@@ -127,6 +140,8 @@ class ShardedFullSoftmaxLoss(nn.Module):
         self.class_begin, self.class_end = class_range(self.num_classes, self.world_size, self.rank)
         self.layout, self.reduction, self.ignore_index = layout, reduction, int(ignore_index)
         self.label_smoothing, self.z_loss = float(label_smoothing), float(z_loss)
+        self.margin, self.margin_scale = margin, float(margin_scale)
+        self.margin_m = float(margin_m if margin_m is not None else _DEFAULT_M.get(margin, 0.0))
         rows = self.class_end - self.class_begin
         scale = init_scale if init_scale is not None else 1.0 / math.sqrt(self.dim)
         gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + self.rank)
@@ -161,7 +176,8 @@ class ShardedFullSoftmaxLoss(nn.Module):
     def _run(self, hidden, weight, bias, targets, reduction, grad_output, want_gradients):
         return _C.sharded_full_run(self.group, hidden, weight.detach(), None if bias is None else bias.detach(),
                                    targets, self.num_classes, _LAYOUTS[self.layout], reduction, self.ignore_index,
-                                   self.label_smoothing, self.z_loss, grad_output, want_gradients)
+                                   self.label_smoothing, self.z_loss, _MARGINS[self.margin], self.margin_scale,
+                                   self.margin_m, grad_output, want_gradients)
 
     def forward(self, hidden, targets):
         """The loss of this rank's rows (per ``reduction``)."""
@@ -177,7 +193,8 @@ class ShardedFullSoftmaxLoss(nn.Module):
         h, t = self._rows(hidden, targets)
         with torch.no_grad():
             nll = _C.sharded_full_run(self.group, h, self.weight, self.bias, t, self.num_classes,
-                                      _LAYOUTS[self.layout], 0, _ops.INT64_MIN, 0.0, 0.0, None, False)[0]
+                                      _LAYOUTS[self.layout], 0, _ops.INT64_MIN, 0.0, 0.0, 0, 1.0, 0.0, None,
+                                      False)[0]
         return (-nll).reshape(lead)
 
     def predict(self, hidden, k=1):
