@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The exact softmax on the CPU: xsoftmax's FullSoftmaxLoss against PyTorch's
+F.cross_entropy(F.linear(h, W)), one training step each (forward + backward + SGD on W), side by
+side in one process (the two alternate, so the machine's load hits both alike), same threads.
+
+Peak memory is measured in a fresh child process per method (peak RSS minus the RSS after the
+inputs and weights exist), so one method's allocations never count against the other.
+
+    OMP_WAIT_POLICY=passive python3 bench/full_softmax_vs_torch_cpu.py --classes 100000 1000000
+    python3 bench/full_softmax_vs_torch_cpu.py --classes 100000 --steps 5 --threads 2 --json out.json
+
+Floor: a step is three GEMMs of 2 B N d FLOPs (scores, grad_hidden, grad_weight); xsoftmax adds a
+fourth (it recomputes the scores in the backward pass instead of keeping the B x N logits).
+Needs the xsoftmax package (pip install --no-build-isolation ./python).
+"""
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def make(n, d, b, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(b, d, generator=g)
+    t = torch.randint(0, n, (b,), generator=g)
+    w = (torch.rand(n, d, generator=g) * 2 - 1) / d ** 0.5
+    return h, t, w
+
+
+def torch_step(w, h, t, lr):
+    w.grad = None
+    hh = h.detach().requires_grad_()
+    loss = F.cross_entropy(F.linear(hh, w), t)
+    loss.backward()
+    with torch.no_grad():
+        w -= lr * w.grad
+    return loss.item()
+
+
+def xsoftmax_step(head, h, t, lr):
+    head.weight.grad = None
+    hh = h.detach().requires_grad_()
+    loss = head(hh, t)
+    loss.backward()
+    with torch.no_grad():
+        head.weight -= lr * head.weight.grad
+    return loss.item()
+
+
+def stepper(method, n, d, b):
+    h, t, w = make(n, d, b)
+    if method == "torch":
+        w = w.requires_grad_()
+        return lambda: torch_step(w, h, t, 0.1)
+    from xsoftmax import FullSoftmaxLoss
+    head = FullSoftmaxLoss(n, d)
+    with torch.no_grad():
+        head.weight.copy_(w)
+    return lambda: xsoftmax_step(head, h, t, 0.1)
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child_peak(method, n, d, b, threads):
+    """Peak RSS growth (MiB) of two steps of `method` in a fresh process."""
+    code = (f"import torch, sys; sys.path.insert(0, {repr(sys.path[0])}); torch.set_num_threads({threads}); "
+            f"import full_softmax_vs_torch_cpu as m; step = m.stepper({method!r}, {n}, {d}, {b}); "
+            "import resource; base = m.rss_mib(); step(); step(); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--classes", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per method (after one warm-up step)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    rows = []
+    print(f"torch {torch.__version__}, {a.threads} threads, d = {a.dim}, B = {a.batch}", flush=True)
+    for n in a.classes:
+        steps = {m: stepper(m, n, a.dim, a.batch) for m in ("torch", "xsoftmax")}
+        for s in steps.values():
+            s()  # warm-up
+        times = {m: [] for m in steps}
+        for _ in range(a.steps):
+            for m, s in steps.items():  # alternate: the same load for both
+                t0 = time.perf_counter()
+                s()
+                times[m].append(time.perf_counter() - t0)
+        del steps
+        peak = {m: child_peak(m, n, a.dim, a.batch, a.threads) for m in ("torch", "xsoftmax")}
+        gflop = 3 * 2 * a.batch * n * a.dim / 1e9
+        med = {m: statistics.median(v) for m, v in times.items()}
+        row = {"classes": n, "dim": a.dim, "batch": a.batch, "threads": a.threads, "gemm_gflop_per_step": gflop,
+               "torch_s": med["torch"], "xsoftmax_s": med["xsoftmax"], "torch_all_s": times["torch"],
+               "xsoftmax_all_s": times["xsoftmax"], "speedup": med["torch"] / med["xsoftmax"],
+               "torch_peak_mib": peak["torch"], "xsoftmax_peak_mib": peak["xsoftmax"],
+               "memory_ratio": peak["xsoftmax"] / peak["torch"]}
+        rows.append(row)
+        print(f"N = {n:>9,}: torch {med['torch'] * 1e3:8.1f} ms ({gflop / med['torch']:.0f} GFLOP/s of the 3-GEMM "
+              f"floor), xsoftmax {med['xsoftmax'] * 1e3:8.1f} ms -> {row['speedup']:.2f}x; peak memory torch "
+              f"{peak['torch']:.0f} MiB, xsoftmax {peak['xsoftmax']:.0f} MiB ({row['memory_ratio']:.2f}x)",
+              flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
