@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// `group_by_key`: the items 0..n-1 grouped by a key in [0, num_keys): a stable sort of the item
+/// indices by key (so each group lists its items ascending) and the start of every group (a
+/// counting sort's offsets, found by binary search in the sorted keys). Thrust algorithms on the
+/// execution's policy, so the result is the same on every backend and thread count. Used for the
+/// IVF lists (items: vectors, keys: their list) and the k-means centroid update (items: points,
+/// keys: their cluster).
+
+#include <xsoftmax/detail/execution.hpp>
+
+#include <thrust/binary_search.h>
+#include <thrust/copy.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/sequence.h>
+#include <thrust/sort.h>
+
+namespace xsoftmax::detail {
+
+/// Groups the items by `keys` (n values in [0, num_keys), in the execution's memory; not changed).
+/// `sorted_keys` (n) receives the keys ascending, `items` (n) the item indices in that order (ties
+/// ascending), `offsets` (num_keys + 1) the start of each key's group and n last: key j's items are
+/// items[offsets[j] .. offsets[j + 1]). All three are vectors of the execution's backend, resized.
+template <class Ex, class IndexVector>
+void group_by_key(const Ex& ex, const index_t* keys, index_t n, index_t num_keys, IndexVector& sorted_keys,
+                  IndexVector& items, IndexVector& offsets) {
+  const auto policy = policy_of(ex);
+  sorted_keys.resize(static_cast<std::size_t>(n));
+  items.resize(static_cast<std::size_t>(n));
+  offsets.resize(static_cast<std::size_t>(num_keys + 1));
+  thrust::copy(policy, keys, keys + n, sorted_keys.begin());
+  thrust::sequence(policy, items.begin(), items.end());
+  thrust::stable_sort_by_key(policy, sorted_keys.begin(), sorted_keys.end(), items.begin());
+  thrust::lower_bound(policy, sorted_keys.begin(), sorted_keys.end(), thrust::counting_iterator<index_t>(0),
+                      thrust::counting_iterator<index_t>(num_keys + 1), offsets.begin());
+}
+
+}  // namespace xsoftmax::detail
