@@ -9,6 +9,7 @@
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/group_by_key.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/primitives/sparse_accumulate.hpp>
 #include <xsoftmax/detail/selection/active_set_checks.hpp>
@@ -349,4 +350,35 @@ TEST_CASE_TEMPLATE("every head instantiates and trains a step on every backend o
   ko.graph.k = 5;
   one_step(xs::knn_softmax<xs::fp32, B>(n, d, ko, true), n, d);
   one_step(xs::selective_softmax<xs::feature_query_selector, xs::fp16, B>(xs::feature_query_selector(4), n, d), n, d);
+}
+
+TEST_CASE_TEMPLATE("generic primitives: group_by_key equals a stable sort by key and a count of each key", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(5);
+  const index_t n = 300, num_keys = 17;
+  std::vector<index_t> keys_host(static_cast<std::size_t>(n));
+  for (auto& x : keys_host) x = static_cast<index_t>(g() % (num_keys - 3));  // keys 14..16 stay empty
+  keys_host[7] = num_keys - 1;                                                // but the last has one item
+  const test_vector<index_t> keys = to_test(keys_host);
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  xs::backend_vector<B, index_t> sorted, items, offsets;
+  xs::detail::group_by_key(ex, keys.data(), n, num_keys, sorted, items, offsets);
+  const thrust::host_vector<index_t> s(sorted), it(items), off(offsets);
+  // Oracle: a stable sort of 0..n-1 by key, and offsets from counts.
+  std::vector<index_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return keys_host[a] < keys_host[b]; });
+  std::vector<index_t> want_off(static_cast<std::size_t>(num_keys + 1), 0);
+  for (index_t x : keys_host) ++want_off[x + 1];
+  std::partial_sum(want_off.begin(), want_off.end(), want_off.begin());
+  REQUIRE(static_cast<index_t>(it.size()) == n);
+  REQUIRE(static_cast<index_t>(off.size()) == num_keys + 1);
+  for (index_t i = 0; i < n; ++i) {
+    CHECK(it[i] == order[i]);
+    CHECK(s[i] == keys_host[order[i]]);
+  }
+  for (index_t j = 0; j <= num_keys; ++j) CHECK(off[j] == want_off[j]);
+  CHECK(off[num_keys] == n);
+  CHECK(std::vector<index_t>(keys.begin(), keys.end()) == keys_host);  // the keys are not changed
 }

@@ -4,11 +4,12 @@
 /// The search of the IVF KNN-graph build: every vector of an IVF index (in list order) finds its K
 /// best among the members of the lists its own list probes. All members of a list share its
 /// probes, so list a against probed list b is one GEMM (|a| x |b| scores); the GEMMs of one probe
-/// slot are issued from the host in batches (a bounded score buffer in the execution's memory),
-/// and each batch is folded into the per-vector heaps by one parallel pass. The host reads only
+/// slot are issued from the host as GEMM batches (`gemm_batch`, into a bounded score buffer in the
+/// execution's memory), and each batch is folded into the per-vector heaps by one parallel pass. The host reads only
 /// sizes: the list offsets and the probes (num_lists x nprobe indices).
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/gemm_batch.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 
 #include <thrust/fill.h>
@@ -88,8 +89,9 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
   basic_row_topk_state<typename execution_type::backend> best(n, k);
   index_vector list_of(static_cast<std::size_t>(n)), block_here;
   parallel_for(ex, nl, mark_list_members{offsets, raw(list_of)});
-  typename execution_type::template vector<float> s, scratch;
+  typename execution_type::template vector<float> s;
   std::vector<index_t> block;
+  std::vector<host::gemm_args> gemms;
   auto size_of = [&](index_t a, index_t slot) {
     const index_t b = probes_host[a * nprobe + slot];
     return (offsets_host[a + 1] - offsets_host[a]) * (offsets_host[b + 1] - offsets_host[b]);
@@ -105,13 +107,25 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
       }
       if (s.size() < static_cast<std::size_t>(block.back())) s.resize(static_cast<std::size_t>(block.back()));
       float* sp = raw(s);
-      for (index_t a = a0; a < a1; ++a) {
+      gemms.clear();
+      for (index_t a = a0; a < a1; ++a) {  // scores of list a's members against list b's: A_a B_b^T
         const index_t qa = offsets_host[a + 1] - offsets_host[a], b = probes_host[a * nprobe + slot];
         const index_t first = offsets_host[b], len = offsets_host[b + 1] - first;
         if (qa == 0 || len == 0) continue;
-        dense_scores(ex, matrix_view<const float>(lv.row(offsets_host[a]), qa, d), lv,
-                     static_cast<const float*>(nullptr), first, len, sp + block[a - a0], len, scratch);
+        host::gemm_args g;
+        g.op_b = host::op::transpose;
+        g.m = qa;
+        g.n = len;
+        g.k = d;
+        g.a = lv.row(offsets_host[a]);
+        g.lda = lv.stride;
+        g.b = lv.row(first);
+        g.ldb = lv.stride;
+        g.c = sp + block[a - a0];
+        g.ldc = len;
+        gemms.push_back(g);
       }
+      gemm_batch(ex, gemms.data(), static_cast<index_t>(gemms.size()));
       block_here.assign(block.begin(), block.end());
       const index_t r0 = offsets_host[a0], r1 = offsets_host[a1];
       parallel_for(ex, r1 - r0,
