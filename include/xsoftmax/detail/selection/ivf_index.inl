@@ -107,7 +107,7 @@ void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const iv
     const std::vector<index_t> rows = detail::kmeans_sample_rows(n, train, o.seed);
     const index_vector rows_here(rows.begin(), rows.end());
     sample.resize(static_cast<std::size_t>(train * d));
-    detail::gather_rows(ex, x, d, thrust::raw_pointer_cast(rows_here.data()), train, detail::raw(sample));
+    detail::copy_listed_rows(ex, x, d, thrust::raw_pointer_cast(rows_here.data()), train, detail::raw(sample));
     tx = matrix_view<const float>(detail::raw(sample), train, d);
   }
   float* centroids = centroids_.reset(ex, lists * d);
@@ -120,7 +120,7 @@ void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const iv
   const auto policy = ex.policy();
   thrust::copy(policy, ids.begin(), ids.end(), list_ids_.reset(ex, n));
   thrust::copy(policy, offsets.begin(), offsets.end(), list_offsets_.reset(ex, lists + 1));
-  detail::gather_rows(ex, x, d, detail::raw(ids), n, vectors_.reset(ex, n * d));
+  detail::copy_listed_rows(ex, x, d, detail::raw(ids), n, vectors_.reset(ex, n * d));
 
   n_ = n;
   d_ = d;

@@ -105,7 +105,7 @@ void kmeans(const Ex& ex_in, matrix_view<const float> x, index_t k, index_t iter
   }
   {
     const index_vector rows(pick.begin(), pick.end());
-    gather_rows(ex, x.data, d, thrust::raw_pointer_cast(rows.data()), k, centroids);
+    copy_listed_rows(ex, x.data, d, thrust::raw_pointer_cast(rows.data()), k, centroids);
   }
   index_vector assign(static_cast<std::size_t>(n)), keys, items, offsets, reseed(static_cast<std::size_t>(k));
   typename execution_type::template vector<double> sum(static_cast<std::size_t>(k * d));

@@ -54,7 +54,7 @@ void unit_rows(const Ex& ex, float* x, index_t n, index_t d) {
 
 /// dst row i = src row rows[i] (rows of d floats, dense), for i in [0, count).
 template <class Ex>
-void gather_rows(const Ex& ex, const float* src, index_t d, const index_t* rows, index_t count, float* dst) {
+void copy_listed_rows(const Ex& ex, const float* src, index_t d, const index_t* rows, index_t count, float* dst) {
   parallel_for(ex, count, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
     const float* s = src + rows[i] * d;
     for (index_t p = 0; p < d; ++p) dst[i * d + p] = s[p];
