@@ -9,6 +9,7 @@
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/gemm_batch.hpp>
 #include <xsoftmax/detail/primitives/group_by_key.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/primitives/sparse_accumulate.hpp>
@@ -381,4 +382,52 @@ TEST_CASE_TEMPLATE("generic primitives: group_by_key equals a stable sort by key
   for (index_t j = 0; j <= num_keys; ++j) CHECK(off[j] == want_off[j]);
   CHECK(off[num_keys] == n);
   CHECK(std::vector<index_t>(keys.begin(), keys.end()) == keys_host);  // the keys are not changed
+}
+
+TEST_CASE_TEMPLATE("generic primitives: gemm_batch equals a float64 product for each GEMM of the batch", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(6);
+  // Three GEMMs C_i = A_i B_i^T of different shapes over one operand buffer, into disjoint blocks.
+  const index_t shapes[3][3] = {{5, 7, 4}, {1, 9, 6}, {8, 3, 5}};  // m, n, k
+  std::vector<float> a_host, b_host;
+  std::vector<index_t> a_at, b_at, c_at;
+  index_t c_size = 0;
+  for (const auto& s : shapes) {
+    a_at.push_back(static_cast<index_t>(a_host.size()));
+    b_at.push_back(static_cast<index_t>(b_host.size()));
+    c_at.push_back(c_size);
+    for (index_t i = 0; i < s[0] * s[2]; ++i) a_host.push_back(static_cast<float>(static_cast<int>(g() % 7) - 3));
+    for (index_t i = 0; i < s[1] * s[2]; ++i) b_host.push_back(static_cast<float>(static_cast<int>(g() % 7) - 3));
+    c_size += s[0] * s[1];
+  }
+  const test_vector<float> a = to_test(a_host), b = to_test(b_host);
+  test_vector<float> c(static_cast<std::size_t>(c_size), -1.f);
+  std::vector<xs::detail::host::gemm_args> batch;
+  for (int i = 0; i < 3; ++i) {
+    xs::detail::host::gemm_args ga;
+    ga.op_b = xs::detail::host::op::transpose;
+    ga.m = shapes[i][0];
+    ga.n = shapes[i][1];
+    ga.k = shapes[i][2];
+    ga.a = a.data() + a_at[i];
+    ga.lda = ga.k;
+    ga.b = b.data() + b_at[i];
+    ga.ldb = ga.k;
+    ga.c = c.data() + c_at[i];
+    ga.ldc = ga.n;
+    batch.push_back(ga);
+  }
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  xs::detail::gemm_batch(ex, batch.data(), static_cast<index_t>(batch.size()));
+  xs::detail::backend_ops<B>::synchronize(res);
+  const std::vector<float> got(c.begin(), c.end());
+  for (int i = 0; i < 3; ++i)
+    for (index_t r = 0; r < shapes[i][0]; ++r)
+      for (index_t j = 0; j < shapes[i][1]; ++j) {
+        double want = 0;
+        for (index_t p = 0; p < shapes[i][2]; ++p)
+          want += double(a_host[a_at[i] + r * shapes[i][2] + p]) * b_host[b_at[i] + j * shapes[i][2] + p];
+        CHECK(got[c_at[i] + r * shapes[i][1] + j] == want);  // small integers: exact in fp32
+      }
 }

@@ -121,6 +121,7 @@ void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const iv
   thrust::copy(policy, ids.begin(), ids.end(), list_ids_.reset(ex, n));
   thrust::copy(policy, offsets.begin(), offsets.end(), list_offsets_.reset(ex, lists + 1));
   detail::copy_listed_rows(ex, x, d, detail::raw(ids), n, vectors_.reset(ex, n * d));
+  execution_type::ops::synchronize(ex.res);  // a verb: complete on return (host() may read it next)
 
   n_ = n;
   d_ = d;
@@ -164,6 +165,7 @@ void ivf_index::search_on(const Ex& ex_in, matrix_view<const float> queries, ind
   detail::ivf_scan_lists(ex, queries, detail::raw(probes), nprobe, list_offsets_.data(ex), list_ids_.data(ex),
                          matrix_view<const float>(vectors_.data(ex), n_, d_), bias, k, detail::raw(heaps.score),
                          detail::raw(heaps.index), ids, scores);
+  execution_type::ops::synchronize(ex.res);  // a verb: the outputs are complete on return
 }
 
 }  // namespace xsoftmax
