@@ -11,12 +11,21 @@
 #include <xsoftmax/detail/execution.hpp>
 
 #include <thrust/binary_search.h>
-#include <thrust/copy.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/sequence.h>
 #include <thrust/sort.h>
 
 namespace xsoftmax::detail {
+
+/// sorted_keys[i] = keys[i], items[i] = i: the input of the stable sort, in one pass.
+struct keys_and_indices {
+  const index_t* keys;
+  index_t* sorted_keys;
+  index_t* items;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    sorted_keys[i] = keys[i];
+    items[i] = i;
+  }
+};
 
 /// Groups the items by `keys` (n values in [0, num_keys), in the execution's memory; not changed).
 /// `sorted_keys` (n) receives the keys ascending, `items` (n) the item indices in that order (ties
@@ -29,8 +38,8 @@ void group_by_key(const Ex& ex, const index_t* keys, index_t n, index_t num_keys
   sorted_keys.resize(static_cast<std::size_t>(n));
   items.resize(static_cast<std::size_t>(n));
   offsets.resize(static_cast<std::size_t>(num_keys + 1));
-  thrust::copy(policy, keys, keys + n, sorted_keys.begin());
-  thrust::sequence(policy, items.begin(), items.end());
+  parallel_for(ex, n, keys_and_indices{keys, thrust::raw_pointer_cast(sorted_keys.data()),
+                                       thrust::raw_pointer_cast(items.data())});
   thrust::stable_sort_by_key(policy, sorted_keys.begin(), sorted_keys.end(), items.begin());
   thrust::lower_bound(policy, sorted_keys.begin(), sorted_keys.end(), thrust::counting_iterator<index_t>(0),
                       thrust::counting_iterator<index_t>(num_keys + 1), offsets.begin());

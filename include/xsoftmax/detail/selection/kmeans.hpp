@@ -3,7 +3,7 @@
 /// \file
 /// k-means over class vectors for the IVF index, on an execution: Lloyd iterations whose
 /// assignment step is the dense-scores primitive (points x centroids, one GEMM per tile) followed
-/// by a top-1 (row_topk), and whose update step groups the points by cluster (a stable sort) and
+/// by a top-1, and whose update step groups the points by cluster (a stable sort) and
 /// averages each cluster's members in ascending point order, so the centroids are the same on
 /// every backend and thread count. Spherical k-means (cosine) keeps centroids on the unit sphere
 /// and assigns by inner product; Euclidean k-means assigns by x . c - |c|^2 / 2 (the bias of the
@@ -12,18 +12,30 @@
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/group_by_key.hpp>
-#include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/selection/sampling.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
 
-#include <thrust/copy.h>
-#include <thrust/fill.h>
-
 #include <algorithm>
+#include <math.h>
 #include <random>
 #include <vector>
 
 namespace xsoftmax::detail {
+
+/// assign[r] = the column of row r's highest score (s: rows x k), ties towards the smaller column:
+/// the top-1 of `row_topk` (same order, same handling of NaN), without its heap buffers.
+struct best_column {
+  const float* s;
+  index_t k;
+  index_t* assign;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const float* row = s + r * k;
+    index_t best = 0;
+    for (index_t j = 1; j < k; ++j)
+      if (row[j] > row[best]) best = j;
+    assign[r] = best;
+  }
+};
 
 /// For every row of `x`, the centroid (rows of `c`, k x d) with the highest score, into `assign`
 /// (x.rows values): x . c for spherical k-means, x . c - |c|^2 / 2 (nearest in L2) otherwise. Ties:
@@ -45,23 +57,20 @@ void assign_to_centroids(const Ex& ex_in, matrix_view<const float> x, matrix_vie
     });
   const index_t tile = std::max<index_t>(1, std::min<index_t>(n, (index_t(4) << 20) / std::max<index_t>(k, 1)));
   typename execution_type::template vector<float> s(static_cast<std::size_t>(tile * k)), scratch;
-  basic_row_topk_state<typename execution_type::backend> best(tile, 1);
-  const auto policy = ex.policy();
   for (index_t r0 = 0; r0 < n; r0 += tile) {
     const index_t rn = std::min(tile, n - r0);
-    thrust::fill(policy, best.size.begin(), best.size.end(), index_t(0));
     dense_scores(ex, matrix_view<const float>(x.row(r0), rn, d, x.stride), c, spherical ? nullptr : hn, 0, k, raw(s),
                  k, scratch);
-    row_topk_update(ex, raw(s), rn, k, k, 0, best);
-    thrust::copy(policy, best.index.begin(), best.index.begin() + rn, assign + r0);
+    parallel_for(ex, rn, best_column{raw(s), k, assign + r0});
   }
 }
 
 /// Centroid j = the mean of its members (items[offsets[j] .. offsets[j + 1]) of `x`, summed in
-/// double in that order), or row reseed[j] of `x` when it has none. `sum`: k x d doubles of scratch.
+/// double in that order), or row reseed[j] of `x` when it has none; then scaled to unit length
+/// when `unit` (as `unit_rows` does). `sum`: k x d doubles of scratch.
 template <class Ex>
 void update_centroids(const Ex& ex, matrix_view<const float> x, index_t k, const index_t* items,
-                      const index_t* offsets, const index_t* reseed, double* sum, float* centroids) {
+                      const index_t* offsets, const index_t* reseed, bool unit, double* sum, float* centroids) {
   const index_t d = x.cols;
   parallel_for(ex, k, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
     float* cj = centroids + j * d;
@@ -69,16 +78,22 @@ void update_centroids(const Ex& ex, matrix_view<const float> x, index_t k, const
     if (first == last) {
       const float* r = x.row(reseed[j]);
       for (index_t p = 0; p < d; ++p) cj[p] = r[p];
-      return;
+    } else {
+      double* sj = sum + j * d;
+      for (index_t p = 0; p < d; ++p) sj[p] = 0.0;
+      for (index_t m = first; m < last; ++m) {
+        const float* r = x.row(items[m]);
+        for (index_t p = 0; p < d; ++p) sj[p] += r[p];
+      }
+      const double count = static_cast<double>(last - first);
+      for (index_t p = 0; p < d; ++p) cj[p] = static_cast<float>(sj[p] / count);
     }
-    double* sj = sum + j * d;
-    for (index_t p = 0; p < d; ++p) sj[p] = 0.0;
-    for (index_t m = first; m < last; ++m) {
-      const float* r = x.row(items[m]);
-      for (index_t p = 0; p < d; ++p) sj[p] += r[p];
+    if (unit) {
+      double s = 0;
+      for (index_t p = 0; p < d; ++p) s += static_cast<double>(cj[p]) * cj[p];
+      const float inv = s > 0 ? static_cast<float>(1.0 / ::sqrt(s)) : 0.f;
+      for (index_t p = 0; p < d; ++p) cj[p] *= inv;
     }
-    const double count = static_cast<double>(last - first);
-    for (index_t p = 0; p < d; ++p) cj[p] = static_cast<float>(sj[p] / count);
   });
 }
 
@@ -117,8 +132,7 @@ void kmeans(const Ex& ex_in, matrix_view<const float> x, index_t k, index_t iter
     execution_type::ops::copy(ex.res, start.data(), raw(offsets), k + 1);
     for (index_t j = 0; j < k; ++j) pick[j] = start[j + 1] == start[j] ? std::uniform_int_distribution<index_t>(0, n - 1)(rng) : 0;
     execution_type::ops::copy(ex.res, raw(reseed), pick.data(), k);
-    update_centroids(ex, x, k, raw(items), raw(offsets), raw(reseed), raw(sum), centroids);
-    if (spherical) unit_rows(ex, centroids, k, d);
+    update_centroids(ex, x, k, raw(items), raw(offsets), raw(reseed), spherical, raw(sum), centroids);
   }
 }
 
