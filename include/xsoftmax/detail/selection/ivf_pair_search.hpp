@@ -3,9 +3,10 @@
 /// \file
 /// The search of the IVF KNN-graph build: every vector of an IVF index (in list order) finds its K
 /// best among the members of the lists its own list probes. All members of a list share its
-/// probes, so list a against probed list b is one GEMM (|a| x |b| scores); the GEMMs of one probe
-/// slot are issued from the host as GEMM batches (`gemm_batch`, into a bounded score buffer in the
-/// execution's memory), and each batch is folded into the per-vector heaps by one parallel pass. The host reads only
+/// probes, so list a against probed list b is one GEMM (|a| x |b| scores). The GEMMs of a range of
+/// lists (all their probes) are issued from the host as one GEMM batch (`gemm_batch`, into a
+/// bounded score buffer in the execution's memory), and each batch is folded into the per-vector
+/// heaps by one parallel pass: two passes per batch, whatever nprobe. The host reads only
 /// sizes: the list offsets and the probes (num_lists x nprobe indices).
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
@@ -20,25 +21,28 @@
 
 namespace xsoftmax::detail {
 
-/// Offers row r's scores of one probed list to r's heap: r (a vector in list order) belongs to
-/// list `list_of[r]`, whose block of scores starts at `block[list - first_list]` in `s`.
-struct offer_probed_list {
+/// Offers row r's scores against its list's probed lists to r's heap, probe by probe: r (a vector
+/// in list order) belongs to list a = `list_of[r]`, whose block of scores against its probe `slot`
+/// starts at `block[(a - first_list) * nprobe + slot]` in `s`.
+struct offer_probed_lists {
   const float* s;
-  const index_t* block;    ///< per list of the batch: offset of its |a| x |b| block in s
+  const index_t* block;    ///< per (list of the batch, probe slot): offset of its |a| x |b| block in s
   const index_t* list_of;  ///< N: the list of each vector
   const index_t* probes;   ///< num_lists x nprobe
   const index_t* offsets;  ///< num_lists + 1
   const index_t* list_ids;
-  index_t nprobe, slot, first_list, first_row, k;
+  index_t nprobe, first_list, first_row, k;
   float* hs;
   index_t* hi;
   index_t* size;
   XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t r = first_row + i, a = list_of[r], b = probes[a * nprobe + slot];
-    const index_t first = offsets[b], len = offsets[b + 1] - first;
-    const float* row = s + block[a - first_list] + (r - offsets[a]) * len;
+    const index_t r = first_row + i, a = list_of[r];
     topk_heap heap{hs + r * k, hi + r * k, size[r]};
-    for (index_t j = 0; j < len; ++j) heap.offer(row[j], list_ids[first + j], k);
+    for (index_t slot = 0; slot < nprobe; ++slot) {
+      const index_t b = probes[a * nprobe + slot], first = offsets[b], len = offsets[b + 1] - first;
+      const float* row = s + block[(a - first_list) * nprobe + slot] + (r - offsets[a]) * len;
+      for (index_t j = 0; j < len; ++j) heap.offer(row[j], list_ids[first + j], k);
+    }
     size[r] = heap.n;
   }
 };
@@ -92,25 +96,29 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
   typename execution_type::template vector<float> s;
   std::vector<index_t> block;
   std::vector<host::gemm_args> gemms;
-  auto size_of = [&](index_t a, index_t slot) {
-    const index_t b = probes_host[a * nprobe + slot];
-    return (offsets_host[a + 1] - offsets_host[a]) * (offsets_host[b + 1] - offsets_host[b]);
+  auto scores_of = [&](index_t a) {  // list a against all its probes
+    index_t total = 0;
+    for (index_t slot = 0; slot < nprobe; ++slot) {
+      const index_t b = probes_host[a * nprobe + slot];
+      total += (offsets_host[a + 1] - offsets_host[a]) * (offsets_host[b + 1] - offsets_host[b]);
+    }
+    return total;
   };
-  for (index_t slot = 0; slot < nprobe; ++slot) {
-    for (index_t a0 = 0; a0 < nl;) {
-      // The batch: lists [a0, a1) whose score blocks fit the buffer (at least one list).
-      block.assign(1, 0);
-      index_t a1 = a0;
-      while (a1 < nl && (a1 == a0 || block.back() + size_of(a1, slot) <= max_scores)) {
-        block.push_back(block.back() + size_of(a1, slot));
-        ++a1;
-      }
-      if (s.size() < static_cast<std::size_t>(block.back())) s.resize(static_cast<std::size_t>(block.back()));
-      float* sp = raw(s);
-      gemms.clear();
-      for (index_t a = a0; a < a1; ++a) {  // scores of list a's members against list b's: A_a B_b^T
+  for (index_t a0 = 0; a0 < nl;) {
+    // The batch: lists [a0, a1) whose score blocks fit the buffer (at least one list).
+    index_t a1 = a0, total = 0;
+    while (a1 < nl && (a1 == a0 || total + scores_of(a1) <= max_scores)) total += scores_of(a1++);
+    if (s.size() < static_cast<std::size_t>(total)) s.resize(static_cast<std::size_t>(total));
+    float* sp = raw(s);
+    block.clear();
+    gemms.clear();
+    index_t at = 0;
+    for (index_t a = a0; a < a1; ++a)
+      for (index_t slot = 0; slot < nprobe; ++slot) {  // scores of list a's members against list b's
         const index_t qa = offsets_host[a + 1] - offsets_host[a], b = probes_host[a * nprobe + slot];
         const index_t first = offsets_host[b], len = offsets_host[b + 1] - first;
+        block.push_back(at);
+        at += qa * len;
         if (qa == 0 || len == 0) continue;
         host::gemm_args g;
         g.op_b = host::op::transpose;
@@ -121,18 +129,17 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
         g.lda = lv.stride;
         g.b = lv.row(first);
         g.ldb = lv.stride;
-        g.c = sp + block[a - a0];
+        g.c = sp + block.back();
         g.ldc = len;
         gemms.push_back(g);
       }
-      gemm_batch(ex, gemms.data(), static_cast<index_t>(gemms.size()));
-      block_here.assign(block.begin(), block.end());
-      const index_t r0 = offsets_host[a0], r1 = offsets_host[a1];
-      parallel_for(ex, r1 - r0,
-                   offer_probed_list{sp, raw(block_here), raw(list_of), probes, offsets, list_ids, nprobe, slot, a0, r0,
-                                     k, raw(best.score), raw(best.index), raw(best.size)});
-      a0 = a1;
-    }
+    gemm_batch(ex, gemms.data(), static_cast<index_t>(gemms.size()));
+    block_here.assign(block.begin(), block.end());
+    const index_t r0 = offsets_host[a0], r1 = offsets_host[a1];
+    parallel_for(ex, r1 - r0,
+                 offer_probed_lists{sp, raw(block_here), raw(list_of), probes, offsets, list_ids, nprobe, a0, r0, k,
+                                    raw(best.score), raw(best.index), raw(best.size)});
+    a0 = a1;
   }
   row_topk_finish(ex, n, best);
   parallel_for(ex, n, write_graph_rows{list_ids, raw(best.score), raw(best.index), raw(best.size), k, ids, sims});
