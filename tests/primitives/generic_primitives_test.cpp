@@ -384,7 +384,24 @@ TEST_CASE_TEMPLATE("generic primitives: group_by_key equals a stable sort by key
   CHECK(std::vector<index_t>(keys.begin(), keys.end()) == keys_host);  // the keys are not changed
 }
 
-TEST_CASE_TEMPLATE("generic primitives: gemm_batch equals a float64 product for each GEMM of the batch", B,
+namespace {
+
+/// out[r] = the sum of the `len[r]` outputs at c + at[r] (one row of a GEMM's output).
+struct sum_output_row {
+  const float* c;
+  const index_t* at;
+  const index_t* len;
+  float* out;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    float s = 0;
+    for (index_t j = 0; j < len[r]; ++j) s += c[at[r] + j];
+    out[r] = s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("generic primitives: gemm_batch and gemm_groups_then_rows equal a float64 product per GEMM", B,
                    XSOFTMAX_TEST_BACKENDS) {
   std::mt19937 g(6);
   // Three GEMMs C_i = A_i B_i^T of different shapes over one operand buffer, into disjoint blocks.
@@ -430,4 +447,22 @@ TEST_CASE_TEMPLATE("generic primitives: gemm_batch equals a float64 product for 
           want += double(a_host[a_at[i] + r * shapes[i][2] + p]) * b_host[b_at[i] + j * shapes[i][2] + p];
         CHECK(got[c_at[i] + r * shapes[i][1] + j] == want);  // small integers: exact in fp32
       }
+  // Groups: GEMM 0 alone, then GEMMs 1 and 2, each group followed by the sums of its output rows.
+  std::fill(c.begin(), c.end(), -1.f);
+  std::vector<index_t> at_host, len_host;
+  for (int i = 0; i < 3; ++i)
+    for (index_t r = 0; r < shapes[i][0]; ++r) at_host.push_back(c_at[i] + r * shapes[i][1]), len_host.push_back(shapes[i][1]);
+  const test_vector<index_t> at = to_test(at_host), len = to_test(len_host);
+  test_vector<float> sums(at_host.size(), -1.f);
+  const index_t gemm_at[3] = {0, 1, 3};
+  const index_t row_at[3] = {0, shapes[0][0], static_cast<index_t>(at_host.size())};
+  xs::detail::gemm_groups_then_rows(ex, batch.data(), gemm_at, row_at, 2,
+                                    sum_output_row{c.data(), at.data(), len.data(), sums.data()});
+  xs::detail::backend_ops<B>::synchronize(res);
+  const std::vector<float> got_sums(sums.begin(), sums.end());
+  for (std::size_t r = 0; r < at_host.size(); ++r) {
+    double want = 0;
+    for (index_t j = 0; j < len_host[r]; ++j) want += got[at_host[r] + j];  // the products checked above
+    CHECK(got_sums[r] == want);
+  }
 }

@@ -4,9 +4,9 @@
 /// The search of the IVF KNN-graph build: every vector of an IVF index (in list order) finds its K
 /// best among the members of the lists its own list probes. All members of a list share its
 /// probes, so list a against probed list b is one GEMM (|a| x |b| scores). The GEMMs of a range of
-/// lists (all their probes) are issued from the host as one GEMM batch (`gemm_batch`, into a
-/// bounded score buffer in the execution's memory), and each batch is folded into the per-vector
-/// heaps by one parallel pass: two passes per batch, whatever nprobe. The host reads only
+/// lists (all their probes) are issued from the host as one batch into a bounded score buffer in
+/// the execution's memory, each list's GEMMs followed by the pass that folds its members' scores
+/// into their heaps (`gemm_groups_then_rows`: one parallel pass per batch, whatever nprobe). The host reads only
 /// sizes: the list offsets and the probes (num_lists x nprobe indices).
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
@@ -31,12 +31,12 @@ struct offer_probed_lists {
   const index_t* probes;   ///< num_lists x nprobe
   const index_t* offsets;  ///< num_lists + 1
   const index_t* list_ids;
-  index_t nprobe, first_list, first_row, k;
+  index_t nprobe, first_list, k;
   float* hs;
   index_t* hi;
   index_t* size;
-  XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t r = first_row + i, a = list_of[r];
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const index_t a = list_of[r];
     topk_heap heap{hs + r * k, hi + r * k, size[r]};
     for (index_t slot = 0; slot < nprobe; ++slot) {
       const index_t b = probes[a * nprobe + slot], first = offsets[b], len = offsets[b + 1] - first;
@@ -85,7 +85,7 @@ template <class Ex>
 void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const index_t* offsets,
                         const std::vector<index_t>& offsets_host, const index_t* list_ids, const index_t* probes,
                         const std::vector<index_t>& probes_host, index_t nprobe, index_t k, index_t* ids, float* sims,
-                        index_t max_scores = index_t(16) << 20) {
+                        index_t max_scores = index_t(4) << 20) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   using index_vector = typename execution_type::template vector<index_t>;
@@ -94,7 +94,7 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
   index_vector list_of(static_cast<std::size_t>(n)), block_here;
   parallel_for(ex, nl, mark_list_members{offsets, raw(list_of)});
   typename execution_type::template vector<float> s;
-  std::vector<index_t> block;
+  std::vector<index_t> block, gemm_at, row_at;
   std::vector<host::gemm_args> gemms;
   auto scores_of = [&](index_t a) {  // list a against all its probes
     index_t total = 0;
@@ -112,8 +112,12 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
     float* sp = raw(s);
     block.clear();
     gemms.clear();
+    gemm_at.clear();
+    row_at.clear();
     index_t at = 0;
-    for (index_t a = a0; a < a1; ++a)
+    for (index_t a = a0; a < a1; ++a) {
+      gemm_at.push_back(static_cast<index_t>(gemms.size()));
+      row_at.push_back(offsets_host[a]);
       for (index_t slot = 0; slot < nprobe; ++slot) {  // scores of list a's members against list b's
         const index_t qa = offsets_host[a + 1] - offsets_host[a], b = probes_host[a * nprobe + slot];
         const index_t first = offsets_host[b], len = offsets_host[b + 1] - first;
@@ -133,12 +137,13 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
         g.ldc = len;
         gemms.push_back(g);
       }
-    gemm_batch(ex, gemms.data(), static_cast<index_t>(gemms.size()));
+    }
+    gemm_at.push_back(static_cast<index_t>(gemms.size()));
+    row_at.push_back(offsets_host[a1]);
     block_here.assign(block.begin(), block.end());
-    const index_t r0 = offsets_host[a0], r1 = offsets_host[a1];
-    parallel_for(ex, r1 - r0,
-                 offer_probed_lists{sp, raw(block_here), raw(list_of), probes, offsets, list_ids, nprobe, a0, r0, k,
-                                    raw(best.score), raw(best.index), raw(best.size)});
+    gemm_groups_then_rows(ex, gemms.data(), gemm_at.data(), row_at.data(), a1 - a0,
+                          offer_probed_lists{sp, raw(block_here), raw(list_of), probes, offsets, list_ids, nprobe, a0,
+                                             k, raw(best.score), raw(best.index), raw(best.size)});
     a0 = a1;
   }
   row_topk_finish(ex, n, best);
