@@ -6,8 +6,8 @@
 /// probes, so list a against probed list b is one GEMM (|a| x |b| scores). The GEMMs of a range of
 /// lists (all their probes) are issued from the host as one batch into a bounded score buffer in
 /// the execution's memory, each list's GEMMs followed by the pass that folds its members' scores
-/// into their heaps (`gemm_groups_then_rows`: one parallel pass per batch, whatever nprobe). The host reads only
-/// sizes: the list offsets and the probes (num_lists x nprobe indices).
+/// into their heaps (`gemm_groups_then_rows`: one parallel pass per batch, whatever nprobe). The
+/// host reads only sizes: the list offsets and the probes (num_lists x nprobe indices).
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/gemm_batch.hpp>
