@@ -5,8 +5,8 @@
 /// indices by key (so each group lists its items ascending) and the start of every group (a
 /// counting sort's offsets, found by binary search in the sorted keys). Thrust algorithms on the
 /// execution's policy, so the result is the same on every backend and thread count. Used for the
-/// IVF lists (items: vectors, keys: their list) and the k-means centroid update (items: points,
-/// keys: their cluster).
+/// IVF lists (items: vectors, keys: their list). (k-means does not use it: a Thrust OpenMP stable
+/// sort is five parallel regions, too many per Lloyd iteration; see detail/selection/kmeans.hpp.)
 
 #include <xsoftmax/detail/execution.hpp>
 
