@@ -26,9 +26,10 @@
 ///  * `selective_softmax` (every selector) and `knn_softmax` run their one generic algorithm too:
 ///    active sets are built, checked and scored in device memory (`active_set_for<cuda>`); caller
 ///    candidate lists, a KNN graph and a sampler's class counts are copied to the device once per
-///    change. Sampled negatives are drawn on the host (m ids per step). The KNN graph build and the
-///    IVF index (build and search) are host algorithms: on cuda they copy their inputs to the host
-///    and run on OpenMP threads.
+///    change. Sampled negatives are drawn on the host (m ids per step). The KNN graph build (exact
+///    and IVF), k-means and the IVF index (build and search) are the same generic algorithms as on
+///    the host, run on the device; the host keeps the seeded random choices and reads sizes, and
+///    the finished graph is stored on the host (copied back to the device on the next `select`).
 ///  * `hierarchical_softmax` runs its one generic algorithm too (planning, sorting, GEMM and
 ///    gather-dot paths, top-k search, log_distribution), with two tuned kernel sets whose generic
 ///    versions are their oracles in the GPU tests: the gather path gives one warp to each sample

@@ -9,6 +9,8 @@
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/gemm_batch.hpp>
+#include <xsoftmax/detail/primitives/group_by_key.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/primitives/sparse_accumulate.hpp>
 #include <xsoftmax/detail/selection/active_set_checks.hpp>
@@ -349,4 +351,118 @@ TEST_CASE_TEMPLATE("every head instantiates and trains a step on every backend o
   ko.graph.k = 5;
   one_step(xs::knn_softmax<xs::fp32, B>(n, d, ko, true), n, d);
   one_step(xs::selective_softmax<xs::feature_query_selector, xs::fp16, B>(xs::feature_query_selector(4), n, d), n, d);
+}
+
+TEST_CASE_TEMPLATE("generic primitives: group_by_key equals a stable sort by key and a count of each key", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(5);
+  const index_t n = 300, num_keys = 17;
+  std::vector<index_t> keys_host(static_cast<std::size_t>(n));
+  for (auto& x : keys_host) x = static_cast<index_t>(g() % (num_keys - 3));  // keys 14..16 stay empty
+  keys_host[7] = num_keys - 1;                                                // but the last has one item
+  const test_vector<index_t> keys = to_test(keys_host);
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  xs::backend_vector<B, index_t> sorted, items, offsets;
+  xs::detail::group_by_key(ex, keys.data(), n, num_keys, sorted, items, offsets);
+  const thrust::host_vector<index_t> s(sorted), it(items), off(offsets);
+  // Oracle: a stable sort of 0..n-1 by key, and offsets from counts.
+  std::vector<index_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return keys_host[a] < keys_host[b]; });
+  std::vector<index_t> want_off(static_cast<std::size_t>(num_keys + 1), 0);
+  for (index_t x : keys_host) ++want_off[x + 1];
+  std::partial_sum(want_off.begin(), want_off.end(), want_off.begin());
+  REQUIRE(static_cast<index_t>(it.size()) == n);
+  REQUIRE(static_cast<index_t>(off.size()) == num_keys + 1);
+  for (index_t i = 0; i < n; ++i) {
+    CHECK(it[i] == order[i]);
+    CHECK(s[i] == keys_host[order[i]]);
+  }
+  for (index_t j = 0; j <= num_keys; ++j) CHECK(off[j] == want_off[j]);
+  CHECK(off[num_keys] == n);
+  CHECK(std::vector<index_t>(keys.begin(), keys.end()) == keys_host);  // the keys are not changed
+}
+
+namespace {
+
+/// out[r] = the sum of the `len[r]` outputs at c + at[r] (one row of a GEMM's output).
+struct sum_output_row {
+  const float* c;
+  const index_t* at;
+  const index_t* len;
+  float* out;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    float s = 0;
+    for (index_t j = 0; j < len[r]; ++j) s += c[at[r] + j];
+    out[r] = s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("generic primitives: gemm_batch and gemm_groups_then_rows equal a float64 product per GEMM", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  std::mt19937 g(6);
+  // Three GEMMs C_i = A_i B_i^T of different shapes over one operand buffer, into disjoint blocks.
+  const index_t shapes[3][3] = {{5, 7, 4}, {1, 9, 6}, {8, 3, 5}};  // m, n, k
+  std::vector<float> a_host, b_host;
+  std::vector<index_t> a_at, b_at, c_at;
+  index_t c_size = 0;
+  for (const auto& s : shapes) {
+    a_at.push_back(static_cast<index_t>(a_host.size()));
+    b_at.push_back(static_cast<index_t>(b_host.size()));
+    c_at.push_back(c_size);
+    for (index_t i = 0; i < s[0] * s[2]; ++i) a_host.push_back(static_cast<float>(static_cast<int>(g() % 7) - 3));
+    for (index_t i = 0; i < s[1] * s[2]; ++i) b_host.push_back(static_cast<float>(static_cast<int>(g() % 7) - 3));
+    c_size += s[0] * s[1];
+  }
+  const test_vector<float> a = to_test(a_host), b = to_test(b_host);
+  test_vector<float> c(static_cast<std::size_t>(c_size), -1.f);
+  std::vector<xs::detail::host::gemm_args> batch;
+  for (int i = 0; i < 3; ++i) {
+    xs::detail::host::gemm_args ga;
+    ga.op_b = xs::detail::host::op::transpose;
+    ga.m = shapes[i][0];
+    ga.n = shapes[i][1];
+    ga.k = shapes[i][2];
+    ga.a = a.data() + a_at[i];
+    ga.lda = ga.k;
+    ga.b = b.data() + b_at[i];
+    ga.ldb = ga.k;
+    ga.c = c.data() + c_at[i];
+    ga.ldc = ga.n;
+    batch.push_back(ga);
+  }
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  xs::detail::gemm_batch(ex, batch.data(), static_cast<index_t>(batch.size()));
+  xs::detail::backend_ops<B>::synchronize(res);
+  const std::vector<float> got(c.begin(), c.end());
+  for (int i = 0; i < 3; ++i)
+    for (index_t r = 0; r < shapes[i][0]; ++r)
+      for (index_t j = 0; j < shapes[i][1]; ++j) {
+        double want = 0;
+        for (index_t p = 0; p < shapes[i][2]; ++p)
+          want += double(a_host[a_at[i] + r * shapes[i][2] + p]) * b_host[b_at[i] + j * shapes[i][2] + p];
+        CHECK(got[c_at[i] + r * shapes[i][1] + j] == want);  // small integers: exact in fp32
+      }
+  // Groups: GEMM 0 alone, then GEMMs 1 and 2, each group followed by the sums of its output rows.
+  std::fill(c.begin(), c.end(), -1.f);
+  std::vector<index_t> at_host, len_host;
+  for (int i = 0; i < 3; ++i)
+    for (index_t r = 0; r < shapes[i][0]; ++r) at_host.push_back(c_at[i] + r * shapes[i][1]), len_host.push_back(shapes[i][1]);
+  const test_vector<index_t> at = to_test(at_host), len = to_test(len_host);
+  test_vector<float> sums(at_host.size(), -1.f);
+  const index_t gemm_at[3] = {0, 1, 3};
+  const index_t row_at[3] = {0, shapes[0][0], static_cast<index_t>(at_host.size())};
+  xs::detail::gemm_groups_then_rows(ex, batch.data(), gemm_at, row_at, 2,
+                                    sum_output_row{c.data(), at.data(), len.data(), sums.data()});
+  xs::detail::backend_ops<B>::synchronize(res);
+  const std::vector<float> got_sums(sums.begin(), sums.end());
+  for (std::size_t r = 0; r < at_host.size(); ++r) {
+    double want = 0;
+    for (index_t j = 0; j < len_host[r]; ++j) want += got[at_host[r] + j];  // the products checked above
+    CHECK(got_sums[r] == want);
+  }
 }

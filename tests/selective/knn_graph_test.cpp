@@ -3,7 +3,8 @@
 // reference (and does not depend on the tile sizes); the IVF build with nprobe = num_lists equals
 // the exact graph, and its recall falls with fewer probes; rebuilds reuse the graph's buffers;
 // the IVF index lists partition the classes and its search with every list probed is exact; bad
-// sizes raise typed errors naming the value.
+// sizes raise typed errors naming the value; serial and omp builds (graph, index, k-means) are
+// bitwise equal; one k-means round equals a float64 assignment and mean.
 
 #include "selective/selection_support.hpp"
 
@@ -285,4 +286,100 @@ TEST_CASE("knn graph and ivf index: bad sizes raise typed errors naming the valu
   CHECK_THROWS_AS(index.search(cview(w, 1, d - 1), 3, 1, mview(ids, 1, 3), mview(sc, 1, 3)), xsoftmax::shape_error);
   CHECK(message_of([&] { index.search(cview(w, 1, d), 3, 0, mview(ids, 1, 3), mview(sc, 1, 3)); }).find("nprobe = 0") !=
         std::string::npos);
+}
+
+TEST_CASE("knn graph, ivf index and k-means: serial and omp builds are bitwise equal") {
+  test_rng rng(306);
+  const index_t n = 700, d = 12, k = 9;
+  const auto w = clustered_weights(rng, n, d, 15, 0.4);
+  // Exact builds and IVF indexes: the same GEMM calls on both backends, random weights.
+  for (similarity m : {similarity::cosine, similarity::inner_product}) {
+    knn_build_options o;
+    o.k = k;
+    o.metric = m;
+    o.query_tile = 250;
+    o.class_tile = 300;
+    const knn_graph a = xsoftmax::build_knn_graph<xsoftmax::serial>(cview(w, n, d), o);
+    const knn_graph b = xsoftmax::build_knn_graph<xsoftmax::omp>(cview(w, n, d), o);
+    INFO("metric ", static_cast<int>(m));
+    CHECK(a.ids() == b.ids());
+    CHECK(a.similarities() == b.similarities());
+  }
+  // IVF graphs: the list-pair GEMMs run one per thread on omp, and a threaded BLAS may sum a GEMM
+  // called from the main thread (serial) in another order; on integer weights every sum is exact,
+  // so the lists, probes, heaps and tie-breaks must agree bit for bit.
+  const auto wi = integer_weights(rng, n, d);
+  knn_build_options o;
+  o.k = k;
+  o.metric = similarity::inner_product;
+  o.method = knn_build_method::ivf;
+  o.ivf.num_lists = 20;
+  o.nprobe = 4;
+  const knn_graph a = xsoftmax::build_knn_graph<xsoftmax::serial>(cview(wi, n, d), o);
+  const knn_graph b = xsoftmax::build_knn_graph<xsoftmax::omp>(cview(wi, n, d), o);
+  CHECK(a.ids() == b.ids());
+  CHECK(a.similarities() == b.similarities());
+  // k-means with empty clusters to re-seed: 200 points on 6 distinct positions, 25 centroids.
+  std::vector<float> dup(static_cast<size_t>(200 * d));
+  for (index_t i = 0; i < 200; ++i)
+    for (index_t p = 0; p < d; ++p) dup[size_t(i * d + p)] = w[size_t((i % 6) * d + p)];
+  for (similarity m : {similarity::cosine, similarity::inner_product}) {
+    xsoftmax::ivf_options io;
+    io.num_lists = 25;
+    io.metric = m;
+    io.seed = 7;
+    xsoftmax::ivf_index s, p;
+    s.build<xsoftmax::serial>(cview(dup, 200, d), io);
+    p.build<xsoftmax::omp>(cview(dup, 200, d), io);
+    const auto cs = s.centroids(), cp = p.centroids();
+    CHECK(std::vector<float>(cs.data, cs.data + cs.size()) == std::vector<float>(cp.data, cp.data + cp.size()));
+    CHECK(s.list_ids() == p.list_ids());
+    CHECK(s.list_offsets() == p.list_offsets());
+    index_t empty_lists = 0;
+    for (index_t l = 0; l < s.num_lists(); ++l) empty_lists += s.list_offsets()[size_t(l)] == s.list_offsets()[size_t(l + 1)];
+    CHECK(empty_lists >= 1);  // 25 clusters over 6 distinct points: some stay empty, so re-seeds ran
+  }
+}
+
+TEST_CASE("k-means: one Lloyd round equals a float64 assignment and mean from the same start") {
+  test_rng rng(307);
+  const index_t n = 500, d = 7, lists = 6;
+  const auto w = clustered_weights(rng, n, d, 6, 0.2);
+  const xsoftmax::host_resources res{};
+  const xsoftmax::detail::execution<xsoftmax::serial> ex{res};
+  for (bool spherical : {false, true}) {
+    std::vector<float> x = w;
+    if (spherical)
+      for (index_t i = 0; i < n; ++i) {
+        double s = 0;
+        for (index_t p = 0; p < d; ++p) s += double(x[size_t(i * d + p)]) * x[size_t(i * d + p)];
+        for (index_t p = 0; p < d; ++p) x[size_t(i * d + p)] = float(x[size_t(i * d + p)] / std::sqrt(s));
+      }
+    std::vector<float> c0(static_cast<size_t>(lists * d)), c1(c0.size());
+    xsoftmax::detail::kmeans(ex, cview(x, n, d), lists, 0, spherical, 11, c0.data());  // the seeded start
+    xsoftmax::detail::kmeans(ex, cview(x, n, d), lists, 1, spherical, 11, c1.data());
+    std::vector<double> sum(c0.size(), 0.0), count(static_cast<size_t>(lists), 0.0);
+    for (index_t i = 0; i < n; ++i) {
+      index_t best = 0;
+      double best_s = -1e300;
+      for (index_t j = 0; j < lists; ++j) {
+        double dot = 0, nn = 0;
+        for (index_t p = 0; p < d; ++p)
+          dot += double(x[size_t(i * d + p)]) * c0[size_t(j * d + p)], nn += double(c0[size_t(j * d + p)]) * c0[size_t(j * d + p)];
+        const double s = spherical ? dot : dot - nn / 2;
+        if (s > best_s) best_s = s, best = j;
+      }
+      count[size_t(best)] += 1;
+      for (index_t p = 0; p < d; ++p) sum[size_t(best * d + p)] += x[size_t(i * d + p)];
+    }
+    INFO("spherical ", spherical);
+    for (index_t j = 0; j < lists; ++j) {
+      REQUIRE(count[size_t(j)] > 0);  // no re-seed on this data
+      double norm = 0;
+      for (index_t p = 0; p < d; ++p) norm += (sum[size_t(j * d + p)] / count[size_t(j)]) * (sum[size_t(j * d + p)] / count[size_t(j)]);
+      const double scale = spherical ? 1 / std::sqrt(norm) : 1.0;
+      for (index_t p = 0; p < d; ++p)
+        CHECK(std::abs(c1[size_t(j * d + p)] - sum[size_t(j * d + p)] / count[size_t(j)] * scale) <= 1e-6);
+    }
+  }
 }

@@ -10,7 +10,6 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
-#include <xsoftmax/detail/selection/host_fallback.hpp>
 #include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
@@ -87,21 +86,20 @@ class feature_query_selector {
   [[nodiscard]] const ivf_index& index() const { return index_; }
   [[nodiscard]] index_t steps() const { return steps_; }
 
-  /// Step hook: rebuilds the IVF index from `weights` when `rebuild_every` divides the step count
-  /// (on the host; on a device backend from a host copy of the weights).
+  /// Step hook: rebuilds the IVF index from `weights` on `ex`'s backend when `rebuild_every`
+  /// divides the step count.
   template <class Ex, class T>
   void next_step(const Ex& ex, matrix_view<const T> weights) {
     ++steps_;
     if (approximate_ && rebuild_every_ > 0 && steps_ % rebuild_every_ == 0) {
       rebuild_.num_lists = index_.num_lists();
-      std::vector<std::remove_cv_t<T>> host_copy;
-      index_.build_on(detail::host_policy_for(ex), detail::host_rows(ex, weights, host_copy), rebuild_);
+      index_.build_on(ex, weights, rebuild_);
     }
   }
 
   /// Builds the per-sample active set of `req` on `ex`'s backend; see the class comment for what it
-  /// throws. The exact form runs where the batch lives; the IVF search runs on the host (on a
-  /// device backend the packed hidden rows are copied there and the top-K ids back).
+  /// throws. Both forms run where the batch lives (an index built on another backend is copied to
+  /// this one once per build).
   template <class Ex, class T, class Set>
   void select(const Ex& ex_in, const selection_request<T>& req, Set& out) const {
     detail::check_count(req.where, "k", k_, req.num_classes, "num_classes");
@@ -114,17 +112,11 @@ class feature_query_selector {
     if (approximate_) {
       detail::check_built_for(req.where, "IVF index", index_.num_vectors(), index_.dim(), index_.element(),
                               req.num_classes, req.dim, element_name<std::remove_cv_t<T>>());
-      std::vector<float> hidden_copy, scores(static_cast<std::size_t>(rows * k));
-      std::vector<index_t> top(static_cast<std::size_t>(rows * k));
-      std::vector<T> bias_copy;
-      const T* bias = req.bias;
-      if (bias && !is_host_backend<typename execution_type::backend>) {
-        bias = detail::host_rows(ex, matrix_view<const T>(req.bias, 1, req.num_classes), bias_copy).data;
-      }
-      index_.search_on(detail::host_policy_for(ex), detail::host_rows(ex, req.hidden, hidden_copy), k, nprobe_,
-                       matrix_view<index_t>(top.data(), rows, k), matrix_view<float>(scores.data(), rows, k), bias);
-      index_vector top_here(top.begin(), top.end());
-      detail::parallel_for(ex, rows, detail::top_and_target{detail::raw(top_here), req.targets.data, k, detail::raw(list)});
+      index_vector top(static_cast<std::size_t>(rows * k));
+      typename execution_type::template vector<float> scores(static_cast<std::size_t>(rows * k));
+      index_.search_on(ex, req.hidden, k, nprobe_, matrix_view<index_t>(detail::raw(top), rows, k),
+                       matrix_view<float>(detail::raw(scores), rows, k), req.bias);
+      detail::parallel_for(ex, rows, detail::top_and_target{detail::raw(top), req.targets.data, k, detail::raw(list)});
     } else {  // dense scores chunk by chunk, folded into a running top-k (a full forward pass)
       detail::basic_row_topk_state<typename execution_type::backend> best(rows, k);
       detail::for_each_score_chunk(ex, req.hidden, req.weights, req.bias, 0, req.num_classes,

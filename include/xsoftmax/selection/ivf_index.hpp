@@ -5,10 +5,14 @@
 /// search. k-means splits the N vectors into `num_lists` lists; a query scores the centroids, then
 /// scans only the vectors of its `nprobe` best lists. With `nprobe == num_lists` it scans every
 /// vector and equals exact search. Used by the approximate KNN-graph builder and the approximate
-/// feature-query selector.
+/// feature-query selector. Built and searched on any backend by the same code (k-means, list
+/// building and search are generic algorithms over the primitives); the index lives in the
+/// memory of the backend that built it.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/config.hpp>
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/selection/backend_array.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 #include <xsoftmax/types.hpp>
 
@@ -27,8 +31,10 @@ struct ivf_options {
 
 /// An IVF index over N vectors of width d. Holds the centroids (num_lists x d), the lists (ids of
 /// each list ascending, concatenated) and an fp32 copy of the vectors in list order (unit length
-/// for cosine): N x d x 4 bytes besides the caller's weights. Build it again after the weights
-/// change (a KNN selector or feature-query selector does so on its schedule).
+/// for cosine): N x d x 4 bytes besides the caller's weights, in the memory of the backend that
+/// built it (the host accessors below copy it to the host on first use after a build; a search on
+/// another backend copies it there once). Build it again after the weights change (a KNN selector
+/// or feature-query selector does so on its schedule).
 class ivf_index {
  public:
   ivf_index() = default;
@@ -39,11 +45,12 @@ class ivf_index {
   template <class Backend = serial, class T>
   void build(matrix_view<const T> vectors, const ivf_options& options = {},
              const backend_resources<Backend>& resources = {}) {
-    build_on(backend_traits<Backend>::policy(resources), vectors, options);
+    build_on(detail::execution<Backend>{resources}, vectors, options);
   }
-  /// `build` on an explicit execution policy.
-  template <class Policy, class T>
-  void build_on(const Policy& policy, matrix_view<const T> vectors, const ivf_options& options);
+  /// `build` on an execution (`detail::execution<Backend>`) or a Thrust host policy
+  /// (`thrust::cpp::par`, `thrust::omp::par`); `vectors` in its memory.
+  template <class Ex, class T>
+  void build_on(const Ex& ex, matrix_view<const T> vectors, const ivf_options& options);
 
   /// For each query row (fp32, rows x d), the `k` vectors with the highest score among the lists of
   /// its `nprobe` best centroids, best first (ties: smaller id), into `ids` and `scores` (rows x k;
@@ -55,43 +62,43 @@ class ivf_index {
   void search(matrix_view<const float> queries, index_t k, index_t nprobe, matrix_view<index_t> ids,
               matrix_view<float> scores, const T* bias = nullptr,
               const backend_resources<Backend>& resources = {}) const {
-    search_on(backend_traits<Backend>::policy(resources), queries, k, nprobe, ids, scores, bias);
+    search_on(detail::execution<Backend>{resources}, queries, k, nprobe, ids, scores, bias);
   }
-  /// `search` on an explicit execution policy.
-  template <class Policy, class T = float>
-  void search_on(const Policy& policy, matrix_view<const float> queries, index_t k, index_t nprobe,
+  /// `search` on an execution or a Thrust host policy; queries, outputs and bias in its memory.
+  template <class Ex, class T = float>
+  void search_on(const Ex& ex, matrix_view<const float> queries, index_t k, index_t nprobe,
                  matrix_view<index_t> ids, matrix_view<float> scores, const T* bias = nullptr) const;
 
   /// For each query row, its `nprobe` best lists by inner product with the centroids, best first,
-  /// into `lists` (rows x nprobe).
-  template <class Policy>
-  void probe_on(const Policy& policy, matrix_view<const float> queries, index_t nprobe,
-                std::vector<index_t>& lists) const;
+  /// into `lists` (rows x nprobe, in the execution's memory).
+  template <class Ex>
+  void probe_on(const Ex& ex, matrix_view<const float> queries, index_t nprobe, index_t* lists) const;
 
   [[nodiscard]] bool empty() const { return n_ == 0; }
   [[nodiscard]] index_t num_vectors() const { return n_; }
   [[nodiscard]] index_t dim() const { return d_; }
-  [[nodiscard]] index_t num_lists() const { return static_cast<index_t>(list_offsets_.empty() ? 0 : list_offsets_.size() - 1); }
+  [[nodiscard]] index_t num_lists() const { return list_offsets_.empty() ? 0 : list_offsets_.size() - 1; }
   [[nodiscard]] similarity metric() const { return metric_; }
   /// Element type of the vectors the index was built from ("fp32", "bf16", ...).
   [[nodiscard]] const char* element() const { return element_; }
   /// Centroids, num_lists x d.
-  [[nodiscard]] matrix_view<const float> centroids() const { return {centroids_.data(), num_lists(), d_}; }
-  /// List l is `list_ids()[list_offsets()[l] .. list_offsets()[l + 1])`, ids ascending.
-  [[nodiscard]] const std::vector<index_t>& list_offsets() const { return list_offsets_; }
-  [[nodiscard]] const std::vector<index_t>& list_ids() const { return list_ids_; }
-  /// The vectors in list order (N x d, fp32; unit length under cosine).
-  [[nodiscard]] matrix_view<const float> list_vectors() const { return {vectors_.data(), n_, d_}; }
+  /// Centroids, num_lists x d, on the host.
+  [[nodiscard]] matrix_view<const float> centroids() const { return {centroids_.host().data(), num_lists(), d_}; }
+  /// List l is `list_ids()[list_offsets()[l] .. list_offsets()[l + 1])`, ids ascending (on the host).
+  [[nodiscard]] const std::vector<index_t>& list_offsets() const { return list_offsets_.host(); }
+  [[nodiscard]] const std::vector<index_t>& list_ids() const { return list_ids_.host(); }
+  /// The vectors in list order (N x d, fp32; unit length under cosine), on the host.
+  [[nodiscard]] matrix_view<const float> list_vectors() const { return {vectors_.host().data(), n_, d_}; }
 
  private:
+  friend class knn_graph_builder;  // its IVF build searches the lists in the index's memory
   index_t n_ = 0, d_ = 0;
   similarity metric_ = similarity::cosine;
   const char* element_ = nullptr;
-  std::vector<float> centroids_;
-  std::vector<index_t> list_offsets_;
-  std::vector<index_t> list_ids_;
-  std::vector<float> vectors_;
-  std::vector<float> scratch_;  // fp32 copy in id order, reused between builds
+  detail::backend_array<float> centroids_;
+  detail::backend_array<index_t> list_offsets_;
+  detail::backend_array<index_t> list_ids_;
+  detail::backend_array<float> vectors_;
 };
 
 }  // namespace xsoftmax

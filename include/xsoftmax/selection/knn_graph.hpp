@@ -5,7 +5,9 @@
 /// product), the structure behind KNN softmax. `knn_graph_builder` builds it exactly (brute force in
 /// tiles: dense scores of a tile of classes against a tile of classes, folded into a running top-K;
 /// never an N x N matrix) or approximately through an IVF index, and rebuilds it into the same
-/// buffers on a schedule. `knn_graph_recall` measures an approximate graph against the exact one.
+/// buffers on a schedule. Both builds run on the backend of the weights (the same generic code on
+/// serial, omp and cuda); the finished graph is stored on the host. `knn_graph_recall` measures an
+/// approximate graph against the exact one.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/config.hpp>
@@ -78,8 +80,9 @@ class knn_graph {
   index_t builds_ = 0;
 };
 
-/// Builds KNN graphs over class weights, keeping its work buffers (tiles, norms, top-K heaps, the
-/// IVF index) between builds so that periodic rebuilds do not reallocate.
+/// Builds KNN graphs over class weights on any backend. Keeps the IVF index between builds; the
+/// work buffers (tiles, norms, top-K heaps) are allocated per build in the backend's memory, a
+/// small cost next to the build's O(N^2 d) (exact) or O(N nprobe N / num_lists d) (IVF) work.
 class knn_graph_builder {
  public:
   /// Throws `invalid_argument` naming the value when k < 1, nprobe < 1 or a tile size < 1
@@ -94,21 +97,17 @@ class knn_graph_builder {
   /// storage. Throws `invalid_argument` naming the value when k > N or nprobe > num_lists.
   template <class Backend = serial, class T>
   void build(matrix_view<const T> weights, knn_graph& out, const backend_resources<Backend>& resources = {}) {
-    build_on(backend_traits<Backend>::policy(resources), weights, out);
+    build_on(detail::execution<Backend>{resources}, weights, out);
   }
-  /// `build` on an explicit execution policy.
-  template <class Policy, class T>
-  void build_on(const Policy& policy, matrix_view<const T> weights, knn_graph& out);
+  /// `build` on an execution (`detail::execution<Backend>`) or a Thrust host policy
+  /// (`thrust::cpp::par`, `thrust::omp::par`); `weights` in its memory. `out` is changed only when
+  /// the build succeeds.
+  template <class Ex, class T>
+  void build_on(const Ex& ex, matrix_view<const T> weights, knn_graph& out);
 
  private:
-  template <class Policy, class T>
-  void build_exact(const Policy& policy, matrix_view<const T> weights, knn_graph& out);
-  template <class Policy, class T>
-  void build_ivf(const Policy& policy, matrix_view<const T> weights, knn_graph& out);
-
   knn_build_options options_;
   ivf_index index_;
-  std::vector<float> inv_norm_, query_, scores_, scratch_;
 };
 
 /// The graph of `weights` with `options` (a one-off `knn_graph_builder`).

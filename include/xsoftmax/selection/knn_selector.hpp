@@ -10,7 +10,6 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
-#include <xsoftmax/detail/selection/host_fallback.hpp>
 #include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
@@ -74,12 +73,11 @@ class knn_selector {
   [[nodiscard]] index_t steps() const { return steps_; }
 
   /// Rebuilds the graph from `weights` into the same buffers. `ex` is an execution or a Thrust host
-  /// policy; on a device backend the weights are copied to the host and the graph is built there
-  /// (see detail/selection/host_fallback.hpp), then copied to the device on the next `select`.
+  /// policy; the graph is built on its backend (on a device, in device memory), stored on the host
+  /// and copied to the device once, on the next `select`.
   template <class Ex, class T>
   void rebuild(const Ex& ex, matrix_view<const T> weights) {
-    std::vector<std::remove_cv_t<T>> host_copy;
-    builder_.build_on(detail::host_policy_for(ex), detail::host_rows(ex, weights, host_copy), graph_);
+    builder_.build_on(ex, weights, graph_);
   }
 
   /// Step hook: counts the step and rebuilds the graph when `rebuild_every` divides the count.

@@ -1,28 +1,78 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Host implementation of `ivf_index`.
+/// `ivf_index` on any backend: k-means, list building and search are generic algorithms over the
+/// primitives (dense scores, row top-k, group_by_key), run on the execution's policy and memory.
+/// The host keeps only the seeded random choices (the k-means training sample, its initial rows
+/// and re-seeds) and the sizes.
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
+#include <xsoftmax/detail/primitives/group_by_key.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/selection/kmeans.hpp>
+#include <xsoftmax/detail/selection/vector_rows.hpp>
 #include <xsoftmax/detail/validation.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
 
-#include <thrust/system/cpp/execution_policy.h>
+#include <thrust/copy.h>
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <random>
 #include <unordered_set>
 
 namespace xsoftmax {
 
-template <class Policy, class T>
-void ivf_index::build_on(const Policy& policy, matrix_view<const T> vectors, const ivf_options& o) {
+namespace detail {
+
+/// `train` distinct rows of [0, n), ascending, drawn by Floyd's algorithm from a seeded generator.
+inline std::vector<index_t> kmeans_sample_rows(index_t n, index_t train, unsigned long long seed) {
+  std::mt19937_64 rng(mix_seed(seed ^ 0x5A5A5A5Aull));
+  std::unordered_set<index_t> chosen;
+  for (index_t j = n - train; j < n; ++j) {
+    const index_t t = std::uniform_int_distribution<index_t>(0, j)(rng);
+    chosen.insert(chosen.count(t) ? j : t);
+  }
+  std::vector<index_t> rows(chosen.begin(), chosen.end());
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+/// For each query r, its k best among the members of its `nprobe` probed lists (one gather-dot
+/// per candidate, folded into a heap in `heap_s` / `heap_i`, rows x k scratch): ids and scores
+/// best first, -1 / -inf past the candidates found. The score is the dot product with the stored
+/// vector plus bias[id] when `bias` is given.
+template <class Ex, class T>
+void ivf_scan_lists(const Ex& ex, matrix_view<const float> queries, const index_t* probes, index_t nprobe,
+                    const index_t* offsets, const index_t* list_ids, matrix_view<const float> lv, const T* bias,
+                    index_t k, float* heap_s, index_t* heap_i, matrix_view<index_t> ids, matrix_view<float> scores) {
+  const index_t d = lv.cols;
+  parallel_for(ex, queries.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    topk_heap heap{heap_s + r * k, heap_i + r * k, 0};
+    const float* q = queries.row(r);
+    for (index_t j = 0; j < nprobe; ++j) {
+      const index_t l = probes[r * nprobe + j];
+      for (index_t m = offsets[l]; m < offsets[l + 1]; ++m) {
+        float v = dot_row(q, lv.row(m), d);
+        if (bias) v += to_float(bias[list_ids[m]]);
+        heap.offer(v, list_ids[m], k);
+      }
+    }
+    heap.sort_best_first();
+    for (index_t j = 0; j < k; ++j) {
+      const bool have = j < heap.n;
+      ids(r, j) = have ? heap.hi[j] : -1;
+      scores(r, j) = have ? heap.hs[j] : -INFINITY;
+    }
+  });
+}
+
+}  // namespace detail
+
+template <class Ex, class T>
+void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const ivf_options& o) {
   const char* where = "ivf_index::build";
   const index_t n = vectors.rows, d = vectors.cols;
   detail::expects(n >= 1 && d >= 1 && vectors.data != nullptr, where, ": vectors are ", n, " x ", d,
@@ -36,50 +86,42 @@ void ivf_index::build_on(const Policy& policy, matrix_view<const T> vectors, con
   detail::expects(o.train_points >= 0 && o.train_points <= n, where, ": train_points = ", o.train_points,
                   " must be in [0, N = ", n, "]");
   const bool spherical = o.metric == similarity::cosine;
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  using float_vector = typename execution_type::template vector<float>;
+  using index_vector = typename execution_type::template vector<index_t>;
 
   // fp32 copy in id order (unit rows for cosine).
-  scratch_.resize(static_cast<std::size_t>(n * d));
-  float* x = scratch_.data();
-  detail::parallel_for(policy, n, [=](index_t i) {
-    const T* r = vectors.row(i);
-    for (index_t p = 0; p < d; ++p) x[i * d + p] = to_float(r[p]);
-  });
-  if (spherical) detail::normalize_rows(policy, x, n, d);
+  float_vector xv(static_cast<std::size_t>(n * d));
+  float* x = detail::raw(xv);
+  detail::widen_rows(ex, vectors, 0, n, nullptr, x);
+  if (spherical) detail::unit_rows(ex, x, n, d);
   const matrix_view<const float> all(x, n, d);
 
-  // k-means on a seeded sample of the rows.
+  // k-means on a seeded sample of the rows (the sample's row indices are drawn on the host).
   index_t train = o.train_points > 0 ? o.train_points : std::min<index_t>(n, 64 * lists);
   train = std::max(train, lists);
-  std::vector<float> sample;
+  float_vector sample;
   matrix_view<const float> tx = all;
   if (train < n) {
-    std::mt19937_64 rng(detail::mix_seed(o.seed ^ 0x5A5A5A5Aull));
-    std::unordered_set<index_t> chosen;  // Floyd: a uniform subset of `train` rows
-    for (index_t j = n - train; j < n; ++j) {
-      const index_t t = std::uniform_int_distribution<index_t>(0, j)(rng);
-      chosen.insert(chosen.count(t) ? j : t);
-    }
-    std::vector<index_t> rows(chosen.begin(), chosen.end());
-    std::sort(rows.begin(), rows.end());
+    const std::vector<index_t> rows = detail::kmeans_sample_rows(n, train, o.seed);
+    const index_vector rows_here(rows.begin(), rows.end());
     sample.resize(static_cast<std::size_t>(train * d));
-    for (index_t i = 0; i < train; ++i) std::copy(x + rows[i] * d, x + rows[i] * d + d, sample.data() + i * d);
-    tx = matrix_view<const float>(sample.data(), train, d);
+    detail::copy_listed_rows(ex, x, d, thrust::raw_pointer_cast(rows_here.data()), train, detail::raw(sample));
+    tx = matrix_view<const float>(detail::raw(sample), train, d);
   }
-  detail::kmeans(policy, tx, lists, o.iterations, spherical, o.seed, centroids_);
+  float* centroids = centroids_.reset(ex, lists * d);
+  detail::kmeans(ex, tx, lists, o.iterations, spherical, o.seed, centroids);
 
-  // Every vector into its list; lists in id order (a stable counting sort).
-  std::vector<index_t> assign;
-  detail::assign_to_centroids(policy, all, matrix_view<const float>(centroids_.data(), lists, d), spherical, assign);
-  list_offsets_.assign(static_cast<std::size_t>(lists + 1), 0);
-  for (index_t i = 0; i < n; ++i) ++list_offsets_[assign[i] + 1];
-  for (index_t l = 0; l < lists; ++l) list_offsets_[l + 1] += list_offsets_[l];
-  std::vector<index_t> fill(list_offsets_.begin(), list_offsets_.end() - 1);
-  list_ids_.resize(static_cast<std::size_t>(n));
-  for (index_t i = 0; i < n; ++i) list_ids_[fill[assign[i]]++] = i;
-  vectors_.resize(static_cast<std::size_t>(n * d));
-  float* v = vectors_.data();
-  const index_t* ids = list_ids_.data();
-  detail::parallel_for(policy, n, [=](index_t i) { std::copy(x + ids[i] * d, x + ids[i] * d + d, v + i * d); });
+  // Every vector into its list; lists in id order (a stable sort by list).
+  index_vector assign(static_cast<std::size_t>(n)), sorted, ids, offsets;
+  detail::assign_to_centroids(ex, all, matrix_view<const float>(centroids, lists, d), spherical, detail::raw(assign));
+  detail::group_by_key(ex, detail::raw(assign), n, lists, sorted, ids, offsets);
+  const auto policy = ex.policy();
+  thrust::copy(policy, ids.begin(), ids.end(), list_ids_.reset(ex, n));
+  thrust::copy(policy, offsets.begin(), offsets.end(), list_offsets_.reset(ex, lists + 1));
+  detail::copy_listed_rows(ex, x, d, detail::raw(ids), n, vectors_.reset(ex, n * d));
+  execution_type::ops::synchronize(ex.res);  // a verb: complete on return (host() may read it next)
 
   n_ = n;
   d_ = d;
@@ -87,20 +129,22 @@ void ivf_index::build_on(const Policy& policy, matrix_view<const T> vectors, con
   element_ = element_name<std::remove_cv_t<T>>();
 }
 
-template <class Policy>
-void ivf_index::probe_on(const Policy& policy, matrix_view<const float> queries, index_t nprobe,
-                         std::vector<index_t>& lists) const {
+template <class Ex>
+void ivf_index::probe_on(const Ex& ex_in, matrix_view<const float> queries, index_t nprobe, index_t* lists) const {
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
   const index_t rows = queries.rows, nl = num_lists();
-  std::vector<float> s(static_cast<std::size_t>(rows * nl)), scratch;
-  detail::dense_scores(policy, queries, centroids(), static_cast<const float*>(nullptr), 0, nl, s.data(), nl, scratch);
-  detail::row_topk_state best(rows, nprobe);
-  detail::row_topk_update(policy, s.data(), rows, nl, nl, 0, best);
-  detail::row_topk_finish(policy, rows, best);
-  lists.assign(best.index.begin(), best.index.end());
+  typename execution_type::template vector<float> s(static_cast<std::size_t>(rows * nl)), scratch;
+  detail::dense_scores(ex, queries, matrix_view<const float>(centroids_.data(ex), nl, d_),
+                       static_cast<const float*>(nullptr), 0, nl, detail::raw(s), nl, scratch);
+  detail::basic_row_topk_state<typename execution_type::backend> best(rows, nprobe);
+  detail::row_topk_update(ex, detail::raw(s), rows, nl, nl, 0, best);
+  detail::row_topk_finish(ex, rows, best);
+  thrust::copy(ex.policy(), best.index.begin(), best.index.end(), lists);
 }
 
-template <class Policy, class T>
-void ivf_index::search_on(const Policy& policy, matrix_view<const float> queries, index_t k, index_t nprobe,
+template <class Ex, class T>
+void ivf_index::search_on(const Ex& ex_in, matrix_view<const float> queries, index_t k, index_t nprobe,
                           matrix_view<index_t> ids, matrix_view<float> scores, const T* bias) const {
   const char* where = "ivf_index::search";
   detail::expects(!empty(), where, ": the index is empty (build it first)");
@@ -111,30 +155,17 @@ void ivf_index::search_on(const Policy& policy, matrix_view<const float> queries
                   num_lists(), "]");
   detail::check_output(where, "ids", ids, queries.rows, k);
   detail::check_output(where, "scores", scores, queries.rows, k);
-  std::vector<index_t> probes;
-  probe_on(policy, queries, nprobe, probes);
-  const index_t* pr = probes.data();
-  const index_t* off = list_offsets_.data();
-  const index_t* lid = list_ids_.data();
-  const matrix_view<const float> lv = list_vectors();
-  detail::parallel_for(policy, queries.rows, [=](index_t r) {
-    detail::row_topk_state best(1, k);
-    std::vector<float> buf;
-    for (index_t j = 0; j < nprobe; ++j) {
-      const index_t l = pr[r * nprobe + j], first = off[l], len = off[l + 1] - off[l];
-      buf.resize(static_cast<std::size_t>(len));
-      detail::gather_dot(queries.row(r), lv, static_cast<const float*>(nullptr), first, len, buf.data());
-      if (bias)
-        for (index_t i = 0; i < len; ++i) buf[i] += to_float(bias[lid[first + i]]);
-      detail::row_topk_update_ids(thrust::cpp::par, buf.data(), 1, len, len, lid + first, best);
-    }
-    detail::row_topk_finish(thrust::cpp::par, 1, best);
-    for (index_t j = 0; j < k; ++j) {
-      const bool have = j < best.size[0];
-      ids(r, j) = have ? best.index[j] : -1;
-      scores(r, j) = have ? best.score[j] : -std::numeric_limits<float>::infinity();
-    }
-  });
+  if (queries.rows == 0) return;
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  const index_t rows = queries.rows;
+  typename execution_type::template vector<index_t> probes(static_cast<std::size_t>(rows * nprobe));
+  probe_on(ex, queries, nprobe, detail::raw(probes));
+  detail::basic_row_topk_state<typename execution_type::backend> heaps(rows, k);
+  detail::ivf_scan_lists(ex, queries, detail::raw(probes), nprobe, list_offsets_.data(ex), list_ids_.data(ex),
+                         matrix_view<const float>(vectors_.data(ex), n_, d_), bias, k, detail::raw(heaps.score),
+                         detail::raw(heaps.index), ids, scores);
+  execution_type::ops::synchronize(ex.res);  // a verb: the outputs are complete on return
 }
 
 }  // namespace xsoftmax

@@ -1,16 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Host implementation of `knn_graph` and `knn_graph_builder`.
+/// `knn_graph` and `knn_graph_builder` on any backend: the exact build (GEMM tiles and a running
+/// top-k) and the IVF build (the index, then one GEMM per list pair) are generic algorithms over
+/// the primitives, run on the execution's policy and memory; only the finished graph is copied to
+/// its (host) storage.
 
 #include <xsoftmax/detail/primitives/convert.hpp>
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
+#include <xsoftmax/detail/selection/ivf_pair_search.hpp>
+#include <xsoftmax/detail/selection/vector_rows.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
 
-#include <thrust/system/cpp/execution_policy.h>
+#include <thrust/copy.h>
+#include <thrust/fill.h>
+
+#include <math.h>
 
 #include <algorithm>
 #include <cmath>
@@ -50,124 +58,106 @@ inline knn_graph_builder::knn_graph_builder(knn_build_options options) : options
                   ", class_tile = ", options.class_tile, " must be >= 1");
 }
 
-template <class Policy, class T>
-void knn_graph_builder::build_on(const Policy& policy, matrix_view<const T> weights, knn_graph& out) {
+namespace detail {
+
+/// The exact KNN rows of all N classes of `w` (N x k ids and similarities, in the execution's
+/// memory): tiles of `query_tile` classes scored against tiles of `class_tile` classes by the GEMM
+/// (scaled by both inverse norms under cosine), folded into a running top-k per class.
+template <class Ex, class T>
+void exact_knn_rows(const Ex& ex_in, matrix_view<const T> w, index_t k, bool cosine, index_t query_tile,
+                    index_t class_tile, index_t* ids, float* sims) {
+  const auto& ex = as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  using float_vector = typename execution_type::template vector<float>;
+  const auto policy = ex.policy();
+  const index_t n = w.rows, d = w.cols;
+  const index_t tq = std::min(query_tile, n), tc = std::min(class_tile, n);
+  float_vector inv_norm(static_cast<std::size_t>(cosine ? n : 0)), query(static_cast<std::size_t>(tq * d)),
+      scores(static_cast<std::size_t>(tq * tc)), class_scratch;
+  const float* inv = cosine ? raw(inv_norm) : nullptr;
+  if (cosine) inverse_row_norms(ex, w, raw(inv_norm));
+  float* q = raw(query);
+  float* s = raw(scores);
+  basic_row_topk_state<typename execution_type::backend> best(tq, k);
+  for (index_t q0 = 0; q0 < n; q0 += tq) {
+    const index_t qn = std::min(tq, n - q0);
+    widen_rows(ex, w, q0, qn, inv, q);  // the query tile as dense fp32 rows, unit length under cosine
+    thrust::fill(policy, best.size.begin(), best.size.end(), index_t(0));
+    for (index_t c0 = 0; c0 < n; c0 += tc) {
+      const index_t cn = std::min(tc, n - c0);
+      dense_scores(ex, matrix_view<const float>(q, qn, d), w, static_cast<const T*>(nullptr), c0, cn, s, cn,
+                   class_scratch);
+      if (inv) scale_columns(ex, s, qn, cn, cn, inv + c0);
+      row_topk_update(ex, s, qn, cn, cn, c0, best);
+    }
+    row_topk_finish(ex, qn, best);
+    thrust::copy(policy, best.index.begin(), best.index.begin() + qn * k, ids + q0 * k);
+    thrust::copy(policy, best.score.begin(), best.score.begin() + qn * k, sims + q0 * k);
+  }
+}
+
+/// The IVF list probes: each list's own list first, then the nprobe - 1 lists whose centroids
+/// score highest with its centroid (num_lists x nprobe, in the execution's memory).
+template <class Ex>
+void ivf_list_probes(const Ex& ex_in, matrix_view<const float> centroids, index_t nprobe, index_t* probes) {
+  const auto& ex = as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  const index_t nl = centroids.rows;
+  typename execution_type::template vector<float> cs(static_cast<std::size_t>(nl * nl)), scratch;
+  float* c = raw(cs);
+  dense_scores(ex, centroids, centroids, static_cast<const float*>(nullptr), 0, nl, c, nl, scratch);
+  parallel_for(ex, nl, [=] XSOFTMAX_HD_LAMBDA(index_t l) { c[l * nl + l] = INFINITY; });
+  basic_row_topk_state<typename execution_type::backend> best(nl, nprobe);
+  row_topk_update(ex, c, nl, nl, nl, 0, best);
+  row_topk_finish(ex, nl, best);
+  thrust::copy(ex.policy(), best.index.begin(), best.index.end(), probes);
+}
+
+}  // namespace detail
+
+template <class Ex, class T>
+void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, knn_graph& out) {
   const char* where = "knn_graph_builder::build";
-  const index_t n = weights.rows, d = weights.cols;
+  const index_t n = weights.rows, d = weights.cols, k = options_.k;
   detail::expects(n >= 1 && d >= 1 && weights.data != nullptr, where, ": weights are ", n, " x ", d,
                   "; need at least one row and one column");
-  detail::check_count(where, "k", options_.k, n, "num_classes");
-  out.ids_.edit().resize(static_cast<std::size_t>(n * options_.k));  // drops a device copy
-  out.sims_.resize(static_cast<std::size_t>(n * options_.k));
-  if (options_.method == knn_build_method::exact) build_exact(policy, weights, out);
-  else build_ivf(policy, weights, out);
+  detail::check_count(where, "k", k, n, "num_classes");
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(n * k));
+  typename execution_type::template vector<float> sims(static_cast<std::size_t>(n * k));
+  const bool cosine = options_.metric == similarity::cosine;
+  if (options_.method == knn_build_method::exact) {
+    detail::exact_knn_rows(ex, weights, k, cosine, options_.query_tile, options_.class_tile, detail::raw(ids),
+                           detail::raw(sims));
+  } else {
+    ivf_options io = options_.ivf;
+    io.metric = options_.metric;
+    index_.build_on(ex, weights, io);
+    const index_t nl = index_.num_lists(), np = options_.nprobe;
+    detail::expects(np <= nl, where, ": nprobe = ", np, " must be in [1, num_lists = ", nl, "]");
+    // Members of a list share its probes: one GEMM per (list, probed list).
+    typename execution_type::template vector<index_t> probes(static_cast<std::size_t>(nl * np));
+    detail::ivf_list_probes(ex, matrix_view<const float>(index_.centroids_.data(ex), nl, d), np, detail::raw(probes));
+    std::vector<index_t> offsets_host(static_cast<std::size_t>(nl + 1)), probes_host(probes.size());
+    execution_type::ops::copy(ex.res, offsets_host.data(), index_.list_offsets_.data(ex), nl + 1);
+    execution_type::ops::copy(ex.res, probes_host.data(), detail::raw(probes), nl * np);
+    detail::ivf_list_pair_topk(ex, matrix_view<const float>(index_.vectors_.data(ex), n, d),
+                               index_.list_offsets_.data(ex), offsets_host, index_.list_ids_.data(ex),
+                               detail::raw(probes), probes_host, np, k, detail::raw(ids), detail::raw(sims));
+  }
+  // The graph's public storage is on the host (ids mirrored to a device on use).
+  std::vector<index_t>& gids = out.ids_.edit();
+  gids.resize(static_cast<std::size_t>(n * k));
+  out.sims_.resize(static_cast<std::size_t>(n * k));
+  execution_type::ops::copy(ex.res, gids.data(), detail::raw(ids), n * k);
+  execution_type::ops::copy(ex.res, out.sims_.data(), detail::raw(sims), n * k);
   out.n_ = n;
   out.d_ = d;
-  out.k_ = options_.k;
+  out.k_ = k;
   out.metric_ = options_.metric;
   out.element_ = element_name<std::remove_cv_t<T>>();
   ++out.builds_;
-}
-
-template <class Policy, class T>
-void knn_graph_builder::build_exact(const Policy& policy, matrix_view<const T> w, knn_graph& out) {
-  const index_t n = w.rows, d = w.cols, k = options_.k;
-  const bool cosine = options_.metric == similarity::cosine;
-  const index_t tq = std::min(options_.query_tile, n), tc = std::min(options_.class_tile, n);
-  if (cosine) {  // 1 / |w_c| (0 for a zero vector: its similarity to everything is 0)
-    inv_norm_.resize(static_cast<std::size_t>(n));
-    float* inv = inv_norm_.data();
-    detail::parallel_for(policy, n, [=](index_t c) {
-      const T* r = w.row(c);
-      double s = 0;
-      for (index_t p = 0; p < d; ++p) s += static_cast<double>(to_float(r[p])) * to_float(r[p]);
-      inv[c] = s > 0 ? static_cast<float>(1.0 / std::sqrt(s)) : 0.f;
-    });
-  }
-  scores_.resize(static_cast<std::size_t>(tq * tc));
-  query_.resize(static_cast<std::size_t>(tq * d));
-  detail::row_topk_state best(tq, k);
-  std::vector<float> class_scratch;
-  for (index_t q0 = 0; q0 < n; q0 += tq) {
-    const index_t qn = std::min(tq, n - q0);
-    // The query tile as dense fp32 rows, scaled to unit length under cosine.
-    float* q = query_.data();
-    const float* inv = cosine ? inv_norm_.data() : nullptr;
-    detail::parallel_for(policy, qn, [=](index_t i) {
-      const T* r = w.row(q0 + i);
-      const float scale = inv ? inv[q0 + i] : 1.f;
-      for (index_t p = 0; p < d; ++p) q[i * d + p] = to_float(r[p]) * scale;
-    });
-    std::fill(best.size.begin(), best.size.end(), 0);
-    for (index_t c0 = 0; c0 < n; c0 += tc) {
-      const index_t cn = std::min(tc, n - c0);
-      float* s = scores_.data();
-      detail::dense_scores(policy, matrix_view<const float>(q, qn, d), w, static_cast<const T*>(nullptr), c0, cn, s,
-                           cn, class_scratch);
-      if (inv)
-        detail::parallel_for(policy, qn, [=](index_t i) {
-          for (index_t j = 0; j < cn; ++j) s[i * cn + j] *= inv[c0 + j];
-        });
-      detail::row_topk_update(policy, s, qn, cn, cn, c0, best);
-    }
-    detail::row_topk_finish(policy, qn, best);
-    std::copy(best.index.begin(), best.index.begin() + qn * k, out.ids_.edit().begin() + q0 * k);
-    std::copy(best.score.begin(), best.score.begin() + qn * k, out.sims_.begin() + q0 * k);
-  }
-}
-
-template <class Policy, class T>
-void knn_graph_builder::build_ivf(const Policy& policy, matrix_view<const T> w, knn_graph& out) {
-  const char* where = "knn_graph_builder::build";
-  const index_t d = w.cols, k = options_.k;
-  ivf_options io = options_.ivf;
-  io.metric = options_.metric;
-  index_.build_on(policy, w, io);
-  const index_t nl = index_.num_lists();
-  detail::expects(options_.nprobe <= nl, where, ": nprobe = ", options_.nprobe, " must be in [1, num_lists = ", nl,
-                  "]");
-  // Each list probes its own list and the nprobe - 1 lists whose centroids score highest with its
-  // centroid; all members of a list share these probes, so a list's members are scored against a
-  // probed list with one GEMM.
-  const index_t np = options_.nprobe;
-  std::vector<float> cs(static_cast<std::size_t>(nl * nl)), scratch;
-  detail::dense_scores(policy, index_.centroids(), index_.centroids(), static_cast<const float*>(nullptr), 0, nl,
-                       cs.data(), nl, scratch);
-  for (index_t l = 0; l < nl; ++l) cs[l * nl + l] = std::numeric_limits<float>::infinity();
-  detail::row_topk_state probes(nl, np);
-  detail::row_topk_update(policy, cs.data(), nl, nl, nl, 0, probes);
-  detail::row_topk_finish(policy, nl, probes);
-
-  const index_t* pr = probes.index.data();
-  const index_t* off = index_.list_offsets().data();
-  const index_t* lid = index_.list_ids().data();
-  const matrix_view<const float> lv = index_.list_vectors();
-  index_t* gids = out.ids_.edit().data();
-  float* gsims = out.sims_.data();
-  detail::parallel_for(policy, nl, [=](index_t a) {
-    const index_t qa = off[a + 1] - off[a];
-    if (qa == 0) return;
-    const matrix_view<const float> queries(lv.row(off[a]), qa, d);
-    detail::row_topk_state best(qa, k);
-    std::vector<float> s, scr;
-    for (index_t j = 0; j < np; ++j) {
-      const index_t b = pr[a * np + j], len = off[b + 1] - off[b];
-      if (len == 0) continue;
-      s.resize(static_cast<std::size_t>(qa * len));
-      detail::dense_scores(thrust::cpp::par, queries, lv, static_cast<const float*>(nullptr), off[b], len, s.data(),
-                           len, scr);
-      detail::row_topk_update_ids(thrust::cpp::par, s.data(), qa, len, len, lid + off[b], best);
-    }
-    detail::row_topk_finish(thrust::cpp::par, qa, best);
-    for (index_t i = 0; i < qa; ++i) {
-      const index_t c = lid[off[a] + i];
-      for (index_t j = 0; j < k; ++j) {
-        const bool have = j < best.size[i];
-        gids[c * k + j] = have ? best.index[i * k + j] : -1;
-        gsims[c * k + j] = have ? best.score[i * k + j] : -std::numeric_limits<float>::infinity();
-      }
-    }
-  });
 }
 
 inline double knn_graph_recall(const knn_graph& approx, const knn_graph& exact) {
