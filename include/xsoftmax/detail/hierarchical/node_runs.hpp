@@ -35,6 +35,14 @@ struct node_run_data {
 XSOFTMAX_HD inline float softplus(float x) { return x > 0.f ? x + ::log1pf(::expf(-x)) : ::log1pf(::expf(x)); }
 XSOFTMAX_HD inline float sigmoid(float x) { return 1.f / (1.f + ::expf(-x)); }
 
+/// minus = softplus(-x), plus = softplus(x), bitwise as `softplus` gives them, from one exp and one
+/// log1p: both are max(+-x, 0) + log1p(exp(-|x|)), and `softplus` computes exactly that.
+XSOFTMAX_HD inline void softplus_pair(float x, float& minus, float& plus) {
+  const float t = ::log1pf(::expf(x > 0.f ? -x : x));
+  minus = x > 0.f ? t : -x + t;
+  plus = x > 0.f ? x + t : t;
+}
+
 /// Runs shorter than this are run side by side on a host backend, one thread each; longer ones
 /// use every thread inside one task (a GEMM, or the two passes of a long sigmoid run).
 inline constexpr index_t run_parallel_inside = 256;

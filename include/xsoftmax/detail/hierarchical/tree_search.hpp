@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -39,8 +40,11 @@ XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T
   if constexpr (Sigmoid) {
     float s;
     gather_dot(h, w, bias, block_begin / 2, 1, &s);
-    out[0] = -softplus(-s);
-    out[1] = -softplus(s);
+    // softplus(-s) and softplus(s) share log1p(exp(-|s|)) (see `softplus_pair`): one exp and one
+    // log1p per node instead of two each, bitwise the same values.
+    softplus_pair(s, out[0], out[1]);
+    out[0] = -out[0];
+    out[1] = -out[1];
   } else {
     gather_dot(h, w, bias, block_begin, block_size, out);
     const float lse = row_logsumexp(out, block_size);
@@ -175,6 +179,26 @@ index_t widest_block(const View& tv) {
   return widest;
 }
 
+/// A scratch buffer of `n` elements that the search writes before it reads them: on a host
+/// backend left uninitialised (value-initialising a backend_vector of tile x capacity entries
+/// cost more than the searches of a top-1 call), elsewhere a backend_vector.
+template <class B, class T>
+class search_scratch {
+ public:
+  explicit search_scratch(std::size_t n) {
+    if constexpr (is_host_backend<B>) host_.reset(new T[n]);
+    else device_.resize(n);
+  }
+  [[nodiscard]] T* data() {
+    if constexpr (is_host_backend<B>) return host_.get();
+    else return raw(device_);
+  }
+
+ private:
+  std::unique_ptr<T[]> host_;
+  backend_vector<B, T> device_;
+};
+
 /// Memory for one call's open lists and node log-probabilities; rows are processed in tiles.
 inline constexpr std::size_t tree_search_budget_bytes = std::size_t(256) << 20;
 
@@ -194,16 +218,17 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
                                 static_cast<std::size_t>(max_block) * sizeof(float) + sizeof(int);
     const index_t tile =
         std::clamp<index_t>(static_cast<index_t>(tree_search_budget_bytes / per_row), 1, rows);
-    backend_vector<B, float> open_lp(static_cast<std::size_t>(tile * capacity)), child_lp(static_cast<std::size_t>(tile * max_block));
-    backend_vector<B, index_t> open_row(open_lp.size());
+    search_scratch<B, float> open_lp(static_cast<std::size_t>(tile * capacity)),
+        child_lp(static_cast<std::size_t>(tile * max_block));
+    search_scratch<B, index_t> open_row(static_cast<std::size_t>(tile * capacity));
     backend_vector<B, int> overflow(static_cast<std::size_t>(tile));
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
       const index_t n = std::min(tile, rows - row0);
       parallel_for(ex, n,
                    topk_search_step<Sigmoid, T, View>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0,
-                                                      raw(open_lp), raw(open_row), raw(child_lp), classes, log_probs,
-                                                      raw(overflow)});
+                                                      open_lp.data(), open_row.data(), child_lp.data(), classes,
+                                                      log_probs, raw(overflow)});
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
     if (!outgrown) return;
