@@ -43,6 +43,20 @@ XSOFTMAX_HD inline void softplus_pair(float x, float& minus, float& plus) {
   plus = x > 0.f ? x + t : t;
 }
 
+/// A sigmoid node's term for a sample whose path takes the `first` child, from its score s: returns
+/// the loss softplus(first ? -s : s) (bitwise `softplus`'s) and, when `dscore` is not null, sets it
+/// to dLoss/ds = sigmoid(s) - [first]. One exp and one log1p (fastText's tables would be cheaper
+/// but not within the tests' tolerances everywhere): e = exp(-|s|) gives the softplus and the
+/// sigmoid, 1 / (1 + e) for s > 0 (bitwise `sigmoid`) and e / (1 + e) otherwise (within 2 ulp of
+/// it, and without its overflow of exp(-s) for s < -88).
+XSOFTMAX_HD inline float sigmoid_node_loss(float s, bool first, float* dscore) {
+  const float e = ::expf(s > 0.f ? -s : s);
+  const float t = ::log1pf(e);
+  const float x = first ? -s : s;
+  if (dscore) *dscore = (s > 0.f ? 1.f / (1.f + e) : e / (1.f + e)) - (first ? 1.f : 0.f);
+  return x > 0.f ? x + t : t;
+}
+
 /// Runs shorter than this are run side by side on a host backend, one thread each; longer ones
 /// use every thread inside one task (a GEMM, or the two passes of a long sigmoid run).
 inline constexpr index_t run_parallel_inside = 256;

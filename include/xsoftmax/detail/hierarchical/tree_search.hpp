@@ -17,6 +17,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
+#include <xsoftmax/detail/primitives/dot_row8.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
@@ -38,8 +39,9 @@ template <bool Sigmoid, class T>
 XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T* bias, index_t block_begin,
                                  index_t block_size, float* out) {
   if constexpr (Sigmoid) {
-    float s;
-    gather_dot(h, w, bias, block_begin / 2, 1, &s);
+    const index_t node = block_begin / 2;
+    const float dot = dot_row8(h, w.row(node), w.cols);
+    const float s = bias ? dot + to_float(bias[node]) : dot;
     // softplus(-s) and softplus(s) share log1p(exp(-|s|)) (see `softplus_pair`): one exp and one
     // log1p per node instead of two each, bitwise the same values.
     softplus_pair(s, out[0], out[1]);
