@@ -14,7 +14,7 @@
 /// stays its oracle.
 
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
-#include <xsoftmax/detail/primitives/dot_row8.hpp>
+#include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
@@ -36,7 +36,7 @@ struct gather_run_step {
 
   /// word2vec form: one row per internal node; p(first child) = sigmoid(h . v). One pass per
   /// sample: score, loss, dLoss/dscore, then the sample's hidden-gradient row and the node's
-  /// gradient row (two separate loops: each has one store stream, so it vectorises).
+  /// gradient row (`axpy_row`s).
   XSOFTMAX_HD void sigmoid_run(const node_run& run) const {
     const index_t d = a.dim, len = run.end - run.begin, node = run.block_begin / 2;
     const T* wr = a.w.row(node);
@@ -54,9 +54,8 @@ struct gather_run_step {
       a.loss[r] += sigmoid_node_loss(sc, first, gwr ? &ds : nullptr);
       if (!gwr) continue;
       const float g = ds * a.upstream[r];
-      float* gh = a.grad_h + r * d;
-      for (index_t p = 0; p < d; ++p) gh[p] += g * to_float(wr[p]);
-      for (index_t p = 0; p < d; ++p) gwr[p] += g * h[p];
+      axpy_row(g, wr, a.grad_h + r * d, d);
+      axpy_row(g, h, gwr, d);
       bias_acc += g;
     }
     if (gwr && a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
@@ -122,8 +121,7 @@ struct sigmoid_sample_step {
     if (!a.backward()) return;
     const float g = ds * a.upstream[r];
     gs[i] = g;
-    float* gh = a.grad_h + r * d;
-    for (index_t p = 0; p < d; ++p) gh[p] += g * to_float(wr[p]);
+    axpy_row(g, wr, a.grad_h + r * d, d);
   }
 };
 
