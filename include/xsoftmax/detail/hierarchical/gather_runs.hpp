@@ -42,8 +42,6 @@ struct gather_run_step {
     const T* wr = a.w.row(node);
     const float b = a.bias ? to_float(a.bias[node]) : 0.f;
     float* gwr = a.backward() ? a.grad_w + run.grad_offset * d : nullptr;
-    if (gwr)
-      for (index_t p = 0; p < d; ++p) gwr[p] = 0.f;
     float bias_acc = 0.f;
     for (index_t i = 0; i < len; ++i) {
       const index_t r = run.begin + i;
@@ -55,7 +53,10 @@ struct gather_run_step {
       if (!gwr) continue;
       const float g = ds * a.upstream[r];
       axpy_row(g, wr, a.grad_h + r * d, d);
-      axpy_row(g, h, gwr, d);
+      if (i == 0)  // the node's gradient row starts as the first sample's term (no zeroing pass)
+        for (index_t p = 0; p < d; ++p) gwr[p] = g * h[p];
+      else
+        axpy_row(g, h, gwr, d);
       bias_acc += g;
     }
     if (gwr && a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
