@@ -80,7 +80,8 @@ void hierarchical_softmax<Tree, P, B, F>::run_async_(const char* where, matrix_v
 
 // The algorithm, on every backend (inputs were checked by head_verbs):
 //  1. pack the rows that count, their upstream gradients, and sort them once by leaf rank;
-//  2. plan the runs of rows sharing a node, level by level (the only read-back: the run list);
+//  2. plan the runs of rows sharing a node, level by level, keeping each level's child per row
+//     (the only read-backs: the batch's deepest path length and the run list);
 //  3. lay out the sparse gradient: each run's block, run by run, level by level;
 //  4. level by level (a level's runs touch disjoint rows and gradient rows): GEMM runs through
 //     the dense softmax, the others (and every sigmoid node) through gather-dot;

@@ -4,8 +4,8 @@
 /// Planning a hierarchical-softmax step, on every backend: the packed rows sorted once by their
 /// target's leaf rank (below any node the samples are then one contiguous run at every level),
 /// each row's path step at a level, and the runs of rows that share a node, level by level, with
-/// the sparse-gradient rows each run's block gets. Only the run list comes back to the host (its
-/// size decides the launches and the gradient's shape).
+/// the sparse-gradient rows each run's block gets. Only the batch's deepest path length and the
+/// run list come back to the host (they decide the levels, the launches and the gradient's shape).
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
