@@ -76,7 +76,7 @@ TEST_CASE("hs sigmoid kernels: sigmoid_node_loss and softplus_pair") {
       const double ref_loss = x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
       const double ref_ds = 1 / (1 + std::exp(-sx)) - (first ? 1 : 0);
       CHECK(std::abs(loss - ref_loss) <= 1e-6 * (1 + ref_loss));
-      CHECK(std::abs(ds - ref_ds) <= 2e-7);
+      CHECK(std::abs(ds - ref_ds) <= 3e-7);
       CHECK(loss == xd::softplus(first ? -s : s));  // bitwise the term the other paths use
       CHECK(xd::sigmoid_node_loss(s, first, nullptr) == loss);
       if (s > 0.f) CHECK(ds + (first ? 1.f : 0.f) == xd::sigmoid(s));
