@@ -80,7 +80,8 @@ void hierarchical_softmax<Tree, P, B, F>::run_async_(const char* where, matrix_v
 
 // The algorithm, on every backend (inputs were checked by head_verbs):
 //  1. pack the rows that count, their upstream gradients, and sort them once by leaf rank;
-//  2. plan the runs of rows sharing a node, level by level (the only read-back: the run list);
+//  2. plan the runs of rows sharing a node, level by level, keeping each level's child per row
+//     (the only read-backs: the batch's deepest path length and the run list);
 //  3. lay out the sparse gradient: each run's block, run by run, level by level;
 //  4. level by level (a level's runs touch disjoint rows and gradient rows): GEMM runs through
 //     the dense softmax, the others (and every sigmoid node) through gather-dot;
@@ -109,11 +110,13 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const auto takes_gemm = [=](const detail::node_run& run) {
     return !sigmoid_form && run.end - run.begin >= gemm_min_run;
   };
+  backend_vector<B, index_t> children;  // each level's child per row, from the planning pass
   const detail::run_plan plan =
       detail::plan_runs(ex, tv, batch.target_data(), rows, Tree::max_depth, sigmoid_form,
                         [=](const detail::node_run& run) -> index_t {
                           return takes_gemm(run) ? 0 : sigmoid_form ? 1 : run.block_size;
-                        });
+                        },
+                        children);
 
   // 3. The sparse gradient's rows.
   if (want_grad) {
@@ -130,13 +133,11 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const std::size_t n = static_cast<std::size_t>(rows);
   backend_vector<B, float> losses(n, 0.f), grad_packed(want_grad ? n * static_cast<std::size_t>(d) : 0, 0.f),
       scratch(static_cast<std::size_t>(plan.gather_values));
-  backend_vector<B, index_t> key(n), block_size(n), child(n);
   detail::node_run_data<storage_type> a;
   a.h = batch.hidden_view().data;
   a.dim = d;
   a.w = matrix_view<const storage_type>(weights());
   a.bias = store_.bias();
-  a.child = detail::raw(child);
   a.loss = detail::raw(losses);
   a.scratch = detail::raw(scratch);
   if (want_grad) {
@@ -149,8 +150,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
     std::vector<detail::node_run> gemm_runs, gather_runs;
     for (std::size_t i = plan.level_first[lv]; i < plan.level_first[lv + 1]; ++i)
       (takes_gemm(plan.runs[i]) ? gemm_runs : gather_runs).push_back(plan.runs[i]);
-    detail::level_steps(ex, tv, batch.target_data(), rows, static_cast<int>(lv), detail::raw(key),
-                        detail::raw(block_size), detail::raw(child));
+    a.child = detail::raw(children) + static_cast<index_t>(lv) * rows;
     detail::dense_runs(ex, a, gemm_runs, dense_grouping_);
     detail::gather_runs<sigmoid_form>(ex, a, gather_runs);
   }

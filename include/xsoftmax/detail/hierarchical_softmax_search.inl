@@ -20,6 +20,9 @@ void hierarchical_softmax<Tree, P, B, F>::topk_(matrix_view<const H> hidden, ind
   // hidden, k and the outputs were checked by head_verbs; the search options are this head's own.
   detail::expects(options.beam_width >= 0, "hierarchical_softmax::topk: beam_width = ", options.beam_width,
                   " must be >= 0");
+  // The search packs a weight row into 32 bits of its open-list keys (tree_search.hpp).
+  detail::expects(tree_.num_rows() <= index_t(0xFFFFFFFF), "hierarchical_softmax::topk: the tree has ",
+                  tree_.num_rows(), " weight rows; the search supports at most 2^32 - 1");
   const detail::execution<B> ex{resources_};
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
   if (widest_block_ == 0) widest_block_ = detail::widest_block(tree_.view());

@@ -14,6 +14,7 @@
 /// stays its oracle.
 
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
+#include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
@@ -33,28 +34,29 @@ struct gather_run_step {
     else softmax_run(run);
   }
 
-  /// word2vec form: one row per internal node; p(first child) = sigmoid(h . v).
+  /// word2vec form: one row per internal node; p(first child) = sigmoid(h . v). One pass per
+  /// sample: score, loss, dLoss/dscore, then the sample's hidden-gradient row and the node's
+  /// gradient row (`axpy_row`s).
   XSOFTMAX_HD void sigmoid_run(const node_run& run) const {
     const index_t d = a.dim, len = run.end - run.begin, node = run.block_begin / 2;
     const T* wr = a.w.row(node);
+    const float b = a.bias ? to_float(a.bias[node]) : 0.f;
     float* gwr = a.backward() ? a.grad_w + run.grad_offset * d : nullptr;
-    if (gwr)
-      for (index_t p = 0; p < d; ++p) gwr[p] = 0.f;
     float bias_acc = 0.f;
     for (index_t i = 0; i < len; ++i) {
       const index_t r = run.begin + i;
       const float* h = a.h + r * d;
-      float sc;
-      gather_dot(h, a.w, a.bias, node, 1, &sc);
+      const float sc = a.bias ? dot_row8(h, wr, d) + b : dot_row8(h, wr, d);
       const bool first = a.child[r] == 0;
-      a.loss[r] += softplus(first ? -sc : sc);
+      float ds = 0.f;
+      a.loss[r] += sigmoid_node_loss(sc, first, gwr ? &ds : nullptr);
       if (!gwr) continue;
-      const float g = (sigmoid(sc) - (first ? 1.f : 0.f)) * a.upstream[r];
-      float* gh = a.grad_h + r * d;
-      for (index_t p = 0; p < d; ++p) {
-        gh[p] += g * to_float(wr[p]);
-        gwr[p] += g * h[p];
-      }
+      const float g = ds * a.upstream[r];
+      axpy_row(g, wr, a.grad_h + r * d, d);
+      if (i == 0)  // the node's gradient row starts as the first sample's term (no zeroing pass)
+        for (index_t p = 0; p < d; ++p) gwr[p] = g * h[p];
+      else
+        axpy_row(g, h, gwr, d);
       bias_acc += g;
     }
     if (gwr && a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
@@ -111,16 +113,16 @@ struct sigmoid_sample_step {
   float* gs;
   XSOFTMAX_HD void operator()(index_t i) const {
     const index_t d = a.dim, r = run.begin + i, node = run.block_begin / 2;
-    float sc;
-    gather_dot(a.h + r * d, a.w, a.bias, node, 1, &sc);
-    const bool first = a.child[r] == 0;
-    a.loss[r] += softplus(first ? -sc : sc);
-    if (!a.backward()) return;
-    const float g = (sigmoid(sc) - (first ? 1.f : 0.f)) * a.upstream[r];
-    gs[i] = g;
     const T* wr = a.w.row(node);
-    float* gh = a.grad_h + r * d;
-    for (index_t p = 0; p < d; ++p) gh[p] += g * to_float(wr[p]);
+    const float* h = a.h + r * d;
+    const float sc = a.bias ? dot_row8(h, wr, d) + to_float(a.bias[node]) : dot_row8(h, wr, d);
+    const bool first = a.child[r] == 0;
+    float ds = 0.f;
+    a.loss[r] += sigmoid_node_loss(sc, first, a.backward() ? &ds : nullptr);
+    if (!a.backward()) return;
+    const float g = ds * a.upstream[r];
+    gs[i] = g;
+    axpy_row(g, wr, a.grad_h + r * d, d);
   }
 };
 

@@ -4,8 +4,8 @@
 /// Planning a hierarchical-softmax step, on every backend: the packed rows sorted once by their
 /// target's leaf rank (below any node the samples are then one contiguous run at every level),
 /// each row's path step at a level, and the runs of rows that share a node, level by level, with
-/// the sparse-gradient rows each run's block gets. Only the run list comes back to the host (its
-/// size decides the launches and the gradient's shape).
+/// the sparse-gradient rows each run's block gets. Only the batch's deepest path length and the
+/// run list come back to the host (they decide the levels, the launches and the gradient's shape).
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
@@ -17,6 +17,8 @@
 #include <thrust/reduce.h>
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
+#include <thrust/transform_reduce.h>
+#include <thrust/iterator/counting_iterator.h>
 
 #include <cstddef>
 #include <vector>
@@ -123,22 +125,38 @@ void level_steps(const execution<B>& ex, const View& tv, const index_t* target, 
   parallel_for(ex, rows, level_step_of<View>{tv, target, level, key, block_size, child});
 }
 
+/// The depth of row r's target's path.
+template <class View>
+struct path_depth_of {
+  View tv;
+  const index_t* target;
+  XSOFTMAX_HD index_t operator()(index_t r) const { return tv.depth(target[r]); }
+};
+
 /// The runs of sorted rows sharing a node, level by level down to the deepest path, and the
 /// gradient rows of each run's block (one per child row; one per node for sigmoid nodes), laid out
 /// run by run, level by level. `gather_width(run)` says how many scratch values per row a run
 /// needs on the gather path (0 when it takes another path); offsets restart at every level.
+/// `children` receives each row's child at every planned level (level l: entries [l rows,
+/// (l + 1) rows)), which the step then reads instead of walking the paths a second time.
 template <class B, class View, class GatherWidth>
 run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth,
-                   bool sigmoid, GatherWidth gather_width) {
+                   bool sigmoid, GatherWidth gather_width, backend_vector<B, index_t>& children) {
   run_plan plan;
   if (rows == 0) return plan;
   const auto policy = ex.policy();
   using ivector = backend_vector<B, index_t>;
   const std::size_t n = static_cast<std::size_t>(rows);
-  ivector key(n), block_size(n), child(n), run_key(n), run_count(n), run_size(n);
+  // The batch's deepest path bounds the levels (a Huffman tree's max_depth is far deeper).
+  const thrust::counting_iterator<index_t> first(0);
+  const index_t deepest = thrust::transform_reduce(policy, first, first + rows, path_depth_of<View>{tv, target},
+                                                   index_t(0), thrust::maximum<index_t>());
+  const int levels = deepest < max_depth ? static_cast<int>(deepest) : max_depth;
+  children.resize(n * static_cast<std::size_t>(levels));
+  ivector key(n), block_size(n), run_key(n), run_count(n), run_size(n);
   std::vector<index_t> keys(n), counts(n), sizes(n);
-  for (int l = 0; l < max_depth; ++l) {
-    level_steps(ex, tv, target, rows, l, raw(key), raw(block_size), raw(child));
+  for (int l = 0; l < levels; ++l) {
+    level_steps(ex, tv, target, rows, l, raw(key), raw(block_size), raw(children) + l * rows);
     const auto ends = thrust::reduce_by_key(policy, key.begin(), key.end(), thrust::constant_iterator<index_t>(1),
                                             run_key.begin(), run_count.begin());
     const index_t runs = static_cast<index_t>(ends.first - run_key.begin());
@@ -149,11 +167,9 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
     ops::copy(ex.res, keys.data(), raw(run_key), runs);
     ops::copy(ex.res, counts.data(), raw(run_count), runs);
     ops::copy(ex.res, sizes.data(), raw(run_size), runs);
-    bool any = false;
     index_t begin = 0, scratch = 0;
     for (index_t i = 0; i < runs; ++i) {
       if (keys[i] >= 0) {
-        any = true;
         node_run run{l, begin, begin + counts[i], keys[i], sizes[i], plan.grad_rows, scratch};
         scratch += counts[i] * gather_width(run);
         plan.runs.push_back(run);
@@ -161,11 +177,18 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
       }
       begin += counts[i];
     }
-    if (!any) break;
     plan.level_first.push_back(plan.runs.size());
     plan.gather_values = scratch > plan.gather_values ? scratch : plan.gather_values;
   }
   return plan;
+}
+
+/// The plan alone, for callers that walk the levels' steps themselves (`level_steps`).
+template <class B, class View, class GatherWidth>
+run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth,
+                   bool sigmoid, GatherWidth gather_width) {
+  backend_vector<B, index_t> children;
+  return plan_runs(ex, tv, target, rows, max_depth, sigmoid, gather_width, children);
 }
 
 /// The sparse gradient's row ids of `plan`: each run's child rows (its node's row for sigmoid nodes).

@@ -5,8 +5,8 @@
 /// best-first search over the tree (or a beam search), and the log-probabilities of a class range.
 ///
 /// top-k: one search per row, its open nodes in a binary max-heap of fixed capacity in the
-/// execution's memory (log-probability, then the smaller row first: a total order, so the result
-/// does not depend on the heap's layout). An exact search that outgrows its capacity stops and
+/// execution's memory (log-probability, then the smaller row first, packed into one integer key:
+/// a total order, so the result does not depend on the heap's layout). An exact search that outgrows its capacity stops and
 /// flags the row; the call then runs again with four times the capacity. A beam search keeps at
 /// most `beam_width` open nodes and never outgrows beam + widest block.
 ///
@@ -17,6 +17,8 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
+#include <xsoftmax/detail/primitives/row_kernels.hpp>
+#include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
@@ -25,7 +27,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -37,10 +41,14 @@ template <bool Sigmoid, class T>
 XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T* bias, index_t block_begin,
                                  index_t block_size, float* out) {
   if constexpr (Sigmoid) {
-    float s;
-    gather_dot(h, w, bias, block_begin / 2, 1, &s);
-    out[0] = -softplus(-s);
-    out[1] = -softplus(s);
+    const index_t node = block_begin / 2;
+    const float dot = dot_row8(h, w.row(node), w.cols);
+    const float s = bias ? dot + to_float(bias[node]) : dot;
+    // softplus(-s) and softplus(s) share log1p(exp(-|s|)) (see `softplus_pair`): one exp and one
+    // log1p per node instead of two each, bitwise the same values.
+    softplus_pair(s, out[0], out[1]);
+    out[0] = -out[0];
+    out[1] = -out[1];
   } else {
     gather_dot(h, w, bias, block_begin, block_size, out);
     const float lse = row_logsumexp(out, block_size);
@@ -48,51 +56,56 @@ XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T
   }
 }
 
-/// A row's open list: a binary max-heap of (log-probability, weight row) in two arrays.
+/// A row's open list: a binary max-heap of (log-probability, weight row) packed into one 64-bit key
+/// each: the high half is the log-probability's bits mapped so that unsigned order is float order
+/// (-0 taken as +0), the low half 2^32 - 1 - row. Key order is then exactly "larger
+/// log-probability, then smaller row" (a total order, so the result does not depend on the heap's
+/// layout), compared in one integer comparison; rows must be < 2^32 (checked by the head).
 struct open_heap {
-  float* lp;
-  index_t* row;
+  std::uint64_t* key;
   index_t size, capacity;
 
-  XSOFTMAX_HD static bool better(float la, index_t ra, float lb, index_t rb) {
-    return la > lb || (la == lb && ra < rb);
+  XSOFTMAX_HD static std::uint64_t pack(float lp, index_t row) {
+    const std::uint32_t b = static_cast<std::uint32_t>(bits_of_float(lp + 0.f));  // + 0.f: -0 -> +0
+    const std::uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return (static_cast<std::uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<std::uint32_t>(row));
+  }
+  XSOFTMAX_HD static float lp_of(std::uint64_t k) {
+    const std::uint32_t ordered = static_cast<std::uint32_t>(k >> 32);
+    return float_from_bits(static_cast<std::int32_t>((ordered & 0x80000000u) ? (ordered & 0x7FFFFFFFu) : ~ordered));
+  }
+  XSOFTMAX_HD static index_t row_of(std::uint64_t k) {
+    return static_cast<index_t>(0xFFFFFFFFu - static_cast<std::uint32_t>(k));
   }
   /// Adds an entry; false (nothing added) when full.
   XSOFTMAX_HD bool push(float l, index_t r) {
     if (size == capacity) return false;
+    const std::uint64_t x = pack(l, r);
     index_t i = size++;
     while (i > 0) {
       const index_t p = (i - 1) / 2;
-      if (!better(l, r, lp[p], row[p])) break;
-      lp[i] = lp[p];
-      row[i] = row[p];
+      if (key[p] >= x) break;
+      key[i] = key[p];
       i = p;
     }
-    lp[i] = l;
-    row[i] = r;
+    key[i] = x;
     return true;
   }
   /// Moves the best entry to position size - 1 and shrinks the heap by one (as std::pop_heap).
   XSOFTMAX_HD void pop_to_back() {
-    const float top_l = lp[0];
-    const index_t top_r = row[0];
-    const float l = lp[size - 1];
-    const index_t r = row[size - 1];
+    const std::uint64_t top = key[0], x = key[size - 1];
     --size;
     index_t i = 0;
     for (;;) {
       index_t c = 2 * i + 1;
       if (c >= size) break;
-      if (c + 1 < size && better(lp[c + 1], row[c + 1], lp[c], row[c])) ++c;
-      if (!better(lp[c], row[c], l, r)) break;
-      lp[i] = lp[c];
-      row[i] = row[c];
+      if (c + 1 < size && key[c + 1] > key[c]) ++c;
+      if (key[c] <= x) break;
+      key[i] = key[c];
       i = c;
     }
-    lp[i] = l;
-    row[i] = r;
-    lp[size] = top_l;
-    row[size] = top_r;
+    key[i] = x;
+    key[size] = top;
   }
   /// Keeps the `keep` best entries: heap-sorts, reverses into descending order (which is a valid
   /// heap) and truncates.
@@ -100,12 +113,9 @@ struct open_heap {
     const index_t n = size;
     while (size > 1) pop_to_back();
     for (index_t i = 0, j = n - 1; i < j; ++i, --j) {
-      const float tl = lp[i];
-      lp[i] = lp[j];
-      lp[j] = tl;
-      const index_t tr = row[i];
-      row[i] = row[j];
-      row[j] = tr;
+      const std::uint64_t t = key[i];
+      key[i] = key[j];
+      key[j] = t;
     }
     size = keep < n ? keep : n;
   }
@@ -121,8 +131,7 @@ struct topk_search_step {
   matrix_view<const T> w;
   const T* bias;
   index_t k, beam, capacity, max_block, row0;
-  float* open_lp;
-  index_t* open_row;
+  std::uint64_t* open_key;
   float* child_lp;  ///< max_block per row
   matrix_view<index_t> classes;
   matrix_view<float> log_probs;
@@ -130,15 +139,15 @@ struct topk_search_step {
 
   XSOFTMAX_HD void operator()(index_t i) const {
     const index_t r = row0 + i;
-    open_heap heap{open_lp + i * capacity, open_row + i * capacity, 0, capacity};
+    open_heap heap{open_key + i * capacity, 0, capacity};
     float* lp = child_lp + i * max_block;
     const float* hr = h + r * d;
     bool ok = expand(heap, hr, lp, 0, tv.root_block_size(), 0.f);
     index_t found = 0;
     while (ok && found < k && heap.size > 0) {
       heap.pop_to_back();
-      const float best_lp = heap.lp[heap.size];
-      const child_ref c = tv.child(heap.row[heap.size]);
+      const float best_lp = open_heap::lp_of(heap.key[heap.size]);
+      const child_ref c = tv.child(open_heap::row_of(heap.key[heap.size]));
       if (c.is_leaf) {
         classes(r, found) = c.leaf_class;
         log_probs(r, found) = best_lp;
@@ -175,6 +184,26 @@ index_t widest_block(const View& tv) {
   return widest;
 }
 
+/// A scratch buffer of `n` elements that the search writes before it reads them: on a host
+/// backend left uninitialised (value-initialising a backend_vector of tile x capacity entries
+/// cost more than the searches of a top-1 call), elsewhere a backend_vector.
+template <class B, class T>
+class search_scratch {
+ public:
+  explicit search_scratch(std::size_t n) {
+    if constexpr (is_host_backend<B>) host_.reset(new T[n]);
+    else device_.resize(n);
+  }
+  [[nodiscard]] T* data() {
+    if constexpr (is_host_backend<B>) return host_.get();
+    else return raw(device_);
+  }
+
+ private:
+  std::unique_ptr<T[]> host_;
+  backend_vector<B, T> device_;
+};
+
 /// Memory for one call's open lists and node log-probabilities; rows are processed in tiles.
 inline constexpr std::size_t tree_search_budget_bytes = std::size_t(256) << 20;
 
@@ -190,19 +219,19 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
   // the entries a search uses are touched.
   index_t capacity = beam > 0 ? beam + max_block : 1024 + 4 * (k + 1) * max_block;
   for (;;) {
-    const std::size_t per_row = static_cast<std::size_t>(capacity) * (sizeof(float) + sizeof(index_t)) +
+    const std::size_t per_row = static_cast<std::size_t>(capacity) * sizeof(std::uint64_t) +
                                 static_cast<std::size_t>(max_block) * sizeof(float) + sizeof(int);
     const index_t tile =
         std::clamp<index_t>(static_cast<index_t>(tree_search_budget_bytes / per_row), 1, rows);
-    backend_vector<B, float> open_lp(static_cast<std::size_t>(tile * capacity)), child_lp(static_cast<std::size_t>(tile * max_block));
-    backend_vector<B, index_t> open_row(open_lp.size());
+    search_scratch<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity));
+    search_scratch<B, float> child_lp(static_cast<std::size_t>(tile * max_block));
     backend_vector<B, int> overflow(static_cast<std::size_t>(tile));
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
       const index_t n = std::min(tile, rows - row0);
       parallel_for(ex, n,
                    topk_search_step<Sigmoid, T, View>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0,
-                                                      raw(open_lp), raw(open_row), raw(child_lp), classes, log_probs,
+                                                      open_key.data(), child_lp.data(), classes, log_probs,
                                                       raw(overflow)});
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }

@@ -83,4 +83,22 @@ XSOFTMAX_HD inline float fast_exp(float x) {
   return float_from_bits(above ? inf_bits : y_bits);
 }
 
+/// log(1 + e) for e in [0, 1] (what softplus and log-sigmoid need: e = exp(-|x|)), without a
+/// library call: with u = e / (2 + e) in [0, 1/3], log(1 + e) = 2 atanh(u) = 2 (u + u^3/3 + ... +
+/// u^15/15 + ...), truncated after u^15 (relative truncation error < 2e-9). Within 2.4 ulp of the
+/// float64 value over e = exp(-x), x in [0, 85] (libm's log1pf: 1.4 ulp); relative accuracy holds
+/// for tiny e (no 1 + e rounding). Branch-free, so loops over it vectorise like `fast_exp`'s.
+XSOFTMAX_HD inline float fast_log1p_unit(float e) {
+  const float u = e / (2.f + e), u2 = u * u;
+  float p = 1.f / 15.f;
+  p = p * u2 + 1.f / 13.f;
+  p = p * u2 + 1.f / 11.f;
+  p = p * u2 + 1.f / 9.f;
+  p = p * u2 + 1.f / 7.f;
+  p = p * u2 + 1.f / 5.f;
+  p = p * u2 + 1.f / 3.f;
+  p = p * u2;
+  return 2.f * u + 2.f * u * p;
+}
+
 }  // namespace xsoftmax::detail
