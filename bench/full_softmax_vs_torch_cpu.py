@@ -4,8 +4,8 @@
 F.cross_entropy(F.linear(h, W)), one training step each (forward + backward + SGD on W), side by
 side in one process (the two alternate, so the machine's load hits both alike), same threads.
 
-Peak memory is measured in a fresh child process per method (peak RSS minus the RSS after the
-inputs and weights exist), so one method's allocations never count against the other.
+Peak memory is measured in a fresh child process per method (peak RSS over two steps minus the
+RSS once inputs and weights exist), so one method's allocations never count against the other.
 
     OMP_WAIT_POLICY=passive python3 bench/full_softmax_vs_torch_cpu.py --classes 100000 1000000
     python3 bench/full_softmax_vs_torch_cpu.py --classes 100000 --steps 5 --threads 2 --json out.json
@@ -15,8 +15,9 @@ fourth (it recomputes the scores in the backward pass instead of keeping the B x
 Needs the xsoftmax package (pip install --no-build-isolation ./python).
 """
 import argparse
+import gc
 import json
-import resource
+import os
 import statistics
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def torch_step(w, h, t, lr):
     loss = F.cross_entropy(F.linear(hh, w), t)
     loss.backward()
     with torch.no_grad():
-        w -= lr * w.grad
+        w.add_(w.grad, alpha=-lr)  # in place: no B x N or N x d temporary beyond the gradient
     return loss.item()
 
 
@@ -50,7 +51,7 @@ def xsoftmax_step(head, h, t, lr):
     loss = head(hh, t)
     loss.backward()
     with torch.no_grad():
-        head.weight -= lr * head.weight.grad
+        head.weight.add_(head.weight.grad, alpha=-lr)
     return loss.item()
 
 
@@ -66,20 +67,31 @@ def stepper(method, n, d, b):
     return lambda: xsoftmax_step(head, h, t, 0.1)
 
 
-def rss_mib():
+def proc_status_mib(key):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
 
+def step_peak_mib(step):
+    """Peak RSS growth (MiB) over two calls of `step`: the peak (VmHWM) is reset to the current RSS
+    first (Linux: /proc/self/clear_refs), so the set-up's temporaries do not count."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = proc_status_mib("VmRSS")
+    step()
+    step()
+    return proc_status_mib("VmHWM") - base
+
+
 def child_peak(method, n, d, b, threads):
     """Peak RSS growth (MiB) of two steps of `method` in a fresh process."""
-    code = (f"import torch, sys; sys.path.insert(0, {repr(sys.path[0])}); torch.set_num_threads({threads}); "
-            f"import full_softmax_vs_torch_cpu as m; step = m.stepper({method!r}, {n}, {d}, {b}); "
-            "import resource; base = m.rss_mib(); step(); step(); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base)")
+    code = (f"import torch, sys; sys.path.insert(0, {repr(os.path.dirname(os.path.abspath(__file__)))}); "
+            f"torch.set_num_threads({threads}); import full_softmax_vs_torch_cpu as m; "
+            f"print(m.step_peak_mib(m.stepper({method!r}, {n}, {d}, {b})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 

@@ -102,7 +102,12 @@ class process_group_communicator {
     at::Tensor in = n_in > 0 ? torch::from_blob(const_cast<T*>(send), {n_in}, options_of<T>())
                              : torch::empty({0}, options_of<T>());
     at::Tensor out = n_out > 0 ? torch::from_blob(recv, {n_out}, options_of<T>()) : torch::empty({0}, options_of<T>());
+    // alltoall_base is in every torch this package supports (>= 2.4); its successor
+    // all_to_all_single only in recent ones, which mark alltoall_base deprecated.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     group_->alltoall_base(out, in, out_split, in_split)->wait();
+#pragma GCC diagnostic pop
   }
 
  private:
