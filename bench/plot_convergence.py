@@ -40,9 +40,13 @@ def load(paths):
     return config, runs
 
 
+MAIN_PASSES = [8]  # the main file's schedule length; a run with another one says so in its label
+
+
 def label(r):
     wd = f', wd {r["weight_decay"]:g}' if r["weight_decay"] else ""
-    return f'{r["name"]}: {r["optimizer"]}, B {r["batch"]}, lr {r["lr"]:g}{wd}'
+    sched = f', {r["config"]["epochs"]}-pass schedule' if r["config"]["epochs"] != MAIN_PASSES[0] else ""
+    return f'{r["name"]}: {r["optimizer"]}, B {r["batch"]}, lr {r["lr"]:g}{wd}{sched}'
 
 
 def best_top1(r):
@@ -69,12 +73,13 @@ def report(runs, refs):
 
 def table(runs):
     passes = max(len(r["passes"]) for r in runs)
-    print("| method | batch | lr | wd | seed | " + " | ".join(f"p{e + 1}" for e in range(passes)) +
+    print("| method | batch | lr | wd | seed | passes | " + " | ".join(f"p{e + 1}" for e in range(passes)) +
           " | final loss |")
-    print("|---|---:|---:|---:|---:|" + "---:|" * passes + "---:|")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * passes + "---:|")
     for r in runs:
         cells = [f'{100 * p["top1"]:.2f}' for p in r["passes"]] + ["–"] * (passes - len(r["passes"]))
         print(f'| {r["name"]} | {r["batch"]} | {r["lr"]:g} | {r["weight_decay"]:g} | {r["seed"]} | ' +
+              f'{r["config"]["epochs"]} | ' +
               " | ".join(cells) + f' | {r["passes"][-1]["train_loss"]:.3g} |')
 
 
@@ -110,6 +115,7 @@ def main():
     ap.add_argument("--table", action="store_true", help="print a Markdown table of every run and stop")
     args = ap.parse_args()
     config, runs = load(args.json)
+    MAIN_PASSES[0] = config["epochs"]
     if not runs:
         sys.exit("no method runs in " + ", ".join(args.json))
     if args.merge:
