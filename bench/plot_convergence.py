@@ -103,7 +103,8 @@ def draw(ax, runs, refs, title, faint_all=False):
     ax.set_ylim(0, None)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=6.5, loc="lower right")
+    # below the axes: the sweep panel has up to ~20 curves, a legend inside would hide them
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
 
 
 def main():
@@ -143,7 +144,7 @@ def main():
         if r["name"] not in best or best_top1(r) > best_top1(best[r["name"]]):
             best[r["name"]] = r
     panels = 3 if others else 2
-    fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 5.2), sharey=True)
+    fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, 6.0), sharey=True)
     draw(axes[0], list(best.values()), refs, f"best run of each method, data seed {main_seed}")
     draw(axes[1], mine, refs, f"every run, data seed {main_seed}", faint_all=True)
     if others:
@@ -153,7 +154,7 @@ def main():
                  f'{config["epochs"]} passes, warm-up {config["warmup_passes"]:g} pass, cosine decay to 0',
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(args.output, dpi=100)
+    fig.savefig(args.output, dpi=100, bbox_inches="tight")
     print("wrote", args.output)
 
 
