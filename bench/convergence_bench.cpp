@@ -21,19 +21,28 @@
 //   sgd_8k    SGD + momentum 0.9, batch 8192, lr = 8 x sgd_1k's (linear scaling rule)
 // Every method: linear warm-up over `warmup` passes, then cosine decay to 0 at the last step
 // (xsoftmax::warmup_cosine), one learning rate for both layers (LARS/LAMB scale it per layer by
-// their trust ratio), no weight decay, mean-reduced loss. The full softmax's gradient touches every
-// row, so the head's "layer" for LARS/LAMB is the whole N x dim matrix here.
+// their trust ratio), no weight decay unless XSOFTMAX_CONV_WD says so, mean-reduced loss. The full
+// softmax's gradient touches every row, so the head's "layer" for LARS/LAMB is the whole N x dim
+// matrix here. The problem (data, config, GEMM) is in convergence_problem.hpp; its class structure
+// is the KNN study's (synthetic_classes.hpp).
 //
 // Configuration through the environment (defaults in brackets, which the study in
-// bench/RESULTS.md uses unless it says otherwise): XSOFTMAX_CONV_N [100000], _DIM [32],
-// _TRAIN [32768], _TEST [5000], _EPOCHS [8], _WARMUP [1, passes, every method], _ZIPF [1.0],
-// _SEED [2024: the data], _LR_SGD1K [2], _LR_LAMB [0.1], _LR_LARS [16], _LR_SGD8K [8 x _LR_SGD1K],
-// _LARS_ETA [0.001], _OUT [convergence.json: results of the methods run, rewritten after each].
-// Progress (one line per pass per method) and a summary go to stderr. Run:
+// bench/RESULTS.md uses unless it says otherwise):
+//   XSOFTMAX_CONV_N [100000] classes, _DIM [32], _TRAIN [32768] training samples, _TEST [5000],
+//   _EPOCHS [8] passes (the schedule's length: the cosine reaches 0 at the last step),
+//   _WARMUP [1] passes of linear warm-up (every method), _ZIPF [1.0],
+//   _SEED [2024] the data (centres, map A, samples; not the init or the pass order, which are fixed),
+//   _LR_SGD1K [2], _LR_LAMB [0.1], _LR_LARS [16], _LR_SGD8K [8 x _LR_SGD1K], _LARS_ETA [0.001],
+//   _WD [0] weight decay of whichever methods run (lamb_rule, lars_rule, momentum_rule: both layers),
+//   _OUT [convergence.json] results of the methods run, rewritten after each.
+// Progress (one line per pass per method) and a summary go to stderr. Google Benchmark names the
+// runs convergence/<method>/iterations:1, so one method is --benchmark_filter=convergence/lamb_8k/.
+// Run:
 //   OPENBLAS_CORETYPE=SkylakeX OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2 ./build/bench/convergence_bench
-// then python3 bench/plot_convergence.py convergence.json bench/convergence.png
+// then python3 bench/plot_convergence.py convergence.json -o bench/convergence.png
 
-#include <xsoftmax/detail/host/gemm.hpp>
+#include "convergence_problem.hpp"
+
 #include <xsoftmax/optim/large_batch.hpp>
 #include <xsoftmax/optim/schedules.hpp>
 #include <xsoftmax/optim/sparse_optimizer.hpp>
@@ -57,146 +66,11 @@ namespace {
 namespace xs = xsoftmax;
 using xs::index_t;
 using clock_type = std::chrono::steady_clock;
-
-double env_or(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atof(v) : fallback;
-}
-
-struct conv_config {
-  index_t n = static_cast<index_t>(env_or("XSOFTMAX_CONV_N", 100000));
-  index_t dim = static_cast<index_t>(env_or("XSOFTMAX_CONV_DIM", 32));
-  index_t train = static_cast<index_t>(env_or("XSOFTMAX_CONV_TRAIN", 32768));
-  index_t test = static_cast<index_t>(env_or("XSOFTMAX_CONV_TEST", 5000));
-  index_t epochs = static_cast<index_t>(env_or("XSOFTMAX_CONV_EPOCHS", 8));
-  double warmup = env_or("XSOFTMAX_CONV_WARMUP", 1.0);  ///< passes of linear warm-up
-  double zipf = env_or("XSOFTMAX_CONV_ZIPF", 1.0);
-  unsigned long long seed = static_cast<unsigned long long>(env_or("XSOFTMAX_CONV_SEED", 2024));
-  float lr_sgd1k = static_cast<float>(env_or("XSOFTMAX_CONV_LR_SGD1K", 2));
-  float lr_lamb = static_cast<float>(env_or("XSOFTMAX_CONV_LR_LAMB", 0.1));
-  float lr_lars = static_cast<float>(env_or("XSOFTMAX_CONV_LR_LARS", 16));
-  float lr_sgd8k = static_cast<float>(env_or("XSOFTMAX_CONV_LR_SGD8K", 8 * lr_sgd1k));
-  float lars_eta = static_cast<float>(env_or("XSOFTMAX_CONV_LARS_ETA", 0.001));
-  std::string out = std::getenv("XSOFTMAX_CONV_OUT") ? std::getenv("XSOFTMAX_CONV_OUT") : "convergence.json";
-  index_t cluster_size = 50;
-  double spread = 0.7;    ///< class centre = normalize(cluster centre + spread * unit noise)
-  double noise = 0.6;     ///< sample = class centre + noise (norm ~ `noise`), before the map A
-  double condition = 10;  ///< A's largest / smallest singular value
-};
-
-const conv_config& cfg() {
-  static const conv_config c;
-  return c;
-}
-
-/// Fixed inputs (already through A) and labels of the training set and the test set.
-struct dataset {
-  std::vector<float> train_x, test_x;  ///< rows x dim
-  std::vector<index_t> train_y, test_y;
-  index_t train_classes = 0;  ///< distinct classes in the training set
-  double test_seen = 0;       ///< fraction of test samples whose class occurs in the training set
-};
-
-/// An orthonormal dim x dim matrix (Gram-Schmidt on Gaussian columns, in double).
-std::vector<double> random_orthonormal(index_t d, std::mt19937_64& rng) {
-  std::normal_distribution<double> g;
-  std::vector<double> q(static_cast<size_t>(d * d));
-  for (index_t j = 0; j < d; ++j) {
-    for (index_t i = 0; i < d; ++i) q[i * d + j] = g(rng);
-    for (index_t k = 0; k < j; ++k) {
-      double dot = 0;
-      for (index_t i = 0; i < d; ++i) dot += q[i * d + j] * q[i * d + k];
-      for (index_t i = 0; i < d; ++i) q[i * d + j] -= dot * q[i * d + k];
-    }
-    double s = 0;
-    for (index_t i = 0; i < d; ++i) s += q[i * d + j] * q[i * d + j];
-    for (index_t i = 0; i < d; ++i) q[i * d + j] /= std::sqrt(s);
-  }
-  return q;
-}
-
-const dataset& data() {
-  static const std::unique_ptr<dataset> d = [] {
-    auto ds = std::make_unique<dataset>();
-    const conv_config& c = cfg();
-    const index_t n = c.n, dim = c.dim;
-    std::mt19937_64 rng(c.seed);
-    std::normal_distribution<float> gauss;
-    auto unit = [&](float* v) {
-      double s = 0;
-      for (index_t p = 0; p < dim; ++p) v[p] = gauss(rng), s += double(v[p]) * v[p];
-      for (index_t p = 0; p < dim; ++p) v[p] = static_cast<float>(v[p] / std::sqrt(s));
-    };
-    const index_t clusters = (n + c.cluster_size - 1) / c.cluster_size;
-    std::vector<float> mu(static_cast<size_t>(clusters * dim)), centre(static_cast<size_t>(n * dim)), u(dim);
-    for (index_t g = 0; g < clusters; ++g) unit(mu.data() + g * dim);
-    std::vector<index_t> id(static_cast<size_t>(n));
-    std::iota(id.begin(), id.end(), index_t(0));
-    std::shuffle(id.begin(), id.end(), rng);
-    for (index_t j = 0; j < n; ++j) {
-      float* m = centre.data() + id[j] * dim;
-      unit(u.data());
-      double s = 0;
-      for (index_t p = 0; p < dim; ++p)
-        m[p] = mu[(j / c.cluster_size) * dim + p] + float(c.spread) * u[p], s += double(m[p]) * m[p];
-      for (index_t p = 0; p < dim; ++p) m[p] = static_cast<float>(m[p] / std::sqrt(s));
-    }
-    // A = U diag(s) V^T, s log-spaced from 1 down to 1 / condition, scaled so E||A z||^2 = ||z||^2.
-    const std::vector<double> uq = random_orthonormal(dim, rng), vq = random_orthonormal(dim, rng);
-    std::vector<double> sv(static_cast<size_t>(dim));
-    double ms = 0;
-    for (index_t k = 0; k < dim; ++k)
-      sv[k] = std::pow(c.condition, -double(k) / double(std::max<index_t>(1, dim - 1))), ms += sv[k] * sv[k];
-    for (auto& s : sv) s /= std::sqrt(ms / dim);
-    std::vector<double> a(static_cast<size_t>(dim * dim), 0.0);
-    for (index_t i = 0; i < dim; ++i)
-      for (index_t j = 0; j < dim; ++j)
-        for (index_t k = 0; k < dim; ++k) a[i * dim + j] += uq[i * dim + k] * sv[k] * vq[j * dim + k];
-    std::vector<index_t> rank(static_cast<size_t>(n));
-    std::iota(rank.begin(), rank.end(), index_t(0));
-    std::shuffle(rank.begin(), rank.end(), rng);
-    std::vector<double> cdf(static_cast<size_t>(n));
-    double total = 0;
-    for (index_t k = 0; k < n; ++k) total += std::pow(double(k + 1), -c.zipf), cdf[k] = total;
-    std::uniform_real_distribution<double> u01(0.0, total);
-    auto draw = [&](std::vector<float>& xs, std::vector<index_t>& ys, index_t rows) {
-      xs.resize(static_cast<size_t>(rows * dim));
-      ys.resize(static_cast<size_t>(rows));
-      const float sd = static_cast<float>(c.noise / std::sqrt(double(dim)));
-      std::vector<double> z(static_cast<size_t>(dim));
-      for (index_t i = 0; i < rows; ++i) {
-        const index_t k = std::min<index_t>(n - 1, std::upper_bound(cdf.begin(), cdf.end(), u01(rng)) - cdf.begin());
-        const index_t y = rank[k];
-        ys[i] = y;
-        for (index_t p = 0; p < dim; ++p) z[p] = centre[y * dim + p] + sd * gauss(rng);
-        for (index_t p = 0; p < dim; ++p) {
-          double s = 0;
-          for (index_t q = 0; q < dim; ++q) s += a[p * dim + q] * z[q];
-          xs[i * dim + p] = static_cast<float>(s);
-        }
-      }
-    };
-    draw(ds->train_x, ds->train_y, c.train);
-    draw(ds->test_x, ds->test_y, c.test);
-    std::vector<char> seen(static_cast<size_t>(n), 0);
-    for (index_t y : ds->train_y) ds->train_classes += seen[y] ? 0 : 1, seen[y] = 1;
-    for (index_t y : ds->test_y) ds->test_seen += seen[y];
-    ds->test_seen /= c.test;
-    return ds;
-  }();
-  return *d;
-}
-
-/// Row-major C(m x n) = op(A) op(B) through the library's host GEMM (CBLAS when the build has one).
-void gemm(bool ta, bool tb, index_t m, index_t n, index_t k, const float* a, index_t lda, const float* b,
-          index_t ldb, float* c) {
-  namespace h = xs::detail::host;
-  h::gemm_args g;
-  g.op_a = ta ? h::op::transpose : h::op::none;
-  g.op_b = tb ? h::op::transpose : h::op::none;
-  g.m = m, g.n = n, g.k = k, g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.c = c, g.ldc = n;
-  h::gemm(g);
-}
+using convergence::cfg;
+using convergence::conv_config;
+using convergence::data;
+using convergence::dataset;
+using convergence::gemm;
 
 enum class optimizer { sgd, lars, lamb };
 
@@ -233,15 +107,18 @@ void write_json() {
   }
   std::fprintf(f,
                "{\n  \"config\": {\"classes\": %ld, \"dim\": %ld, \"train\": %ld, \"test\": %ld, \"epochs\": %ld, "
-               "\"warmup_passes\": %g, \"zipf\": %g, \"seed\": %llu, \"lars_eta\": %g, \"train_classes\": %ld, "
-               "\"test_seen_fraction\": %.4f},\n  \"methods\": [",
+               "\"warmup_passes\": %g, \"zipf\": %g, \"seed\": %llu, \"lars_eta\": %g, \"weight_decay\": %g, "
+               "\"train_classes\": %ld, \"test_seen_fraction\": %.4f},\n  \"methods\": [",
                long(c.n), long(c.dim), long(c.train), long(c.test), long(c.epochs), c.warmup, c.zipf, c.seed,
-               double(c.lars_eta), long(data().train_classes), data().test_seen);
+               double(c.lars_eta), double(c.weight_decay), long(data().train_classes), data().test_seen);
   const char* opt_names[] = {"sgd_momentum", "lars", "lamb"};
   for (std::size_t i = 0; i < results().size(); ++i) {
     const run_result& r = results()[i];
-    std::fprintf(f, "%s\n    {\"name\": \"%s\", \"optimizer\": \"%s\", \"batch\": %ld, \"lr\": %g, \"passes\": [",
-                 i ? "," : "", r.m.name.c_str(), opt_names[int(r.m.opt)], long(r.m.batch), double(r.m.lr));
+    std::fprintf(f,
+                 "%s\n    {\"name\": \"%s\", \"optimizer\": \"%s\", \"batch\": %ld, \"lr\": %g, "
+                 "\"weight_decay\": %g, \"seed\": %llu, \"passes\": [",
+                 i ? "," : "", r.m.name.c_str(), opt_names[int(r.m.opt)], long(r.m.batch), double(r.m.lr),
+                 double(c.weight_decay), c.seed);
     for (std::size_t e = 0; e < r.passes.size(); ++e) {
       const pass_result& p = r.passes[e];
       std::fprintf(f,
@@ -286,9 +163,10 @@ struct optimizers {
   head_type::gradient_type w1_grad;  ///< for SGD: W1's gradient as a sparse gradient of all rows
 
   optimizers(optimizer k, index_t n, index_t dim) : kind(k) {
-    const xs::momentum_rule mom(0.9f, false, 0.f);
-    const xs::lars_rule lr(0.9f, 0.f, cfg().lars_eta);
-    const xs::lamb_rule lb(0.9f, 0.999f, 1e-6f, 0.f);
+    const float wd = cfg().weight_decay;
+    const xs::momentum_rule mom(0.9f, false, wd);
+    const xs::lars_rule lr(0.9f, wd, cfg().lars_eta);
+    const xs::lamb_rule lb(0.9f, 0.999f, 1e-6f, wd);
     switch (k) {
       case optimizer::sgd:
         sgd_w1 = std::make_unique<xs::sparse_momentum<xs::omp>>(dim, dim, false, mom);
@@ -415,9 +293,9 @@ void setup() {
   std::fprintf(stderr,
                "convergence study: N = %ld, dim = %ld, train = %ld (distinct classes %ld), test = %ld "
                "(%.1f %% of test samples have a class seen in training), passes = %ld, warm-up = %g passes, "
-               "zipf = %.2f, data seed %llu\n",
+               "zipf = %.2f, data seed %llu, weight decay %g\n",
                long(c.n), long(c.dim), long(c.train), long(ds.train_classes), long(c.test), 100 * ds.test_seen,
-               long(c.epochs), c.warmup, c.zipf, c.seed);
+               long(c.epochs), c.warmup, c.zipf, c.seed, double(c.weight_decay));
 }
 
 const bool registered = [] {

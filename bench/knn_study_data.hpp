@@ -5,6 +5,8 @@
 /// the environment, the fixed synthetic training stream and test set, the weight initialisation.
 /// Split from the benchmark so that the study's logic and its data stay under 400 lines each.
 
+#include "synthetic_classes.hpp"
+
 #include <xsoftmax/xsoftmax.hpp>
 
 #include <algorithm>
@@ -105,42 +107,18 @@ inline const dataset& data() {
     auto ds = std::make_unique<dataset>();
     const study_config& c = ds->cfg;
     const index_t n = c.n, dim = c.dim;
-    std::mt19937_64 rng(c.seed);
-    std::normal_distribution<float> gauss;
-    auto unit = [&](float* v) {
-      double s = 0;
-      for (index_t p = 0; p < dim; ++p) v[p] = gauss(rng), s += double(v[p]) * v[p];
-      for (index_t p = 0; p < dim; ++p) v[p] = static_cast<float>(v[p] / std::sqrt(s));
-    };
-    // Clusters of `cluster_size` classes; ids shuffled so that neighbouring ids are unrelated.
-    const index_t clusters = (n + c.cluster_size - 1) / c.cluster_size;
-    std::vector<float> mu(static_cast<size_t>(clusters * dim)), centre(static_cast<size_t>(n * dim)), u(dim);
-    for (index_t g = 0; g < clusters; ++g) unit(mu.data() + g * dim);
-    std::vector<index_t> id(static_cast<size_t>(n));
-    std::iota(id.begin(), id.end(), index_t(0));
-    std::shuffle(id.begin(), id.end(), rng);
-    for (index_t j = 0; j < n; ++j) {
-      float* m = centre.data() + id[j] * dim;
-      unit(u.data());
-      double s = 0;
-      for (index_t p = 0; p < dim; ++p) m[p] = mu[(j / c.cluster_size) * dim + p] + float(c.spread) * u[p], s += double(m[p]) * m[p];
-      for (index_t p = 0; p < dim; ++p) m[p] = static_cast<float>(m[p] / std::sqrt(s));
-    }
-    // Zipf frequencies over a random ranking of the classes.
-    std::vector<index_t> rank(static_cast<size_t>(n));
-    std::iota(rank.begin(), rank.end(), index_t(0));
-    std::shuffle(rank.begin(), rank.end(), rng);
-    std::vector<double> cdf(static_cast<size_t>(n));
-    double total = 0;
-    for (index_t k = 0; k < n; ++k) total += std::pow(double(k + 1), -c.zipf), cdf[k] = total;
-    std::uniform_real_distribution<double> u01(0.0, total);
+    synthetic_classes::engine rng(c.seed);
+    synthetic_classes::gaussian gauss;
+    // Clusters of `cluster_size` classes, then Zipf frequencies (synthetic_classes.hpp).
+    const std::vector<float> centre =
+        synthetic_classes::clustered_centres(n, dim, c.cluster_size, c.spread, rng, gauss);
+    synthetic_classes::zipf_classes draw_class(n, c.zipf, rng);
     auto draw = [&](std::vector<float>& xs, std::vector<index_t>& ys, index_t rows) {
       xs.resize(static_cast<size_t>(rows * dim));
       ys.resize(static_cast<size_t>(rows));
       const float sd = static_cast<float>(c.noise / std::sqrt(double(dim)));
       for (index_t i = 0; i < rows; ++i) {
-        const index_t k = std::min<index_t>(n - 1, std::upper_bound(cdf.begin(), cdf.end(), u01(rng)) - cdf.begin());
-        const index_t y = rank[k];
+        const index_t y = draw_class(rng);
         ys[i] = y;
         for (index_t p = 0; p < dim; ++p) xs[i * dim + p] = centre[y * dim + p] + sd * gauss(rng);
       }
