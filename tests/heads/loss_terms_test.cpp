@@ -98,20 +98,8 @@ TEST_CASE_TEMPLATE("loss terms: selective and KNN heads smooth over each row's a
   CHECK(same_outputs_across(run_forward_backward(knn, hb, p.targets, opt), run_forward_backward(full, hb, p.targets, opt)));
 
   // Per-sample candidates (gather-dot path): smoothing over the row's own list.
-  auto list_of = [n](index_t t) {
-    std::vector<index_t> c{(t * 5 + 2) % n, (t + 9) % n, (t * 3 + 1) % n, t};
-    std::sort(c.begin(), c.end());
-    c.erase(std::unique(c.begin(), c.end()), c.end());
-    return c;
-  };
-  std::vector<index_t> offsets{0}, ids;
-  for (index_t i = 0; i < batch; ++i) {
-    const auto c = p.targets[i] < 0 ? std::vector<index_t>{0} : list_of(p.targets[i]);
-    ids.insert(ids.end(), c.begin(), c.end());
-    offsets.push_back(static_cast<index_t>(ids.size()));
-  }
-  xsoftmax::explicit_candidates per_sample;
-  per_sample.set_per_sample(offsets, ids);
+  const auto list_of = [n](index_t t) { return mixed_candidates_of(t, n); };
+  const xsoftmax::explicit_candidates per_sample = mixed_per_sample_candidates(p.targets, batch, n);
   xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, B> head(per_sample, mview(p.w, n, d),
                                                                                      p.b.data());
   for (reduction r : {reduction::none, reduction::sum}) {

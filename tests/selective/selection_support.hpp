@@ -6,6 +6,7 @@
 
 #include "support/head_checks.hpp"
 
+#include <xsoftmax/selection/explicit_candidates.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
 #include <algorithm>
@@ -62,6 +63,29 @@ bool same_outputs_across(const head_outputs<HeadA>& a, const head_outputs<HeadB>
 template <class Gradient>
 std::vector<index_t> gradient_rows(const Gradient& g) {
   return std::vector<index_t>(g.rows.begin(), g.rows.end());
+}
+
+/// The per-sample candidate lists the loss-term and margin tests use (the gather-dot path): for
+/// target t, the sorted unique {5t + 2, t + 9, 3t + 1, t} mod n; an ignored row gets {0}.
+inline std::vector<index_t> mixed_candidates_of(index_t t, index_t n) {
+  std::vector<index_t> c{(t * 5 + 2) % n, (t + 9) % n, (t * 3 + 1) % n, t};
+  std::sort(c.begin(), c.end());
+  c.erase(std::unique(c.begin(), c.end()), c.end());
+  return c;
+}
+
+/// An `explicit_candidates` selector holding `mixed_candidates_of` each of `targets` (rows [0, batch)).
+template <class Targets>
+xsoftmax::explicit_candidates mixed_per_sample_candidates(const Targets& targets, index_t batch, index_t n) {
+  std::vector<index_t> offsets{0}, ids;
+  for (index_t i = 0; i < batch; ++i) {
+    const auto c = targets[i] < 0 ? std::vector<index_t>{0} : mixed_candidates_of(targets[i], n);
+    ids.insert(ids.end(), c.begin(), c.end());
+    offsets.push_back(static_cast<index_t>(ids.size()));
+  }
+  xsoftmax::explicit_candidates per_sample;
+  per_sample.set_per_sample(offsets, ids);
+  return per_sample;
 }
 
 }  // namespace xsoftmax_test
