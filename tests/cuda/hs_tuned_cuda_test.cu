@@ -49,8 +49,9 @@ void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, u
   const auto width = [&](const xs::detail::node_run& run) -> index_t {
     return which == path::dense ? 0 : Sigmoid ? 1 : run.block_size;
   };
+  xs::backend_vector<xs::cuda, xs::index_t> children;  // each level's child per row (unused here)
   const xs::detail::run_plan plan =
-      xs::detail::plan_runs(ex, tree.view(), raw(batch.target), rows, Tree::max_depth, Sigmoid, width);
+      xs::detail::plan_runs(ex, tree.view(), raw(batch.target), rows, Tree::max_depth, Sigmoid, width, children);
   REQUIRE(plan.levels() >= 2);
   const auto dw = to_device(w), db = to_device(b);
   thrust::device_vector<index_t> key(static_cast<std::size_t>(rows)), bsz(key.size()), child(key.size());

@@ -183,14 +183,6 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   return plan;
 }
 
-/// The plan alone, for callers that walk the levels' steps themselves (`level_steps`).
-template <class B, class View, class GatherWidth>
-run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth,
-                   bool sigmoid, GatherWidth gather_width) {
-  backend_vector<B, index_t> children;
-  return plan_runs(ex, tv, target, rows, max_depth, sigmoid, gather_width, children);
-}
-
 /// The sparse gradient's row ids of `plan`: each run's child rows (its node's row for sigmoid nodes).
 inline std::vector<index_t> gradient_row_ids(const run_plan& plan, bool sigmoid) {
   std::vector<index_t> ids(static_cast<std::size_t>(plan.grad_rows));
