@@ -18,6 +18,8 @@
 //   g++ -std=c++17 -O2 -Iinclude -I/usr/local/cuda/include/cccl bench/hs_shard_balance.cpp -o hs_shard_balance
 // Run: ./hs_shard_balance   (seeded: the same numbers on every run and machine)
 
+#include "hs_shard_trees.hpp"
+
 #include <xsoftmax/sharding/hs_shard_plan.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
 
@@ -35,36 +37,10 @@ using xs::index_t;
 using tree = xs::runtime_tree<>;
 using plan = xs::hs_shard_plan<>;
 
-constexpr index_t classes = 1000000, batch = 8192, batches = 20;
-
-std::vector<double> zipf() {
-  std::vector<double> f(static_cast<std::size_t>(classes));
-  for (index_t c = 0; c < classes; ++c) f[static_cast<std::size_t>(c)] = 1.0 / static_cast<double>(c + 1);
-  return f;
-}
-
-/// Uniform tree over `classes` with the given fan-outs (root first); leaves in id order
-/// (`interleave` false: class c below node c / fan-out) or interleaved (class c below c % nodes).
-tree uniform(const std::vector<index_t>& fan, bool interleave) {
-  // Levels of internal nodes, bottom-up: `count[l]` nodes at depth l.
-  const int depth = static_cast<int>(fan.size());
-  std::vector<index_t> count(static_cast<std::size_t>(depth));
-  count[0] = 1;
-  for (int l = 1; l < depth; ++l) count[static_cast<std::size_t>(l)] = count[static_cast<std::size_t>(l - 1)] * fan[static_cast<std::size_t>(l - 1)];
-  std::vector<index_t> first(static_cast<std::size_t>(depth));  // node id of the first node at depth l
-  index_t next = classes;
-  for (int l = depth - 1; l >= 0; --l) first[static_cast<std::size_t>(l)] = next, next += count[static_cast<std::size_t>(l)];
-  std::vector<index_t> parent(static_cast<std::size_t>(next), -1);
-  const index_t bottom = count[static_cast<std::size_t>(depth - 1)];
-  for (index_t c = 0; c < classes; ++c)
-    parent[static_cast<std::size_t>(c)] =
-        first[static_cast<std::size_t>(depth - 1)] + (interleave ? c % bottom : c / fan[static_cast<std::size_t>(depth - 1)]);
-  for (int l = 1; l < depth; ++l)
-    for (index_t k = 0; k < count[static_cast<std::size_t>(l)]; ++k)
-      parent[static_cast<std::size_t>(first[static_cast<std::size_t>(l)] + k)] =
-          first[static_cast<std::size_t>(l - 1)] + k / fan[static_cast<std::size_t>(l - 1)];
-  return tree::from_parents(parent, classes);
-}
+constexpr index_t batch = 8192, batches = 20;
+using hs_shard_bench::classes;
+using hs_shard_bench::uniform;
+using hs_shard_bench::zipf;
 
 /// Each class's full path cost (children scored over its whole path).
 std::vector<index_t> full_costs(const tree& t) {

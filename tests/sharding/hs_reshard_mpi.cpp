@@ -4,9 +4,11 @@
 // that change the cut, the assignment and the frontier (hot-subtree splitting); a head trained one
 // step on the old plan and moved to the new one keeps equalling the unsharded head that took the
 // same step; `class_frequency_tracker` decays and sums counts as documented and drives a re-plan
-// that removes the imbalance of a drifted batch; typed rejections before any collective.
+// that removes the imbalance of a drifted batch; `hs_replanner` proposes a plan on check batches
+// only and only when it pays; typed rejections before any collective.
 
 #include <xsoftmax/sharding/class_frequency_tracker.hpp>
+#include <xsoftmax/sharding/hs_replanner.hpp>
 #include <xsoftmax/sharding/hs_reshard.hpp>
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 #include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
@@ -257,6 +259,66 @@ TEST_CASE("class_frequency_tracker: decayed counts summed over the ranks drive a
   const plan_type next(huffman, size, replanned);
   CHECK(xs::plan_imbalance(next, seen) < (size > 1 ? 0.5 * size + 0.5 : 1.0 + 1e-12));
   CHECK(xs::plan_imbalance(plan, o.class_frequency) == doctest::Approx(plan.expected_imbalance()));
+}
+
+TEST_CASE("hs_replanner proposes a plan on check batches only, and only when it is worth moving to") {
+  xs::mpi_communicator comm;
+  const int rank = comm.rank(), size = comm.size();
+  const tree huffman = tree::huffman(zipf(classes));
+  xs::hs_shard_options o;
+  o.cut_depth = 3;
+  o.class_frequency = zipf(classes);
+  o.split_above = 1.0;
+  const plan_type plan(huffman, size, o);
+  xs::hs_replan_options knobs;
+  knobs.check_every = 3;
+  xs::hs_replanner<> replanner(huffman, o, knobs);
+  // Targets that follow the plan's own frequencies: no proposal.
+  const std::vector<double> f = zipf(classes);
+  std::discrete_distribution<index_t> pick(f.begin(), f.end());
+  std::mt19937 g(70 + static_cast<unsigned>(rank));
+  const auto draw = [&](const std::vector<index_t>& only) {
+    std::vector<index_t> b(256);
+    for (index_t& c : b) c = only.empty() ? pick(g) : only[g() % only.size()];
+    return b;
+  };
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<index_t> b = draw({});
+    replanner.observe(xs::vector_view<const index_t>(b.data(), 256));
+    CHECK_FALSE(replanner.propose(plan, comm).has_value());
+  }
+  CHECK(replanner.last_imbalance() < 1.2);
+  // Targets drift into one subtree: a proposal on the next check batch (the 9th), not before,
+  // once there is more than one rank; the proposed plan balances the recent targets.
+  index_t hot = -1;
+  for (index_t s = 0; s < plan.num_subtrees() && hot < 0; ++s)
+    if (plan.subtree_classes(s).size() > 4) hot = s;
+  REQUIRE(hot >= 0);
+  for (int i = 6; i < 9; ++i) {
+    const std::vector<index_t> b = draw(plan.subtree_classes(hot));
+    replanner.observe(xs::vector_view<const index_t>(b.data(), 256));
+    const std::optional<plan_type> next = replanner.propose(plan, comm);
+    if (i < 8 || size == 1) {
+      CHECK_FALSE(next.has_value());
+      continue;
+    }
+    REQUIRE(next.has_value());
+    CHECK(replanner.last_imbalance() > 1.2);
+    const std::vector<double> seen = replanner.tracker().global_frequency(comm);
+    CHECK(xs::plan_imbalance(*next, seen) * knobs.gain <= replanner.last_imbalance());
+  }
+  xs::hs_replan_options bad;
+  bad.check_every = 0;
+  CHECK_THROWS_AS(xs::hs_replanner<>(huffman, o, bad), xs::invalid_argument);
+  bad = {};
+  bad.gain = 0.5;
+  CHECK_THROWS_AS(xs::hs_replanner<>(huffman, o, bad), xs::invalid_argument);
+  bad = {};
+  bad.prior = 1.0;
+  CHECK_THROWS_AS(xs::hs_replanner<>(huffman, o, bad), xs::invalid_argument);
+  bad = {};
+  bad.decay = 2.0;
+  CHECK_THROWS_AS(xs::hs_replanner<>(huffman, o, bad), xs::invalid_argument);
 }
 
 TEST_CASE("reshard_hs_rows and class_frequency_tracker reject bad input with typed errors") {
