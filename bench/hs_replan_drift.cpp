@@ -10,9 +10,9 @@
 //   * static:  the plan made from phase 0's frequencies (split_above = 1), kept;
 //   * tracked: an `hs_replanner` (split_above = 1; its knobs from the command line, else its
 //              defaults: decay 0.7, a look every 2 batches, re-plan above 1.2 when the new plan is
-//              1.1x better) sees every batch; when it proposes a plan, the weights move
-//              (`reshard_rows_sent` counts the rows the busiest rank sends; bytes at d = 512 in
-//              bf16, summed over the re-plans);
+//              1.1x better, current owners kept within 5 %) sees every batch; when it proposes a
+//              plan, the weights move (`reshard_rows_sent` counts the rows the busiest rank
+//              sends; bytes at d = 512 in bf16, summed over the re-plans);
 //   * oracle:  a plan re-made from each batch's own histogram before it runs (a lower bound: it
 //              knows the batch in advance and would move weights every step).
 // Trees: the 1000 x 1000 uniform tree with classes by id (cut 1) and the binary Huffman tree of
@@ -20,7 +20,7 @@
 //
 // Build: part of bench/CMakeLists.txt (target hs_replan_drift; no Google Benchmark), or
 //   g++ -std=c++17 -O2 -Iinclude -I/usr/local/cuda/include/cccl bench/hs_replan_drift.cpp -o hs_replan_drift
-// Run: ./hs_replan_drift [decay check_every replan_above gain]   (defaults: hs_replan_options';
+// Run: ./hs_replan_drift [decay check_every replan_above gain keep_owners]   (defaults: hs_replan_options';
 //      seeded: the same numbers on every run and machine)
 
 #include "hs_shard_trees.hpp"
@@ -130,8 +130,11 @@ int main(int argc, char** argv) {
   if (argc > 2) knobs.check_every = std::atoll(argv[2]);
   if (argc > 3) knobs.replan_above = std::atof(argv[3]);
   if (argc > 4) knobs.gain = std::atof(argv[4]);
-  std::printf("tracked policy: decay %.2f, check every %lld batches, re-plan above %.2f when the new plan is %.2fx better\n",
-              knobs.decay, static_cast<long long>(knobs.check_every), knobs.replan_above, knobs.gain);
+  if (argc > 5) knobs.keep_owners = std::atoi(argv[5]) != 0;
+  std::printf("tracked policy: decay %.2f, check every %lld batches, re-plan above %.2f when the new plan is %.2fx "
+              "better, %s\n",
+              knobs.decay, static_cast<long long>(knobs.check_every), knobs.replan_above, knobs.gain,
+              knobs.keep_owners ? "owners kept within 5 %" : "owners not kept");
   std::printf("hs_replan_drift: 1M classes, %lld batches of %lld targets, popularity rotated every %lld batches\n",
               static_cast<long long>(phase_batches * phases), static_cast<long long>(batch),
               static_cast<long long>(phase_batches));
@@ -141,7 +144,7 @@ int main(int argc, char** argv) {
     for (int s : {2, 4, 8}) run("uniform 1000x1000 by id", by_id, 1, s);
     for (int s : {2, 4, 8}) run("huffman (binary)", huffman, 10, s);
   } catch (const xs::invalid_argument& e) {  // a bad knob: hs_replanner names it
-    std::fprintf(stderr, "%s\nusage: hs_replan_drift [decay check_every replan_above gain]\n", e.what());
+    std::fprintf(stderr, "%s\nusage: hs_replan_drift [decay check_every replan_above gain keep_owners]\n", e.what());
     return 2;
   }
 }

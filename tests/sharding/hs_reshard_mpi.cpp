@@ -261,6 +261,47 @@ TEST_CASE("class_frequency_tracker: decayed counts summed over the ranks drive a
   CHECK(xs::plan_imbalance(plan, o.class_frequency) == doctest::Approx(plan.expected_imbalance()));
 }
 
+TEST_CASE("hs_shard_plan with owner hints keeps subtrees where they are, within the slack") {
+  xs::mpi_communicator comm;
+  const int size = comm.size();
+  const tree huffman = tree::huffman(zipf(classes));
+  xs::hs_shard_options o;
+  o.cut_depth = 5;
+  o.class_frequency = zipf(classes);
+  const plan_type plan(huffman, size, o);
+  // Its own owners as hints: nothing moves (its LPT balance is within the default 5 % slack here).
+  REQUIRE(plan.expected_imbalance() <= 1.05);
+  xs::hs_shard_options same = o;
+  same.class_owner_hint = plan.class_owners();
+  const plan_type again(huffman, size, same);
+  for (index_t s = 0; s < plan.num_subtrees(); ++s) CHECK(again.owner(s) == plan.owner(s));
+  for (index_t rows : xs::reshard_rows_sent(plan, again)) CHECK(rows == 0);
+  // Drifted frequencies: hinted re-planning moves fewer rows than planning from scratch, every rank
+  // keeps a subtree, and the balance stays within the slack (on more than one rank).
+  xs::hs_shard_options drifted = o;
+  drifted.class_frequency = zipf(classes, 400);
+  const plan_type fresh(huffman, size, drifted);
+  drifted.class_owner_hint = plan.class_owners();
+  drifted.keep_owner_slack = 0.1;
+  const plan_type kept(huffman, size, drifted);
+  index_t moved_fresh = 0, moved_kept = 0;
+  for (index_t r : xs::reshard_rows_sent(plan, fresh)) moved_fresh += r;
+  for (index_t r : xs::reshard_rows_sent(plan, kept)) moved_kept += r;
+  CHECK(moved_kept <= moved_fresh);
+  if (size > 1) CHECK(moved_kept < moved_fresh);
+  for (int q = 0; q < size; ++q) CHECK_FALSE(kept.subtrees_of(q).empty());
+  CHECK(kept.expected_imbalance() <= 1.1 * fresh.expected_imbalance() + 1e-9);
+  // Bad hints.
+  xs::hs_shard_options bad = o;
+  bad.class_owner_hint.assign(classes, size);  // not a rank
+  CHECK_THROWS_AS(plan_type(huffman, size, bad), xs::invalid_argument);
+  bad.class_owner_hint.assign(3, 0);
+  CHECK_THROWS_AS(plan_type(huffman, size, bad), xs::shape_error);
+  bad = o;
+  bad.keep_owner_slack = -1;
+  CHECK_THROWS_AS(plan_type(huffman, size, bad), xs::invalid_argument);
+}
+
 TEST_CASE("hs_replanner proposes a plan on check batches only, and only when it is worth moving to") {
   xs::mpi_communicator comm;
   const int rank = comm.rank(), size = comm.size();

@@ -46,6 +46,9 @@ struct hs_replan_options {
   /// Share of the mass spread uniformly over every class before planning, so that classes not
   /// seen lately keep a little weight (the plan does not overfit the last batches).
   double prior = 0.01;
+  /// Hint the new plan with the current owners (`hs_shard_options::class_owner_hint`, within the
+  /// plan options' `keep_owner_slack`), so that fewer rows move.
+  bool keep_owners = true;
 };
 
 /// Decides when a sharded hierarchical softmax's plan should change (see the file comment).
@@ -94,6 +97,7 @@ class hs_replanner {
     hs_shard_options o = plan_options_;
     o.class_frequency = seen;
     for (double& x : o.class_frequency) x += floor;
+    if (options_.keep_owners) o.class_owner_hint = current.class_owners();
     plan_type next(tree_, current.ranks(), o);
     // Both plans judged on the same (recent) targets.
     if (plan_imbalance(next, seen) * options_.gain > last_imbalance_) return std::nullopt;

@@ -45,6 +45,15 @@ struct hs_shard_options {
   double split_above = 0.0;
   /// Splitting stops when the top tree would get more internal nodes than this (replicated memory).
   index_t max_top_nodes = 1 << 16;
+  /// Empty, or N entries: the rank that holds each class's rows today (-1: none), e.g. a previous
+  /// plan's `class_owners()`. In the longest-processing-time assignment, a subtree then stays on the
+  /// rank most of its classes name when that rank's load after taking it is within
+  /// (1 + keep_owner_slack) x the least loaded rank's after taking it (and every rank still gets a
+  /// subtree). Re-planning with hints moves fewer rows (`reshard_rows_sent`) for a slightly worse
+  /// balance.
+  std::vector<int> class_owner_hint;
+  /// How much more loaded than the least loaded rank a hinted rank may be to keep a subtree (>= 0).
+  double keep_owner_slack = 0.05;
 };
 
 /// The sharding of a hierarchical softmax over `tree` across `ranks` ranks (see the file comment).
@@ -63,7 +72,9 @@ class hs_shard_plan {
 
   /// Throws `invalid_argument` when ranks < 1, cut_depth < 1, no internal node sits at depth
   /// cut_depth, split_above < 0, or there are fewer subtrees than ranks (a rank would own no
-  /// subtree); `shape_error` when `class_frequency` is neither empty nor N long; `non_finite_error`
+  /// subtree), a negative or non-finite keep_owner_slack, or a class_owner_hint entry that is
+  /// neither -1 nor a rank; `shape_error` when `class_frequency` or `class_owner_hint` is neither
+  /// empty nor N long; `non_finite_error`
   /// / `invalid_argument` for a non-finite / negative frequency; `tree_error` (from the node form)
   /// when the sigmoid form gets a non-binary tree.
   hs_shard_plan(const tree_type& tree, int ranks, hs_shard_options options = {});
@@ -119,6 +130,15 @@ class hs_shard_plan {
   /// Slowest rank / mean rank of `batch_work(targets)` (1 when nothing is routed).
   [[nodiscard]] double imbalance(const std::vector<index_t>& targets) const { return max_over_mean(batch_work(targets)); }
 
+  /// The rank that holds each class's subtree rows, -1 for classes of the top tree (a hint for the
+  /// next plan: `hs_shard_options::class_owner_hint`).
+  [[nodiscard]] std::vector<int> class_owners() const {
+    std::vector<int> o(static_cast<std::size_t>(num_classes()), -1);
+    for (index_t c = 0; c < num_classes(); ++c)
+      if (subtree_of(c) >= 0) o[static_cast<std::size_t>(c)] = owner(subtree_of(c));
+    return o;
+  }
+
   /// Full-tree weight row of each top-tree weight row.
   [[nodiscard]] const std::vector<index_t>& top_rows() const { return top_rows_; }
   /// Full-tree weight row of each of rank q's local weight rows.
@@ -131,6 +151,8 @@ class hs_shard_plan {
   }
 
  private:
+  /// Each subtree's hinted rank: the one most of its classes name in `class_owner_hint` (-1: none).
+  std::vector<int> hinted_owners(const std::vector<int>& class_owner_hint) const;
   static double max_over_mean(const std::vector<double>& w) {
     const double total = std::accumulate(w.begin(), w.end(), 0.0);
     if (!(total > 0)) return 1.0;

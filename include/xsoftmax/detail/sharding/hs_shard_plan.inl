@@ -27,6 +27,16 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
   detail::expects<shape_error>(o.class_frequency.empty() || static_cast<index_t>(o.class_frequency.size()) == n,
                                who, "class_frequency has ", o.class_frequency.size(), " entries but the tree has ", n,
                                " classes");
+  detail::expects(o.keep_owner_slack >= 0 && std::isfinite(o.keep_owner_slack), who, "keep_owner_slack = ",
+                  o.keep_owner_slack, " must be finite and >= 0");
+  detail::expects<shape_error>(o.class_owner_hint.empty() || static_cast<index_t>(o.class_owner_hint.size()) == n,
+                               who, "class_owner_hint has ", o.class_owner_hint.size(), " entries but the tree has ",
+                               n, " classes");
+  for (index_t c = 0; c < static_cast<index_t>(o.class_owner_hint.size()); ++c) {
+    const int h = o.class_owner_hint[static_cast<size_t>(c)];
+    detail::expects(h >= -1 && h < ranks, who, "class_owner_hint[", c, "] = ", h, " is neither -1 nor a rank in [0, ",
+                    ranks, ")");
+  }
   if constexpr (sigmoid_form)
     detail::expects<tree_error>(tree.is_binary(), who,
                                 "the sigmoid node form needs a binary tree (every internal node two children)");
@@ -196,13 +206,19 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
 
   // Longest processing time first: heaviest subtree to the least loaded rank (then the one with
   // fewer subtrees, so that every rank gets one even when works tie at 0; then the lower rank).
+  // With owner hints, a subtree goes to its hinted rank (the one most of its classes name) instead
+  // when that rank's load after taking it is within (1 + keep_owner_slack) x the least loaded
+  // rank's after taking it, unless the remaining subtrees are needed for the ranks without one.
   std::vector<index_t> order(static_cast<size_t>(subtrees));
   std::iota(order.begin(), order.end(), index_t(0));
   std::stable_sort(order.begin(), order.end(),
                    [&](index_t a, index_t b) { return work_[static_cast<size_t>(a)] > work_[static_cast<size_t>(b)]; });
+  const std::vector<int> hinted =
+      o.class_owner_hint.empty() ? std::vector<int>(static_cast<size_t>(subtrees), -1) : hinted_owners(o.class_owner_hint);
   owner_.assign(static_cast<size_t>(subtrees), 0);
   rank_work_.assign(static_cast<size_t>(ranks), 0.0);
   by_rank_.assign(static_cast<size_t>(ranks), {});
+  index_t unplaced = subtrees, empty_ranks = ranks;
   for (index_t s : order) {
     int best = 0;
     for (int q = 1; q < ranks; ++q) {
@@ -210,8 +226,15 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
       if (rank_work_[qs] < rank_work_[bs] || (rank_work_[qs] == rank_work_[bs] && by_rank_[qs].size() < by_rank_[bs].size()))
         best = q;
     }
+    const double w = work_[static_cast<size_t>(s)];
+    const int h = hinted[static_cast<size_t>(s)];
+    if (h >= 0 && h != best && unplaced > empty_ranks &&
+        rank_work_[static_cast<size_t>(h)] + w <= (rank_work_[static_cast<size_t>(best)] + w) * (1 + o.keep_owner_slack))
+      best = h;
+    if (by_rank_[static_cast<size_t>(best)].empty()) --empty_ranks;
+    --unplaced;
     owner_[static_cast<size_t>(s)] = best;
-    rank_work_[static_cast<size_t>(best)] += work_[static_cast<size_t>(s)];
+    rank_work_[static_cast<size_t>(best)] += w;
     by_rank_[static_cast<size_t>(best)].push_back(s);
   }
   row_offset_.assign(static_cast<size_t>(subtrees), 0);
@@ -225,6 +248,26 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
       rows.insert(rows.end(), sub_rows[static_cast<size_t>(s)].begin(), sub_rows[static_cast<size_t>(s)].end());
     }
   }
+}
+
+template <int MaxDepth, class NodeForm>
+std::vector<int> hs_shard_plan<MaxDepth, NodeForm>::hinted_owners(const std::vector<int>& class_owner_hint) const {
+  std::vector<int> hinted(subtrees_.size(), -1);
+  std::vector<int> hints;
+  for (std::size_t s = 0; s < subtrees_.size(); ++s) {
+    hints.clear();
+    for (index_t c : subtree_classes_[s])
+      if (class_owner_hint[static_cast<std::size_t>(c)] >= 0) hints.push_back(class_owner_hint[static_cast<std::size_t>(c)]);
+    std::sort(hints.begin(), hints.end());
+    std::size_t best_count = 0;
+    for (std::size_t i = 0; i < hints.size();) {  // the most named rank; the lower one on a tie
+      std::size_t j = i;
+      while (j < hints.size() && hints[j] == hints[i]) ++j;
+      if (j - i > best_count) best_count = j - i, hinted[s] = hints[i];
+      i = j;
+    }
+  }
+  return hinted;
 }
 
 }  // namespace xsoftmax
