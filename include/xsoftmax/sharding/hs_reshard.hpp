@@ -130,8 +130,26 @@ void reshard_hs_rows(const hs_shard_plan<MaxDepth, NodeForm>& from, const hs_sha
     const T* src = row_of(full_row);
     for (index_t j = 0; j < width; ++j) buf.push_back(to_float(src[j]));
   };
-  const auto store = [&](const float* src, T* dst) {
-    for (index_t j = 0; j < width; ++j) dst[j] = from_float<T>(src[j]);
+  // Fills `dst` (one row per entry of `rows`, full-tree ids): an old top row from here, any other
+  // from `recv`, whose blocks come from the old owners in rank order (`counts` elements each) and
+  // list their rows in the order of `rows`.
+  const auto unpack = [&](const std::vector<index_t>& rows, matrix_view<T> dst, const std::vector<float>& recv,
+                          const std::vector<index_t>& counts) {
+    std::vector<index_t> cursor(static_cast<std::size_t>(size), 0);
+    for (int q = 1; q < size; ++q)
+      cursor[static_cast<std::size_t>(q)] = cursor[static_cast<std::size_t>(q - 1)] + counts[static_cast<std::size_t>(q - 1)];
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const int q = old.owner[static_cast<std::size_t>(rows[i])];
+      T* out = &dst(static_cast<index_t>(i), 0);
+      if (q < 0) {
+        const T* src = row_of(rows[i]);
+        for (index_t j = 0; j < width; ++j) out[j] = src[j];
+        continue;
+      }
+      const float* src = recv.data() + cursor[static_cast<std::size_t>(q)];
+      for (index_t j = 0; j < width; ++j) out[j] = from_float<T>(src[j]);
+      cursor[static_cast<std::size_t>(q)] += width;
+    }
   };
 
   // New top rows: the old top ones are here; the others are gathered from their old owners, each
@@ -151,20 +169,7 @@ void reshard_hs_rows(const hs_shard_plan<MaxDepth, NodeForm>& from, const hs_sha
     recv.resize(static_cast<std::size_t>(gathered));
     comm.all_gather(send.data(), counts[static_cast<std::size_t>(rank)], recv.data(), counts.data());
   }
-  std::vector<index_t> cursor(static_cast<std::size_t>(size), 0);
-  for (int q = 1; q < size; ++q)
-    cursor[static_cast<std::size_t>(q)] = cursor[static_cast<std::size_t>(q - 1)] + counts[static_cast<std::size_t>(q - 1)];
-  for (std::size_t i = 0; i < new_top.size(); ++i) {
-    const index_t r = new_top[i];
-    const int q = old.owner[static_cast<std::size_t>(r)];
-    T* dst = &to_top(static_cast<index_t>(i), 0);
-    if (q < 0) {
-      for (index_t j = 0; j < width; ++j) dst[j] = row_of(r)[j];
-    } else {
-      store(recv.data() + cursor[static_cast<std::size_t>(q)], dst);
-      cursor[static_cast<std::size_t>(q)] += width;
-    }
-  }
+  unpack(new_top, to_top, recv, counts);
 
   // New local rows: rank q's come from the old top rows (copied by q) or from their old owner p
   // (sent by p, in the order of q's new local rows).
@@ -180,22 +185,7 @@ void reshard_hs_rows(const hs_shard_plan<MaxDepth, NodeForm>& from, const hs_sha
   for (index_t c : recv_counts) incoming += c;
   recv.assign(static_cast<std::size_t>(incoming), 0.f);
   comm.all_to_all(send.data(), send_counts.data(), recv.data(), recv_counts.data());
-  cursor.assign(static_cast<std::size_t>(size), 0);
-  for (int p = 1; p < size; ++p)
-    cursor[static_cast<std::size_t>(p)] =
-        cursor[static_cast<std::size_t>(p - 1)] + recv_counts[static_cast<std::size_t>(p - 1)];
-  const std::vector<index_t>& mine = to.local_rows(rank);
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    const index_t r = mine[i];
-    const int p = old.owner[static_cast<std::size_t>(r)];
-    T* dst = &to_local(static_cast<index_t>(i), 0);
-    if (p < 0) {
-      for (index_t j = 0; j < width; ++j) dst[j] = row_of(r)[j];
-    } else {
-      store(recv.data() + cursor[static_cast<std::size_t>(p)], dst);
-      cursor[static_cast<std::size_t>(p)] += width;
-    }
-  }
+  unpack(to.local_rows(rank), to_local, recv, recv_counts);
 }
 
 }  // namespace xsoftmax
