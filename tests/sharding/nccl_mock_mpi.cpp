@@ -5,7 +5,8 @@
 // its own logic — unequal counts padded to the largest, the scratch buffer, in-place all-reduce,
 // the device_memory routing of the sharded head — runs under mpirun with 1 to 4 ranks against
 // mpi_communicator; ncclSend / ncclRecv (all_to_all) are posted at ncclGroupEnd as MPI_Isend /
-// MPI_Irecv. The executable links neither libcudart nor libnccl. The real NCCL path is
+// MPI_Irecv; the stream and event calls of start_all_gather (the second stream) are logged and their
+// order checked. The executable links neither libcudart nor libnccl. The real NCCL path is
 // tests/cuda/nccl_sharding_test.cu (GPU).
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 // ---- the mock ------------------------------------------------------------------------------------
@@ -42,10 +44,21 @@ struct mock_p2p {
 };
 std::vector<mock_p2p> mock_group;
 int mock_group_depth = 0;
+
+/// The stream and event calls of the mock, in order, for the tests of start_all_gather's ordering:
+/// what was called, on which stream, with which event.
+struct mock_call {
+  std::string what;
+  cudaStream_t stream;
+  cudaEvent_t event;
+};
+std::vector<mock_call> mock_log;
+int mock_live_events = 0, mock_live_streams = 0;
 }  // namespace
 
 extern "C" {
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+  mock_log.push_back({"cudaMemcpyAsync", s, nullptr});
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
@@ -61,7 +74,45 @@ cudaError_t cudaFree(void* p) {
   std::free(p);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  mock_log.push_back({"cudaStreamSynchronize", s, nullptr});
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  *s = reinterpret_cast<cudaStream_t>(new char);
+  ++mock_live_streams;
+  mock_log.push_back({"cudaStreamCreateWithFlags", *s, nullptr});
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete reinterpret_cast<char*>(s);
+  --mock_live_streams;
+  mock_log.push_back({"cudaStreamDestroy", s, nullptr});
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = reinterpret_cast<cudaEvent_t>(new char);
+  ++mock_live_events;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<char*>(e);
+  --mock_live_events;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  mock_log.push_back({"cudaEventRecord", s, e});
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  mock_log.push_back({"cudaStreamWaitEvent", s, e});
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  mock_log.push_back({"cudaEventSynchronize", nullptr, e});
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }  // the mock runs every call at once
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 const char* cudaGetErrorName(cudaError_t) { return "mock"; }
 const char* cudaGetErrorString(cudaError_t) { return "mock"; }
@@ -74,7 +125,8 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t n, ncclDataType_
   return MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(n), mpi_type(t),
                        op == ncclMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD) ? ncclSystemError : ncclSuccess;
 }
-ncclResult_t ncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t, cudaStream_t) {
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t, cudaStream_t s) {
+  mock_log.push_back({"ncclAllGather", s, nullptr});
   return MPI_Allgather(send, static_cast<int>(n), mpi_type(t), recv, static_cast<int>(n), mpi_type(t), MPI_COMM_WORLD)
              ? ncclSystemError : ncclSuccess;
 }
@@ -292,4 +344,117 @@ TEST_CASE("sharded_hierarchical_softmax<nccl_communicator> (mock transport) equa
   CHECK(std::vector<float>(ln.values.begin(), ln.values.end()) == std::vector<float>(lm.values.begin(), lm.values.end()));
   REQUIRE(tn.values.size() == tm.values.size());
   for (std::size_t i = 0; i < tn.values.size(); ++i) CHECK(tn.values[i] == doctest::Approx(tm.values[i]).epsilon(1e-5).scale(1e-3));
+}
+
+namespace {
+/// The index in `mock_log` of the first call `what` at or after `from` (the log's size if none).
+std::size_t find_call(const std::string& what, std::size_t from = 0) {
+  while (from < mock_log.size() && mock_log[from].what != what) ++from;
+  return from;
+}
+}  // namespace
+
+TEST_CASE("nccl_communicator (mock transport): start_all_gather runs on a second stream, ordered by events") {
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  cudaStream_t main_stream = reinterpret_cast<cudaStream_t>(&mock_comm_object);  // any non-null handle
+  for (bool equal : {true, false}) {
+    CAPTURE(equal);
+    std::vector<index_t> counts(static_cast<std::size_t>(size));
+    for (int q = 0; q < size; ++q) counts[static_cast<std::size_t>(q)] = equal ? 3 : (q == 1 ? 0 : 2 * q + 1);
+    index_t total = 0;
+    for (index_t c : counts) total += c;
+    const index_t mine = counts[static_cast<std::size_t>(rank)];
+    std::vector<float> send(static_cast<std::size_t>(mine));
+    for (index_t i = 0; i < mine; ++i) send[static_cast<std::size_t>(i)] = 10.f * rank + static_cast<float>(i);
+    std::vector<float> a(static_cast<std::size_t>(total), -1.f), b(a);
+    const int streams_before = mock_live_streams, events_before = mock_live_events;
+    {
+      xs::nccl_communicator nccl(reinterpret_cast<ncclComm_t>(&mock_comm_object), main_stream);
+      mock_log.clear();
+      auto r = nccl.start_all_gather(send.data(), mine, a.data(), counts.data());
+      // A stream of the communicator's own; it waits for an event recorded on the main stream,
+      // then gathers; the request's event is recorded on it after the gather (and the copies).
+      REQUIRE(find_call("cudaStreamCreateWithFlags") < mock_log.size());
+      const cudaStream_t gs = mock_log[find_call("cudaStreamCreateWithFlags")].stream;
+      CHECK(gs != main_stream);
+      const std::size_t rec = find_call("cudaEventRecord"), wait = find_call("cudaStreamWaitEvent");
+      const std::size_t gather = find_call("ncclAllGather"), done = find_call("cudaEventRecord", rec + 1);
+      REQUIRE(done < mock_log.size());
+      CHECK(mock_log[rec].stream == main_stream);
+      CHECK(mock_log[wait].stream == gs);
+      CHECK(mock_log[wait].event == mock_log[rec].event);
+      CHECK(rec < wait);
+      CHECK(wait < gather);
+      CHECK(gather < done);
+      CHECK(mock_log[gather].stream == gs);
+      CHECK(mock_log[done].stream == gs);
+      for (std::size_t i = wait; i < done; ++i) CHECK(mock_log[i].stream == gs);  // nothing on the main stream
+      for (const mock_call& c : mock_log)  // no host wait for the main stream (growing the scratch waits for gs)
+        if (c.what == "cudaStreamSynchronize") CHECK(c.stream == gs);
+      nccl.all_gather(send.data(), mine, b.data(), counts.data());  // a blocking collective meanwhile
+      const std::size_t before_wait = mock_log.size();
+      auto moved = std::move(r);
+      moved.wait();
+      const std::size_t join = find_call("cudaStreamWaitEvent", before_wait);
+      REQUIRE(join < mock_log.size());
+      CHECK(mock_log[join].stream == main_stream);  // later work on the main stream follows the gather
+      CHECK(mock_log[join].event == mock_log[done].event);
+      CHECK(find_call("cudaEventSynchronize", join) < mock_log.size());
+      CHECK(moved.test());
+      CHECK(a == b);
+      CHECK(mock_live_events == events_before);  // both events released
+      CHECK_THROWS_AS(nccl.start_all_gather(send.data(), mine + 1, a.data(), counts.data()), xs::invalid_argument);
+      // The second gather reuses the stream.
+      auto again = nccl.start_all_gather(send.data(), mine, a.data(), counts.data());
+      again.wait();
+      CHECK(mock_live_streams == streams_before + 1);
+    }
+    CHECK(mock_live_streams == streams_before);  // the communicator's stream destroyed with it
+  }
+  // The caller's gather stream is used as it is, and not destroyed.
+  cudaStream_t mine_stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&mine_stream, 0) == cudaSuccess);
+  {
+    xs::nccl_communicator nccl(reinterpret_cast<ncclComm_t>(&mock_comm_object), main_stream, mine_stream);
+    std::vector<index_t> counts(static_cast<std::size_t>(size), 2);
+    std::vector<double> send{1.0 * rank, 2.0}, recv(static_cast<std::size_t>(2 * size));
+    mock_log.clear();
+    nccl.start_all_gather(send.data(), 2, recv.data(), counts.data()).wait();
+    CHECK(mock_log[find_call("ncclAllGather")].stream == mine_stream);
+    CHECK(find_call("cudaStreamCreateWithFlags") == mock_log.size());
+    for (int q = 0; q < size; ++q) CHECK(recv[static_cast<std::size_t>(2 * q)] == 1.0 * q);
+  }
+  CHECK(find_call("cudaStreamDestroy") == mock_log.size());
+  REQUIRE(cudaStreamDestroy(mine_stream) == cudaSuccess);
+}
+
+TEST_CASE("class_sharding<nccl_communicator> (mock transport): prefetched rows are bitwise the verb on hidden") {
+  constexpr index_t classes = 307, dim = 8;
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank();
+  using by_nccl = xs::class_sharding<xs::nccl_communicator>;
+  static_assert(xs::detail::has_start_all_gather<xs::nccl_communicator, float>);
+  xs::init_options init;
+  init.seed = 9;
+  const xs::full_softmax<xs::fp32, xs::serial, by_nccl> head(by_nccl(mock_nccl(), classes), dim, true, init);
+  std::mt19937 g(40 + static_cast<unsigned>(rank));
+  std::normal_distribution<float> nd(0.f, 0.7f);
+  for (index_t rows : {index_t(5 + 2 * rank), index_t(4)}) {  // unequal counts (padded path), then equal
+    CAPTURE(rows);
+    std::vector<float> h(static_cast<std::size_t>(rows * dim));
+    for (auto& x : h) x = nd(g);
+    std::vector<index_t> t(static_cast<std::size_t>(rows));
+    for (index_t i = 0; i < rows; ++i) t[static_cast<std::size_t>(i)] = i % 3 == 1 ? -100 : static_cast<index_t>(g() % classes);
+    const xs::matrix_view<const float> hv(h.data(), rows, dim);
+    const xs::vector_view<const index_t> tv(t.data(), rows);
+    auto next = head.gather_rows_async(hv);
+    std::vector<float> ga(h.size()), gb(h.size());
+    decltype(head)::gradient_type wa, wb;
+    const float la = head.forward_backward(hv, tv, xs::matrix_view<float>(ga.data(), rows, dim), wa);
+    const float lb = head.forward_backward(next, tv, xs::matrix_view<float>(gb.data(), rows, dim), wb);
+    CHECK(std::memcmp(&la, &lb, sizeof la) == 0);
+    CHECK(ga == gb);
+    CHECK(std::vector<float>(wa.values.begin(), wa.values.end()) == std::vector<float>(wb.values.begin(), wb.values.end()));
+  }
 }
