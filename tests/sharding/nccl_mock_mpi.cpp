@@ -404,7 +404,8 @@ TEST_CASE("nccl_communicator (mock transport): start_all_gather runs on a second
       CHECK(moved.test());
       CHECK(a == b);
       CHECK(mock_live_events == events_before);  // both events released
-      CHECK_THROWS_AS(nccl.start_all_gather(send.data(), mine + 1, a.data(), counts.data()), xs::invalid_argument);
+      CHECK_THROWS_AS([&] { auto bad = nccl.start_all_gather(send.data(), mine + 1, a.data(), counts.data()); }(),
+                      xs::invalid_argument);
       // The second gather reuses the stream.
       auto again = nccl.start_all_gather(send.data(), mine, a.data(), counts.data());
       again.wait();
