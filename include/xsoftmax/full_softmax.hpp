@@ -120,7 +120,8 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
                          gradient_type& grad_weights, loss_options options = {}, vector_view<float> per_sample = {},
                          vector_view<const float> grad_output = {}) const;
   void backward(gathered_batch& rows, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
-                gradient_type& grad_weights, loss_options options = {}, vector_view<const float> grad_output = {}) const;
+                gradient_type& grad_weights, loss_options options = {},
+                vector_view<const float> grad_output = {}) const;
   void log_prob(gathered_batch& rows, vector_view<const index_t> targets, vector_view<float> out) const;
   void topk(gathered_batch& rows, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs) const;
   /// @}

@@ -446,7 +446,8 @@ TEST_CASE("class_sharding<nccl_communicator> (mock transport): prefetched rows a
     std::vector<float> h(static_cast<std::size_t>(rows * dim));
     for (auto& x : h) x = nd(g);
     std::vector<index_t> t(static_cast<std::size_t>(rows));
-    for (index_t i = 0; i < rows; ++i) t[static_cast<std::size_t>(i)] = i % 3 == 1 ? -100 : static_cast<index_t>(g() % classes);
+    for (index_t i = 0; i < rows; ++i)
+      t[static_cast<std::size_t>(i)] = i % 3 == 1 ? -100 : static_cast<index_t>(g() % classes);
     const xs::matrix_view<const float> hv(h.data(), rows, dim);
     const xs::vector_view<const index_t> tv(t.data(), rows);
     auto next = head.gather_rows_async(hv);
@@ -456,6 +457,7 @@ TEST_CASE("class_sharding<nccl_communicator> (mock transport): prefetched rows a
     const float lb = head.forward_backward(next, tv, xs::matrix_view<float>(gb.data(), rows, dim), wb);
     CHECK(std::memcmp(&la, &lb, sizeof la) == 0);
     CHECK(ga == gb);
-    CHECK(std::vector<float>(wa.values.begin(), wa.values.end()) == std::vector<float>(wb.values.begin(), wb.values.end()));
+    CHECK(std::vector<float>(wa.values.begin(), wa.values.end()) ==
+          std::vector<float>(wb.values.begin(), wb.values.end()));
   }
 }

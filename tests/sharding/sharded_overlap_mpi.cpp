@@ -73,8 +73,10 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 }
 template <class G>
 bool same_gradient(const G& a, const G& b) {
-  return same_bits(std::vector<index_t>(a.rows.begin(), a.rows.end()), std::vector<index_t>(b.rows.begin(), b.rows.end())) &&
-         same_bits(std::vector<float>(a.values.begin(), a.values.end()), std::vector<float>(b.values.begin(), b.values.end())) &&
+  using fv = std::vector<float>;
+  return same_bits(std::vector<index_t>(a.rows.begin(), a.rows.end()),
+                   std::vector<index_t>(b.rows.begin(), b.rows.end())) &&
+         same_bits(fv(a.values.begin(), a.values.end()), fv(b.values.begin(), b.values.end())) &&
          same_bits(std::vector<float>(a.bias_values.begin(), a.bias_values.end()),
                    std::vector<float>(b.bias_values.begin(), b.bias_values.end()));
 }

@@ -54,6 +54,7 @@ struct gathered_state {
   backend_vector<B, float> all;       ///< every rank's rows in rank order, complete after `complete()`
   std::vector<float> host_send, host_recv;  ///< staging (device backend, host-memory communicator)
   std::vector<index_t> counts;              ///< every rank's batch rows
+  /// The running gather. Declared last: destroyed (which waits for it) before the buffers it uses.
   std::optional<typename gather_request_of<Comm, float>::type> pending;
 
   /// Waits for the gather (if still running) and leaves every rank's rows in `all`.
