@@ -104,7 +104,19 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   /// targets (and upstream gradients) are gathered by the verb, blocking (a few bytes a row).
   /// `gather_rows_async` checks `hidden` as the verbs do; the verbs throw `invalid_argument` for a
   /// batch gathered by another head, used already, moved from or default-constructed, and
-  /// `shape_error` when `targets` (or an output) does not have `next.rows()` rows.
+  /// `shape_error` when `targets` (or an output) does not have `next.rows()` rows. A training loop:
+  ///
+  ///     auto next = head.gather_rows_async(h[0]);
+  ///     for (int s = 0; s < steps; ++s) {
+  ///       auto current = std::move(next);
+  ///       if (s + 1 < steps) next = head.gather_rows_async(h[s + 1]);  // moves while `current` computes
+  ///       head.forward_backward(current, t[s], grad_h, grad_w);
+  ///       head.apply_sgd(grad_w, lr);
+  ///     }
+  ///
+  /// The overlap is the transport's: NCCL runs the gather on its own stream; OpenMPI moves a
+  /// started gather only inside MPI calls (the verb's own collectives), so on shared memory the
+  /// copy is not hidden behind the GEMMs (bench/RESULTS.md, "Prefetching the next micro-batch's rows").
   /// @{
   using gathered_batch = xsoftmax::gathered_batch<Backend, typename detail::communicator_of<Sharding>::type>;
   template <class H>
