@@ -25,11 +25,12 @@
 /// `gather_stream`, or one the communicator creates on first use and destroys with its last copy),
 /// after an event recorded on the communicator's stream (so it follows the work queued there), and
 /// records an event there that the request's `wait()` makes the communicator's stream wait for and
-/// then synchronises. NCCL runs the kernels of one communicator in the order they are issued (on
-/// every rank the same), so a collective issued on the main stream after the gather (the current
-/// batch's row-statistics all-reduce) starts after it: the gather overlaps the compute up to that
-/// point (the first pass's score GEMMs). A gather on a second NCCL communicator
-/// (`ncclCommSplit`) would overlap further; not done.
+/// then synchronises. NCCL does not promise that two operations of one communicator progress
+/// concurrently (a program must work when one blocks the other); every rank issues the gather
+/// before the next collective on the main stream (the current batch's row-statistics all-reduce),
+/// so that one may wait for the gather: the gather overlaps at least the compute up to that
+/// collective (the first pass's score GEMMs). A gather on a second NCCL
+/// communicator (`ncclCommSplit`) could overlap further; not done. Not measured on a GPU yet.
 ///
 /// Determinism: NCCL sums in an order fixed by the communicator's algorithm (ring or tree),
 /// protocol and topology. For a given communicator (same ranks, same GPUs and links, same
