@@ -2,14 +2,15 @@
 // The prefetch of a class-sharded full softmax's rows (issue 14), under mpirun with 1 to 4 ranks:
 // every verb taking a `gathered_batch` (forward, forward_backward, backward, log_prob, topk) gives
 // bitwise the results of the verb taking `hidden`, in both layouts, with ignored rows (a rank with
-// none kept too), other verbs' collectives run between the start and the use of the gather, and
-// through a communicator without `start_all_gather` (the blocking fallback); the misuse of a
-// gathered batch is rejected with typed errors; mpi_communicator::start_all_gather equals its
-// all_gather.
+// none kept too), other verbs' collectives run between the start and the use of the gather, also
+// through a communicator without `start_all_gather` (the blocking fallback) and through
+// solo_communicator; the misuse of a gathered batch is rejected with typed errors;
+// mpi_communicator::start_all_gather equals its all_gather.
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 
 #include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/sharding/solo_communicator.hpp>
 
 #include <doctest/doctest.h>
 
@@ -172,6 +173,11 @@ TEST_CASE_TEMPLATE("prefetched rows: every verb is bitwise the verb on hidden", 
 
 TEST_CASE("prefetched rows through a communicator without start_all_gather (blocking fallback)") {
   prefetched_equals_blocking<xs::serial, float>(blocking_only{}, xs::hidden_layout::data_parallel);
+}
+
+TEST_CASE("prefetched rows through solo_communicator (one rank, a copy; each MPI rank on its own)") {
+  static_assert(xs::detail::has_start_all_gather<xs::solo_communicator, float>);
+  prefetched_equals_blocking<xs::omp, float>(xs::solo_communicator{}, xs::hidden_layout::data_parallel);
 }
 
 TEST_CASE("prefetched rows: misuse is rejected with typed errors, and nothing is consumed") {
