@@ -7,6 +7,7 @@
 /// Peak extra memory is O(B x chunk_size).
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/sharding/prefetch.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
 #include <xsoftmax/head_verbs.hpp>
 #include <xsoftmax/precision.hpp>
@@ -92,6 +93,51 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   void set_chunk_size(index_t classes);
   [[nodiscard]] index_t chunk_size_for(index_t batch_rows) const;
 
+  /// \name Prefetch (class-sharded heads): the next micro-batch's gather while this one computes
+  /// `auto next = head.gather_rows_async(hidden_next);` starts gathering `hidden_next`'s rows from
+  /// every rank (data-parallel layout: the communicator's `start_all_gather`, see
+  /// class_sharding.hpp; replicated: nothing to move) and returns at once with a `gathered_batch`;
+  /// the current batch's verbs run meanwhile; then `head.forward_backward(next, targets, ...)`
+  /// (or `forward`, `backward`, `log_prob`, `topk`) scores the gathered rows without gathering
+  /// them again: the same arguments as the verb taking `hidden`, the same results bit for bit.
+  /// Collective, as every verb: every rank starts and uses its batches in the same order. The
+  /// targets (and upstream gradients) are gathered by the verb, blocking (a few bytes a row).
+  /// `gather_rows_async` checks `hidden` as the verbs do; the verbs throw `invalid_argument` for a
+  /// batch gathered by another head, used already, moved from or default-constructed, and
+  /// `shape_error` when `targets` (or an output) does not have `next.rows()` rows. A training loop:
+  ///
+  ///     auto next = head.gather_rows_async(h[0]);
+  ///     for (int s = 0; s < steps; ++s) {
+  ///       auto current = std::move(next);
+  ///       if (s + 1 < steps) next = head.gather_rows_async(h[s + 1]);  // moves while `current` computes
+  ///       head.forward_backward(current, t[s], grad_h, grad_w);
+  ///       head.apply_sgd(grad_w, lr);
+  ///     }
+  ///
+  /// The overlap is the transport's: NCCL runs the gather on its own stream; OpenMPI moves a
+  /// started gather only inside MPI calls (the verb's own collectives), so on shared memory the
+  /// copy is not hidden behind the GEMMs (bench/RESULTS.md, "Prefetching the next micro-batch's rows").
+  /// @{
+  using gathered_batch = xsoftmax::gathered_batch<Backend, typename detail::communicator_of<Sharding>::type>;
+  template <class H>
+  [[nodiscard]] gathered_batch gather_rows_async(matrix_view<H> hidden) const;
+  using verbs::backward;
+  using verbs::forward;
+  using verbs::forward_backward;
+  using verbs::log_prob;
+  using verbs::topk;
+  float forward(gathered_batch& rows, vector_view<const index_t> targets, loss_options options = {},
+                vector_view<float> per_sample = {}) const;
+  float forward_backward(gathered_batch& rows, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                         gradient_type& grad_weights, loss_options options = {}, vector_view<float> per_sample = {},
+                         vector_view<const float> grad_output = {}) const;
+  void backward(gathered_batch& rows, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                gradient_type& grad_weights, loss_options options = {},
+                vector_view<const float> grad_output = {}) const;
+  void log_prob(gathered_batch& rows, vector_view<const index_t> targets, vector_view<float> out) const;
+  void topk(gathered_batch& rows, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs) const;
+  /// @}
+
   // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
   // forms, apply_sgd) are head_verbs'. What is particular to this head:
   // * forward_backward / backward: `grad_weights` receives every class (the exact softmax touches
@@ -143,6 +189,20 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   void run_sharded_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                          loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                          gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+  void run_gathered_(detail::sharded_rows<Backend>& rows, const detail::batch_rows<Backend>& own, loss_options options,
+                     vector_view<float> per_sample, matrix_view<float>* grad_hidden, gradient_type* grad_weights,
+                     float* loss) const;
+  void topk_gathered_(detail::sharded_rows<Backend>& rows, index_t own_rows, index_t k, matrix_view<index_t> classes,
+                      matrix_view<float> log_probs) const;
+  float run_prefetched_(const char* where, gathered_batch& g, vector_view<const index_t> targets, loss_options options,
+                        vector_view<float> per_sample, matrix_view<float>* grad_hidden, gradient_type* grad_weights,
+                        vector_view<const float> grad_output) const;
+  [[nodiscard]] detail::gathered_state<Backend, typename detail::communicator_of<Sharding>::type>& usable_(
+      const char* where, const gathered_batch& g) const;
+  void check_prefetched_loss_(const char* where, const gathered_batch& g, vector_view<const index_t> targets,
+                              const loss_options& options, vector_view<float> per_sample,
+                              matrix_view<float>* grad_hidden, bool backward,
+                              vector_view<const float> grad_output) const;
   template <class H>
   void topk_sharded_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                           matrix_view<float> log_probs) const;
@@ -157,3 +217,4 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
 
 #include <xsoftmax/detail/full_softmax.inl>
 #include <xsoftmax/detail/full_softmax_sharded.inl>
+#include <xsoftmax/detail/full_softmax_prefetch.inl>

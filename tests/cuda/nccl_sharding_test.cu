@@ -6,7 +6,9 @@
 // and repeated runs are bitwise equal. Also the
 // communicator's verbs on device memory, and its errors. Several ranks need several GPUs (NCCL
 // refuses one GPU twice in a communicator): the multi-rank algorithm is tested under MPI. A
-// sharded checkpoint of the NCCL head (device weights) reloads bit for bit.
+// sharded checkpoint of the NCCL head (device weights) reloads bit for bit. start_all_gather (on the
+// communicator's second stream) equals all_gather, and the prefetched verbs of the head
+// (gather_rows_async) are bitwise its verbs on hidden.
 
 // First: this test is the self-containment check of the NCCL header.
 #include <xsoftmax/sharding/nccl_communicator.cuh>
@@ -147,4 +149,41 @@ TEST_CASE("sharded checkpoint of a cuda head over class_sharding<nccl_communicat
   CHECK(bitwise_equal(got, w.w));
   CHECK(bitwise_equal(bias, w.b));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("nccl_communicator: start_all_gather on a second stream, and prefetched rows (one rank)") {
+  one_rank_nccl nccl;
+  xs::nccl_communicator comm = nccl.communicator();
+  thrust::device_vector<float> x = to_device(std::vector<float>{1.5f, -2.f, 3.25f}), y(3);
+  const index_t three = 3;
+  auto r = comm.start_all_gather(raw(x), 3, raw(y), &three);
+  r.wait();
+  CHECK(r.test());
+  CHECK(to_host(y) == to_host(x));
+  const index_t two = 2;
+  CHECK_THROWS_AS([&] { auto r = comm.start_all_gather(raw(x), 3, raw(y), &two); }(), xs::invalid_argument);
+
+  rng g(41);
+  weights<float> w(g, 300, 16, true);
+  const batch b = make_batch(g, 29, 16, 300, 0.2);
+  const device_batch db(b);
+  for (auto layout : {xs::hidden_layout::data_parallel, xs::hidden_layout::replicated}) {
+    CAPTURE(static_cast<int>(layout));
+    const xs::full_softmax<xs::fp32, xs::cuda, sharding> head(sharding(nccl.communicator(), 300, layout),
+                                                              w.device_view(), w.device_bias());
+    auto next = head.gather_rows_async(db.view());  // pending while the verb on hidden runs
+    const fb_outputs want = forward_backward_device(head, db, {}, {});
+    thrust::device_vector<float> per(static_cast<std::size_t>(b.rows)), gh(static_cast<std::size_t>(b.rows * b.dim));
+    decltype(head)::gradient_type gw;
+    fb_outputs got;
+    got.loss = head.forward_backward(next, db.target_view(), matrix_view<float>(raw(gh), b.rows, b.dim), gw, {},
+                                     vector_view<float>(raw(per), b.rows));
+    got.per_sample = to_host(per);
+    got.grad_hidden = to_host(gh);
+    got.grad_rows = to_host(gw.rows);
+    got.grad_values = to_host(gw.values);
+    got.grad_bias = to_host(gw.bias_values);
+    CHECK(bitwise_equal(got, want));
+    CHECK_THROWS_AS(head.forward(next, db.target_view()), xs::invalid_argument);  // used already
+  }
 }

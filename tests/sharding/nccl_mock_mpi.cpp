@@ -1,15 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// nccl_communicator without a GPU: this file defines the CUDA runtime and NCCL functions the
-// communicator calls as a host mock ("device" memory is host memory, cudaMemcpyAsync is memmove,
-// ncclAllGather / ncclReduceScatter / ncclAllReduce are the MPI collectives of MPI_COMM_WORLD), so
-// its own logic — unequal counts padded to the largest, the scratch buffer, in-place all-reduce,
-// the device_memory routing of the sharded head — runs under mpirun with 1 to 4 ranks against
-// mpi_communicator; ncclSend / ncclRecv (all_to_all) are posted at ncclGroupEnd as MPI_Isend /
-// MPI_Irecv. The executable links neither libcudart nor libnccl. The real NCCL path is
-// tests/cuda/nccl_sharding_test.cu (GPU).
+// nccl_communicator without a GPU, over the host mock of the CUDA runtime and NCCL in
+// nccl_mock.cpp (collectives are MPI's, "device" memory is host memory), so that its own logic —
+// unequal counts padded to the largest, the scratch buffer, in-place all-reduce, the device_memory
+// routing of the sharded head, start_all_gather's second stream and the order of its event calls —
+// runs under mpirun with 1 to 4 ranks against mpi_communicator. The executable links neither
+// libcudart nor libnccl. The real NCCL path is tests/cuda/nccl_sharding_test.cu (GPU).
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
-#include <xsoftmax/sharding/nccl_communicator.cuh>
+
+#include "nccl_mock.hpp"
 
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
@@ -19,111 +18,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
-
-// ---- the mock ------------------------------------------------------------------------------------
-namespace {
-MPI_Datatype mpi_type(ncclDataType_t t) {
-  switch (t) {
-    case ncclFloat32: return MPI_FLOAT;
-    case ncclFloat64: return MPI_DOUBLE;
-    case ncclInt64: return MPI_INT64_T;
-    default: std::abort();
-  }
-}
-int mock_comm_object;
-/// The point-to-point calls of an open ncclGroupStart .. ncclGroupEnd, posted at ncclGroupEnd.
-struct mock_p2p {
-  bool send;
-  void* buffer;
-  int count;
-  MPI_Datatype type;
-  int peer;
-};
-std::vector<mock_p2p> mock_group;
-int mock_group_depth = 0;
-}  // namespace
-
-extern "C" {
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) {
-  std::memmove(dst, src, n);
-  return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
-  std::memset(p, v, n);
-  return cudaSuccess;
-}
-cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::malloc(n);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaGetLastError() { return cudaSuccess; }
-const char* cudaGetErrorName(cudaError_t) { return "mock"; }
-const char* cudaGetErrorString(cudaError_t) { return "mock"; }
-ncclResult_t ncclCommUserRank(const ncclComm_t, int* rank) { return MPI_Comm_rank(MPI_COMM_WORLD, rank) ? ncclSystemError : ncclSuccess; }
-ncclResult_t ncclCommCount(const ncclComm_t, int* size) { return MPI_Comm_size(MPI_COMM_WORLD, size) ? ncclSystemError : ncclSuccess; }
-const char* ncclGetErrorString(ncclResult_t) { return "mock NCCL error"; }
-const char* ncclGetLastError(ncclComm_t) { return ""; }
-ncclResult_t ncclAllReduce(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t,
-                           cudaStream_t) {
-  return MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(n), mpi_type(t),
-                       op == ncclMax ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD) ? ncclSystemError : ncclSuccess;
-}
-ncclResult_t ncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t, cudaStream_t) {
-  return MPI_Allgather(send, static_cast<int>(n), mpi_type(t), recv, static_cast<int>(n), mpi_type(t), MPI_COMM_WORLD)
-             ? ncclSystemError : ncclSuccess;
-}
-ncclResult_t ncclGroupStart() {
-  ++mock_group_depth;
-  return ncclSuccess;
-}
-ncclResult_t ncclSend(const void* send, size_t n, ncclDataType_t t, int peer, ncclComm_t, cudaStream_t) {
-  if (mock_group_depth == 0) return ncclInvalidUsage;  // the communicator always groups its calls
-  mock_group.push_back({true, const_cast<void*>(send), static_cast<int>(n), mpi_type(t), peer});
-  return ncclSuccess;
-}
-ncclResult_t ncclRecv(void* recv, size_t n, ncclDataType_t t, int peer, ncclComm_t, cudaStream_t) {
-  if (mock_group_depth == 0) return ncclInvalidUsage;
-  mock_group.push_back({false, recv, static_cast<int>(n), mpi_type(t), peer});
-  return ncclSuccess;
-}
-ncclResult_t ncclGroupEnd() {
-  if (--mock_group_depth > 0) return ncclSuccess;
-  std::vector<MPI_Request> requests(mock_group.size());
-  for (std::size_t i = 0; i < mock_group.size(); ++i) {
-    const mock_p2p& p = mock_group[i];
-    const int rc = p.send ? MPI_Isend(p.buffer, p.count, p.type, p.peer, 77, MPI_COMM_WORLD, &requests[i])
-                          : MPI_Irecv(p.buffer, p.count, p.type, p.peer, 77, MPI_COMM_WORLD, &requests[i]);
-    if (rc != MPI_SUCCESS) return ncclSystemError;
-  }
-  mock_group.clear();
-  return MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE) ? ncclSystemError
-                                                                                                : ncclSuccess;
-}
-ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t, ncclComm_t,
-                               cudaStream_t) {
-  return MPI_Reduce_scatter_block(send, recv, static_cast<int>(n), mpi_type(t), MPI_SUM, MPI_COMM_WORLD)
-             ? ncclSystemError : ncclSuccess;
-}
-}
-
-// The mock's "device" memory is host memory: let a host head hand its buffers to the communicator.
-namespace xsoftmax::detail {
-template <>
-inline constexpr bool device_communicator_on_host<nccl_communicator> = true;
-}  // namespace xsoftmax::detail
 
 // ---- the tests -----------------------------------------------------------------------------------
 namespace {
 namespace xs = xsoftmax;
 using xs::index_t;
 
-xs::nccl_communicator mock_nccl() { return xs::nccl_communicator(reinterpret_cast<ncclComm_t>(&mock_comm_object), nullptr); }
+xs::nccl_communicator mock_nccl() { return xs::nccl_communicator(reinterpret_cast<ncclComm_t>(&nccl_mock::comm_object), nullptr); }
 }  // namespace
 
 TEST_CASE("nccl_communicator (mock transport): collectives with unequal counts equal mpi_communicator's") {
@@ -292,4 +195,120 @@ TEST_CASE("sharded_hierarchical_softmax<nccl_communicator> (mock transport) equa
   CHECK(std::vector<float>(ln.values.begin(), ln.values.end()) == std::vector<float>(lm.values.begin(), lm.values.end()));
   REQUIRE(tn.values.size() == tm.values.size());
   for (std::size_t i = 0; i < tn.values.size(); ++i) CHECK(tn.values[i] == doctest::Approx(tm.values[i]).epsilon(1e-5).scale(1e-3));
+}
+
+namespace {
+/// The index in `nccl_mock::log` of the first call `what` at or after `from` (the log's size if none).
+std::size_t find_call(const std::string& what, std::size_t from = 0) {
+  while (from < nccl_mock::log.size() && nccl_mock::log[from].what != what) ++from;
+  return from;
+}
+}  // namespace
+
+TEST_CASE("nccl_communicator (mock transport): start_all_gather runs on a second stream, ordered by events") {
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  cudaStream_t main_stream = reinterpret_cast<cudaStream_t>(&nccl_mock::comm_object);  // any non-null handle
+  for (bool equal : {true, false}) {
+    CAPTURE(equal);
+    std::vector<index_t> counts(static_cast<std::size_t>(size));
+    for (int q = 0; q < size; ++q) counts[static_cast<std::size_t>(q)] = equal ? 3 : (q == 1 ? 0 : 2 * q + 1);
+    index_t total = 0;
+    for (index_t c : counts) total += c;
+    const index_t mine = counts[static_cast<std::size_t>(rank)];
+    std::vector<float> send(static_cast<std::size_t>(mine));
+    for (index_t i = 0; i < mine; ++i) send[static_cast<std::size_t>(i)] = 10.f * rank + static_cast<float>(i);
+    std::vector<float> a(static_cast<std::size_t>(total), -1.f), b(a);
+    const int streams_before = nccl_mock::live_streams, events_before = nccl_mock::live_events;
+    {
+      xs::nccl_communicator nccl(reinterpret_cast<ncclComm_t>(&nccl_mock::comm_object), main_stream);
+      nccl_mock::log.clear();
+      auto r = nccl.start_all_gather(send.data(), mine, a.data(), counts.data());
+      // A stream of the communicator's own; it waits for an event recorded on the main stream,
+      // then gathers; the request's event is recorded on it after the gather (and the copies).
+      REQUIRE(find_call("cudaStreamCreateWithFlags") < nccl_mock::log.size());
+      const cudaStream_t gs = nccl_mock::log[find_call("cudaStreamCreateWithFlags")].stream;
+      CHECK(gs != main_stream);
+      const std::size_t rec = find_call("cudaEventRecord"), wait = find_call("cudaStreamWaitEvent");
+      const std::size_t gather = find_call("ncclAllGather"), done = find_call("cudaEventRecord", rec + 1);
+      REQUIRE(done < nccl_mock::log.size());
+      CHECK(nccl_mock::log[rec].stream == main_stream);
+      CHECK(nccl_mock::log[wait].stream == gs);
+      CHECK(nccl_mock::log[wait].event == nccl_mock::log[rec].event);
+      CHECK(rec < wait);
+      CHECK(wait < gather);
+      CHECK(gather < done);
+      CHECK(nccl_mock::log[gather].stream == gs);
+      CHECK(nccl_mock::log[done].stream == gs);
+      for (std::size_t i = wait; i < done; ++i) CHECK(nccl_mock::log[i].stream == gs);  // nothing on the main stream
+      for (const nccl_mock::call& c : nccl_mock::log)  // no host wait for the main stream (growing the scratch waits for gs)
+        if (c.what == "cudaStreamSynchronize") CHECK(c.stream == gs);
+      nccl.all_gather(send.data(), mine, b.data(), counts.data());  // a blocking collective meanwhile
+      const std::size_t before_wait = nccl_mock::log.size();
+      auto moved = std::move(r);
+      moved.wait();
+      const std::size_t join = find_call("cudaStreamWaitEvent", before_wait);
+      REQUIRE(join < nccl_mock::log.size());
+      CHECK(nccl_mock::log[join].stream == main_stream);  // later work on the main stream follows the gather
+      CHECK(nccl_mock::log[join].event == nccl_mock::log[done].event);
+      CHECK(find_call("cudaEventSynchronize", join) < nccl_mock::log.size());
+      CHECK(moved.test());
+      CHECK(a == b);
+      CHECK(nccl_mock::live_events == events_before);  // both events released
+      CHECK_THROWS_AS([&] { auto bad = nccl.start_all_gather(send.data(), mine + 1, a.data(), counts.data()); }(),
+                      xs::invalid_argument);
+      // The second gather reuses the stream.
+      auto again = nccl.start_all_gather(send.data(), mine, a.data(), counts.data());
+      again.wait();
+      CHECK(nccl_mock::live_streams == streams_before + 1);
+    }
+    CHECK(nccl_mock::live_streams == streams_before);  // the communicator's stream destroyed with it
+  }
+  // The caller's gather stream is used as it is, and not destroyed.
+  cudaStream_t mine_stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&mine_stream, 0) == cudaSuccess);
+  {
+    xs::nccl_communicator nccl(reinterpret_cast<ncclComm_t>(&nccl_mock::comm_object), main_stream, mine_stream);
+    std::vector<index_t> counts(static_cast<std::size_t>(size), 2);
+    std::vector<double> send{1.0 * rank, 2.0}, recv(static_cast<std::size_t>(2 * size));
+    nccl_mock::log.clear();
+    nccl.start_all_gather(send.data(), 2, recv.data(), counts.data()).wait();
+    CHECK(nccl_mock::log[find_call("ncclAllGather")].stream == mine_stream);
+    CHECK(find_call("cudaStreamCreateWithFlags") == nccl_mock::log.size());
+    for (int q = 0; q < size; ++q) CHECK(recv[static_cast<std::size_t>(2 * q)] == 1.0 * q);
+  }
+  CHECK(find_call("cudaStreamDestroy") == nccl_mock::log.size());
+  REQUIRE(cudaStreamDestroy(mine_stream) == cudaSuccess);
+}
+
+TEST_CASE("class_sharding<nccl_communicator> (mock transport): prefetched rows are bitwise the verb on hidden") {
+  constexpr index_t classes = 307, dim = 8;
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank();
+  using by_nccl = xs::class_sharding<xs::nccl_communicator>;
+  static_assert(xs::detail::has_start_all_gather<xs::nccl_communicator, float>);
+  xs::init_options init;
+  init.seed = 9;
+  const xs::full_softmax<xs::fp32, xs::serial, by_nccl> head(by_nccl(mock_nccl(), classes), dim, true, init);
+  std::mt19937 g(40 + static_cast<unsigned>(rank));
+  std::normal_distribution<float> nd(0.f, 0.7f);
+  for (index_t rows : {index_t(5 + 2 * rank), index_t(4)}) {  // unequal counts (padded path), then equal
+    CAPTURE(rows);
+    std::vector<float> h(static_cast<std::size_t>(rows * dim));
+    for (auto& x : h) x = nd(g);
+    std::vector<index_t> t(static_cast<std::size_t>(rows));
+    for (index_t i = 0; i < rows; ++i)
+      t[static_cast<std::size_t>(i)] = i % 3 == 1 ? -100 : static_cast<index_t>(g() % classes);
+    const xs::matrix_view<const float> hv(h.data(), rows, dim);
+    const xs::vector_view<const index_t> tv(t.data(), rows);
+    auto next = head.gather_rows_async(hv);
+    std::vector<float> ga(h.size()), gb(h.size());
+    decltype(head)::gradient_type wa, wb;
+    const float la = head.forward_backward(hv, tv, xs::matrix_view<float>(ga.data(), rows, dim), wa);
+    const float lb = head.forward_backward(next, tv, xs::matrix_view<float>(gb.data(), rows, dim), wb);
+    CHECK(std::memcmp(&la, &lb, sizeof la) == 0);
+    CHECK(ga == gb);
+    CHECK(std::vector<float>(wa.values.begin(), wa.values.end()) ==
+          std::vector<float>(wb.values.begin(), wb.values.end()));
+  }
 }

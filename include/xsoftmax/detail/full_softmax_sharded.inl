@@ -78,17 +78,27 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
                                               float* loss) const {
   // Every rank sees the same options, so every rank throws here, before any collective.
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
-  const index_t d = dim(), n_local = local_classes();
   detail::batch_rows<B> own = detail::pack_rows(ex, hidden, targets, options.ignore_index);
   backend_vector<B, float> own_upstream;
   if (grad_weights) own_upstream = detail::upstream_gradients(ex, where, own, hidden.rows, options.reduce, grad_output);
-  const index_t own_rows = own.rows;
   // The sample map only (not the packed rows): `own` moves into the gather when rows are replicated.
   detail::batch_rows<B> own_rows_map;
   own_rows_map.dim = own.dim;
   own_rows_map.rows = own.rows;
   own_rows_map.sample = own.sample;
   detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, std::move(own), grad_weights ? &own_upstream : nullptr);
+  run_gathered_(rows, own_rows_map, options, per_sample, grad_hidden, grad_weights, loss);
+}
+
+// The rows gathered: one dense softmax over the local block with the row statistics combined
+// between its passes, each row's hidden gradient returned to its owner, the owner's losses reduced.
+template <class P, class B, class S>
+void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const detail::batch_rows<B>& own_rows_map,
+                                          loss_options options, vector_view<float> per_sample,
+                                          matrix_view<float>* grad_hidden, gradient_type* grad_weights,
+                                          float* loss) const {
+  const detail::execution<B> ex{resources_};
+  const index_t d = dim(), n_local = local_classes(), own_rows = own_rows_map.rows;
   const index_t total = rows.all.rows;
   const backend_vector<B, index_t> columns = detail::block_columns(ex, rows.all.target, class_begin());
   const storage_type* bias = store_.bias();
@@ -141,6 +151,13 @@ void full_softmax<P, B, S>::topk_sharded_into_(matrix_view<const H> hidden, inde
                                                matrix_view<float> log_probs) const {
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, detail::pack_rows(ex, hidden, {}, 0), nullptr);
+  topk_gathered_(rows, hidden.rows, k, classes, log_probs);
+}
+
+template <class P, class B, class S>
+void full_softmax<P, B, S>::topk_gathered_(detail::sharded_rows<B>& rows, index_t own_rows, index_t k,
+                                           matrix_view<index_t> classes, matrix_view<float> log_probs) const {
+  const detail::execution<B> ex{resources_};
   const index_t total = rows.all.rows, local_k = std::min(k, local_classes());
   detail::basic_online_lse_state<B> lse(total);
   detail::basic_row_topk_state<B> best(total, local_k);
@@ -177,7 +194,7 @@ void full_softmax<P, B, S>::topk_sharded_into_(matrix_view<const H> hidden, inde
   backend_vector<B, index_t> cand_c(cand_s.size());
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_s), per_rank, cand_s, counts.data());
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_c), per_rank, cand_c, counts.data());
-  detail::parallel_for(ex, hidden.rows,
+  detail::parallel_for(ex, own_rows,
                        detail::merge_ranked_topk{detail::raw(cand_s), detail::raw(cand_c), detail::raw(row_lse), ranks,
                                                  total, k, rows.own_offset, classes, log_probs});
 }

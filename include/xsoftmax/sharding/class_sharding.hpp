@@ -23,6 +23,17 @@
 ///    on rank p must equal `send_counts[p]` on rank q (exchange the counts first, with an
 ///    `all_to_all` of one count per rank). Only data moves: no sum, so any transport is bitwise
 ///    exact. Used by `sharded_hierarchical_softmax` to route rows to their subtree's owner and back.
+/// Optionally (detected by `detail::has_start_all_gather`; a communicator without it, such as the
+/// PyTorch package's, makes `gather_rows_async` gather at once, blocking):
+///  * `start_all_gather(const T* send, index_t count, T* recv, const index_t* counts)`: the same
+///    gather, started and returned as a move-only request `r` whose `r.wait()` completes it (then
+///    `recv` holds the result, readable from any stream); `send` and `recv` must stay alive and
+///    `recv` unread until then, `counts` may go at once; other collectives may be issued between
+///    start and wait, in the same order on every rank; destroying a pending request waits for it.
+///    MPI: `MPI_Iallgatherv` (OpenMPI moves it only inside MPI calls: see `gather_request::test`);
+///    NCCL: `ncclAllGather` on a second stream, ordered after the communicator's stream by events;
+///    solo: a copy, complete on return. Used by the sharded heads to prefetch the next
+///    micro-batch's rows while the current one computes (`full_softmax::gather_rows_async`).
 /// Collectives are issued in the same order on every rank (every rank calls the same verb with the
 /// same options); a rank that throws before a collective leaves the others waiting in it, so every
 /// input check that can differ between ranks runs before the first collective of a verb.
@@ -30,6 +41,7 @@
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/error.hpp>
 
+#include <type_traits>
 #include <utility>
 
 namespace xsoftmax {
@@ -95,6 +107,18 @@ class class_sharding {
   index_t num_classes_;
   hidden_layout layout_;
 };
+
+namespace detail {
+/// Whether `Comm` offers `start_all_gather` on `T` buffers (see the file comment).
+template <class Comm, class T, class = void>
+inline constexpr bool has_start_all_gather = false;
+template <class Comm, class T>
+inline constexpr bool has_start_all_gather<
+    Comm, T,
+    std::void_t<decltype(std::declval<Comm&>().start_all_gather(std::declval<const T*>(), index_t{}, std::declval<T*>(),
+                                                                std::declval<const index_t*>())
+                             .wait())>> = true;
+}  // namespace detail
 
 /// Whether `Sharding` is a `class_sharding<...>`.
 template <class Sharding>

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax {
@@ -72,6 +73,62 @@ class mpi_communicator {
                     rank_, "] = ", counts[rank_]);
     check(MPI_Allgatherv(send, count_of(count), type<T>(), recv, c.data(), off.data(), type<T>(), comm_),
           "MPI_Allgatherv");
+  }
+
+  /// A started `start_all_gather`: move-only; `wait()` completes it (`MPI_Wait`), `test()` asks
+  /// whether it has completed and lets MPI progress it (`MPI_Test`). Destroying a pending request
+  /// waits for it (errors are then not reported).
+  class gather_request {
+   public:
+    gather_request() = default;
+    gather_request(gather_request&& o) noexcept
+        : request_(std::exchange(o.request_, MPI_REQUEST_NULL)), c_(std::move(o.c_)), off_(std::move(o.off_)) {}
+    gather_request& operator=(gather_request&& o) noexcept {
+      if (this != &o) {
+        finish_nothrow();
+        request_ = std::exchange(o.request_, MPI_REQUEST_NULL), c_ = std::move(o.c_), off_ = std::move(o.off_);
+      }
+      return *this;
+    }
+    gather_request(const gather_request&) = delete;
+    gather_request& operator=(const gather_request&) = delete;
+    ~gather_request() { finish_nothrow(); }
+    /// Blocks until `recv` holds every rank's elements (at once when already complete).
+    void wait() {
+      if (request_ != MPI_REQUEST_NULL) check(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+    }
+    /// True once complete (then `wait()` returns at once). A call into MPI: it also progresses the
+    /// transfer, which OpenMPI's non-blocking collectives need (they move only inside MPI calls).
+    bool test() {
+      if (request_ == MPI_REQUEST_NULL) return true;
+      int done = 0;
+      check(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      return done != 0;
+    }
+
+   private:
+    friend class mpi_communicator;
+    void finish_nothrow() noexcept {
+      if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    }
+    MPI_Request request_ = MPI_REQUEST_NULL;
+    std::vector<int> c_, off_;  // MPI reads the count arrays until completion
+  };
+
+  /// `all_gather`, started (`MPI_Iallgatherv`) and returned pending: `send` and `recv` must stay
+  /// alive, and `recv` unread, until the request's `wait()` returns; `counts` may go at once.
+  /// Other collectives may be issued meanwhile (in the same order on every rank).
+  template <class T>
+  [[nodiscard]] gather_request start_all_gather(const T* send, index_t count, T* recv, const index_t* counts) {
+    gather_request r;
+    r.c_.resize(static_cast<std::size_t>(size_)), r.off_.resize(r.c_.size());
+    layout(counts, r.c_, r.off_);
+    detail::expects(count == counts[rank_], "mpi_communicator::start_all_gather: count = ", count, " but counts[",
+                    rank_, "] = ", counts[rank_]);
+    check(MPI_Iallgatherv(send, count_of(count), type<T>(), recv, r.c_.data(), r.off_.data(), type<T>(), comm_,
+                          &r.request_),
+          "MPI_Iallgatherv");
+    return r;
   }
 
   /// Rank q gets `send_counts[q]` elements of `send` (blocks in rank order); `recv` gets

@@ -20,6 +20,18 @@
 /// stream). Passing the head's own stream costs nothing extra; overlapping a collective with the
 /// next chunk's GEMM is not done here.
 ///
+/// One verb is not blocking: `start_all_gather` (the prefetch of the next micro-batch's rows,
+/// `full_softmax::gather_rows_async`) issues its `ncclAllGather` on a second stream (the caller's
+/// `gather_stream`, or one the communicator creates on first use and destroys with its last copy),
+/// after an event recorded on the communicator's stream (so it follows the work queued there), and
+/// records an event there that the request's `wait()` makes the communicator's stream wait for and
+/// then synchronises. NCCL does not promise that two operations of one communicator progress
+/// concurrently (a program must work when one blocks the other); every rank issues the gather
+/// before the next collective on the main stream (the current batch's row-statistics all-reduce),
+/// so that one may wait for the gather: the gather overlaps at least the compute up to that
+/// collective (the first pass's score GEMMs). A gather on a second NCCL
+/// communicator (`ncclCommSplit`) could overlap further; not done. Not measured on a GPU yet.
+///
 /// Determinism: NCCL sums in an order fixed by the communicator's algorithm (ring or tree),
 /// protocol and topology. For a given communicator (same ranks, same GPUs and links, same
 /// NCCL_ALGO / NCCL_PROTO) repeated runs are bitwise equal, and every rank receives the same bits
@@ -45,6 +57,7 @@
 #include <cstdint>
 #include <memory>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax {
@@ -71,12 +84,15 @@ class nccl_communicator {
   /// The sharded head passes device pointers to every collective (see the file comment).
   static constexpr bool device_memory = true;
 
-  /// Wraps `comm` and `stream`. Throws `invalid_argument` when `comm` is null, `nccl_error` when
-  /// NCCL cannot report the communicator's rank or size.
-  nccl_communicator(ncclComm_t comm, cudaStream_t stream) : comm_(comm), stream_(stream) {
+  /// Wraps `comm` and `stream`, and `gather_stream` for `start_all_gather` (null: the communicator
+  /// creates a non-blocking stream when first needed). Throws `invalid_argument` when `comm` is
+  /// null, `nccl_error` when NCCL cannot report the communicator's rank or size.
+  nccl_communicator(ncclComm_t comm, cudaStream_t stream, cudaStream_t gather_stream = nullptr)
+      : comm_(comm), stream_(stream) {
     detail::expects(comm_ != nullptr, "nccl_communicator: comm is null (create it with ncclCommInitRank)");
     check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check(ncclCommCount(comm_, &size_), "ncclCommCount");
+    gather_->stream = gather_stream;
   }
 
   [[nodiscard]] int rank() const { return rank_; }
@@ -98,26 +114,72 @@ class nccl_communicator {
   void all_gather(const T* send, index_t n, T* recv, const index_t* counts) {
     detail::expects(n == counts[rank_], "nccl_communicator::all_gather: count = ", n, " but counts[", rank_,
                     "] = ", counts[rank_]);
-    const index_t largest = *std::max_element(counts, counts + size_);
-    if (largest == 0) return;
-    if (std::all_of(counts, counts + size_, [&](index_t c) { return c == largest; })) {
-      check(ncclAllGather(send, recv, count(n), type<T>(), comm_, stream_), "ncclAllGather");
-      finish();
-      return;
-    }
-    // Pad each rank's block to `largest`, gather the padded blocks, then compact them into `recv`.
-    T* padded = scratch<T>(static_cast<std::size_t>(largest) * static_cast<std::size_t>(size_ + 1));
-    T* own = padded + static_cast<std::size_t>(largest) * static_cast<std::size_t>(size_);
-    if (n > 0) XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(own, send, bytes<T>(n), cudaMemcpyDeviceToDevice, stream_));
-    check(ncclAllGather(own, padded, count(largest), type<T>(), comm_, stream_), "ncclAllGather");
-    index_t at = 0;
-    for (int q = 0; q < size_; ++q) {
-      if (counts[q] > 0)
-        XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(recv + at, padded + static_cast<std::size_t>(q) * largest,
-                                          bytes<T>(counts[q]), cudaMemcpyDeviceToDevice, stream_));
-      at += counts[q];
-    }
+    gather_on(stream_, *scratch_, send, n, recv, counts);
     finish();
+  }
+
+  /// A started `start_all_gather`: move-only; `wait()` makes the communicator's stream wait for
+  /// the gather and blocks until it is complete. Destroying a pending request waits for it.
+  class gather_request {
+   public:
+    gather_request() = default;
+    gather_request(gather_request&& o) noexcept
+        : done_(std::exchange(o.done_, nullptr)), stream_(o.stream_) {}
+    gather_request& operator=(gather_request&& o) noexcept {
+      if (this != &o) release(), done_ = std::exchange(o.done_, nullptr), stream_ = o.stream_;
+      return *this;
+    }
+    gather_request(const gather_request&) = delete;
+    gather_request& operator=(const gather_request&) = delete;
+    ~gather_request() { release(); }
+    /// Blocks until `recv` holds every rank's elements; later work on the communicator's stream
+    /// is ordered after the gather.
+    void wait() {
+      if (!done_) return;
+      XSOFTMAX_CUDA_TRY(cudaStreamWaitEvent(stream_, done_, 0));
+      XSOFTMAX_CUDA_TRY(cudaEventSynchronize(done_));
+      XSOFTMAX_CUDA_TRY(cudaEventDestroy(std::exchange(done_, nullptr)));
+    }
+    /// True once complete (`cudaEventQuery`); a device runs NCCL without the host's help.
+    bool test() {
+      if (!done_) return true;
+      const cudaError_t e = cudaEventQuery(done_);
+      if (e == cudaErrorNotReady) return false;
+      XSOFTMAX_CUDA_TRY(e);
+      return true;
+    }
+
+   private:
+    friend class nccl_communicator;
+    void release() noexcept {
+      if (!done_) return;
+      XSOFTMAX_CUDA_TRY_NOTHROW(cudaEventSynchronize(done_));
+      XSOFTMAX_CUDA_TRY_NOTHROW(cudaEventDestroy(std::exchange(done_, nullptr)));
+    }
+    cudaEvent_t done_ = nullptr;
+    cudaStream_t stream_ = nullptr;
+  };
+
+  /// `all_gather` issued on the gather stream (see the file comment) and returned pending: `send`
+  /// and `recv` must stay alive and `recv` unread until the request's `wait()` returns; `counts`
+  /// (host) may go at once. Unequal counts are padded in a scratch buffer of the gather stream.
+  template <class T>
+  [[nodiscard]] gather_request start_all_gather(const T* send, index_t n, T* recv, const index_t* counts) {
+    detail::expects(n == counts[rank_], "nccl_communicator::start_all_gather: count = ", n, " but counts[", rank_,
+                    "] = ", counts[rank_]);
+    cudaStream_t gs = gather_stream();
+    gather_request r;
+    r.stream_ = stream_;
+    cudaEvent_t ready = nullptr;
+    XSOFTMAX_CUDA_TRY(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    XSOFTMAX_CUDA_TRY(cudaEventRecord(ready, stream_));
+    const cudaError_t waited = cudaStreamWaitEvent(gs, ready, 0);
+    XSOFTMAX_CUDA_TRY(cudaEventDestroy(ready));  // released once the recorded work completes
+    XSOFTMAX_CUDA_TRY(waited);
+    gather_on(gs, gather_->scratch, send, n, recv, counts);
+    XSOFTMAX_CUDA_TRY(cudaEventCreateWithFlags(&r.done_, cudaEventDisableTiming));
+    XSOFTMAX_CUDA_TRY(cudaEventRecord(r.done_, gs));
+    return r;
   }
 
   /// Rank q gets `send_counts[q]` device elements of `send` (blocks in rank order); `recv` gets
@@ -192,6 +254,50 @@ class nccl_communicator {
     }
   };
 
+  /// The gather stream and its scratch buffer, shared by copies of the communicator.
+  struct gather_state {
+    cudaStream_t stream = nullptr;
+    bool owned = false;
+    scratch_buffer scratch;
+    gather_state() = default;
+    gather_state(const gather_state&) = delete;
+    gather_state& operator=(const gather_state&) = delete;
+    ~gather_state() {
+      if (owned) XSOFTMAX_CUDA_TRY_NOTHROW(cudaStreamDestroy(stream));
+    }
+  };
+  cudaStream_t gather_stream() {
+    if (!gather_->stream) {
+      XSOFTMAX_CUDA_TRY(cudaStreamCreateWithFlags(&gather_->stream, cudaStreamNonBlocking));
+      gather_->owned = true;
+    }
+    return gather_->stream;
+  }
+
+  /// Queues the gather on `stream` (equal counts: one ncclAllGather; unequal: padded to the
+  /// largest count in `buffer`, gathered, compacted into `recv`).
+  template <class T>
+  void gather_on(cudaStream_t stream, scratch_buffer& buffer, const T* send, index_t n, T* recv,
+                 const index_t* counts) {
+    const index_t largest = *std::max_element(counts, counts + size_);
+    if (largest == 0) return;
+    if (std::all_of(counts, counts + size_, [&](index_t c) { return c == largest; })) {
+      check(ncclAllGather(send, recv, count(n), type<T>(), comm_, stream), "ncclAllGather");
+      return;
+    }
+    T* padded = scratch<T>(buffer, stream, static_cast<std::size_t>(largest) * static_cast<std::size_t>(size_ + 1));
+    T* own = padded + static_cast<std::size_t>(largest) * static_cast<std::size_t>(size_);
+    if (n > 0) XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(own, send, bytes<T>(n), cudaMemcpyDeviceToDevice, stream));
+    check(ncclAllGather(own, padded, count(largest), type<T>(), comm_, stream), "ncclAllGather");
+    index_t at = 0;
+    for (int q = 0; q < size_; ++q) {
+      if (counts[q] > 0)
+        XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(recv + at, padded + static_cast<std::size_t>(q) * largest,
+                                          bytes<T>(counts[q]), cudaMemcpyDeviceToDevice, stream));
+      at += counts[q];
+    }
+  }
+
   template <class T>
   static ncclDataType_t type() {
     if constexpr (std::is_same_v<T, float>) return ncclFloat32;
@@ -208,18 +314,21 @@ class nccl_communicator {
   }
   template <class T>
   static std::size_t bytes(index_t n) { return count(n) * sizeof(T); }
+  /// `buffer` grown to `elements` T, after `stream` (whose queued work may still read it) is idle.
   template <class T>
-  T* scratch(std::size_t elements) {
+  static T* scratch(scratch_buffer& buffer, cudaStream_t stream, std::size_t elements) {
     const std::size_t need = elements * sizeof(T);
-    if (need > scratch_->bytes) {
-      XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_));  // earlier collectives may still read it
-      if (scratch_->data) XSOFTMAX_CUDA_TRY(cudaFree(scratch_->data));
-      scratch_->data = nullptr, scratch_->bytes = 0;
-      XSOFTMAX_CUDA_TRY(cudaMalloc(&scratch_->data, need));
-      scratch_->bytes = need;
+    if (need > buffer.bytes) {
+      XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
+      if (buffer.data) XSOFTMAX_CUDA_TRY(cudaFree(buffer.data));
+      buffer.data = nullptr, buffer.bytes = 0;
+      XSOFTMAX_CUDA_TRY(cudaMalloc(&buffer.data, need));
+      buffer.bytes = need;
     }
-    return static_cast<T*>(scratch_->data);
+    return static_cast<T*>(buffer.data);
   }
+  template <class T>
+  T* scratch(std::size_t elements) { return scratch<T>(*scratch_, stream_, elements); }
   void finish() { XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream_)); }
   void check(ncclResult_t r, const char* call) const {
     if (r != ncclSuccess) detail::gpu::throw_nccl_error(r, call, comm_);
@@ -229,6 +338,7 @@ class nccl_communicator {
   cudaStream_t stream_;
   int rank_ = 0, size_ = 1;
   std::shared_ptr<scratch_buffer> scratch_ = std::make_shared<scratch_buffer>();
+  std::shared_ptr<gather_state> gather_ = std::make_shared<gather_state>();
 };
 
 }  // namespace xsoftmax

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The prefetch of a class-sharded head's rows (issue 14): `gathered_batch`, a handle owning one
+/// micro-batch's hidden rows gathered from every rank by a gather started ahead of the verb that
+/// scores them, so that the next batch's gather runs while the current one computes.
+///
+/// The rows are gathered *before* the targets are known, so every row travels (ignored ones too);
+/// when the verb runs, the targets (a few bytes a row) are gathered blocking and the ignored rows
+/// are dropped from the gathered matrix, which leaves exactly the rows, in exactly the order, that
+/// the blocking verb's `gather_rows` produces: the results are bitwise the blocking verb's.
+
+#include <xsoftmax/detail/sharding/sharded_rows.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// The communicator of a sharding policy (`void` for `no_sharding`).
+template <class Sharding>
+struct communicator_of {
+  using type = void;
+};
+template <class Comm>
+struct communicator_of<class_sharding<Comm>> {
+  using type = Comm;
+};
+
+/// `start_all_gather`'s request type of `Comm` for T buffers (a placeholder when it has none).
+template <class Comm, class T, bool = has_start_all_gather<Comm, T>>
+struct gather_request_of {
+  struct type {
+    void wait() {}
+  };
+};
+template <class Comm, class T>
+struct gather_request_of<Comm, T, true> {
+  using type = decltype(std::declval<Comm&>().start_all_gather(std::declval<const T*>(), index_t{},
+                                                              std::declval<T*>(), std::declval<const index_t*>()));
+};
+
+/// What a `gathered_batch` owns.
+template <class B, class Comm>
+struct gathered_state {
+  const void* owner = nullptr;  ///< the head that started the gather
+  index_t rows = 0, dim = 0;    ///< this rank's batch
+  bool used = false;
+  bool replicated = false;            ///< the head's layout replicates the rows: nothing moves
+  backend_vector<B, float> own;       ///< this rank's rows as fp32 (the gather's send buffer)
+  backend_vector<B, float> all;       ///< every rank's rows in rank order, complete after `complete()`
+  std::vector<float> host_send, host_recv;  ///< staging (device backend, host-memory communicator)
+  std::vector<index_t> counts;              ///< every rank's batch rows
+  /// The running gather. Declared last: destroyed (which waits for it) before the buffers it uses.
+  std::optional<typename gather_request_of<Comm, float>::type> pending;
+
+  /// Waits for the gather (if still running) and leaves every rank's rows in `all`.
+  void complete() {
+    if (!pending) return;
+    pending->wait();
+    pending.reset();
+    if (!host_recv.empty()) thrust::copy(host_recv.begin(), host_recv.end(), all.begin());
+  }
+};
+
+}  // namespace xsoftmax::detail
+
+namespace xsoftmax {
+
+namespace detail {
+struct gathered_access;
+}
+
+/// One micro-batch's hidden rows, gathered from every rank ahead of the verb that scores them:
+/// returned by a class-sharded head's `gather_rows_async(hidden)` and passed, once, to that head's
+/// `forward`, `forward_backward`, `backward`, `log_prob` or `topk` in place of `hidden`. Owns a
+/// copy of this rank's rows (fp32) and the gathered rows, and the gather while it runs: destroying
+/// it unused waits for the gather. Move-only.
+template <class Backend, class Communicator>
+class gathered_batch {
+ public:
+  gathered_batch() = default;
+  /// This rank's batch rows: the verb's targets and outputs have this many rows.
+  [[nodiscard]] index_t rows() const { return state_ ? state_->rows : 0; }
+  [[nodiscard]] index_t dim() const { return state_ ? state_->dim : 0; }
+  /// False when default-constructed or moved from, or once a verb has used it.
+  [[nodiscard]] bool usable() const { return state_ && !state_->used; }
+
+ private:
+  friend struct detail::gathered_access;
+  std::unique_ptr<detail::gathered_state<Backend, Communicator>> state_;
+};
+
+namespace detail {
+/// The head's access to a `gathered_batch`'s state.
+struct gathered_access {
+  template <class B, class C>
+  static gathered_batch<B, C> make(std::unique_ptr<gathered_state<B, C>> s) {
+    gathered_batch<B, C> g;
+    g.state_ = std::move(s);
+    return g;
+  }
+  template <class B, class C>
+  static gathered_state<B, C>* state(const gathered_batch<B, C>& g) { return g.state_.get(); }
+};
+
+/// Packs `hidden` as fp32 and starts gathering it from every rank (data-parallel layout; the
+/// counts are gathered first, blocking) with the communicator's `start_all_gather`, or gathers it
+/// at once when the communicator has none. Collective.
+template <class B, class Comm, class H>
+gathered_batch<B, Comm> start_gather(const execution<B>& ex, const class_sharding<Comm>& sh,
+                                     matrix_view<const H> hidden, const void* owner) {
+  auto st = std::make_unique<gathered_state<B, Comm>>();
+  st->owner = owner, st->rows = hidden.rows, st->dim = hidden.cols;
+  st->own = std::move(pack_rows(ex, hidden, {}, 0).hidden);
+  const int size = sh.size();
+  if (sh.layout() == hidden_layout::replicated) {
+    st->replicated = true;
+    st->counts.assign(static_cast<std::size_t>(size), hidden.rows);
+    return gathered_access::make(std::move(st));
+  }
+  Comm& comm = sh.communicator();
+  const std::vector<index_t> ones(static_cast<std::size_t>(size), 1);
+  st->counts.resize(static_cast<std::size_t>(size));
+  index_t own_count = hidden.rows;
+  host_in_comm_memory<Comm>(ex, &own_count, 1, false, [&](const index_t* send) {
+    host_in_comm_memory<Comm>(ex, st->counts.data(), size, true,
+                              [&](index_t* recv) { comm.all_gather(send, 1, recv, ones.data()); });
+  });
+  const index_t d = hidden.cols, n = hidden.rows * d;
+  std::vector<index_t> elements(st->counts);
+  index_t total = 0;
+  for (auto& c : elements) c *= d, total += c;
+  st->all.resize(static_cast<std::size_t>(total));
+  if constexpr (has_start_all_gather<Comm, float>) {
+    if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+      in_comm_memory<Comm>(ex, raw(st->own), n, false, [&](const float* p) {
+        st->pending.emplace(comm.start_all_gather(p, n, raw(st->all), elements.data()));
+      });
+    } else {  // a device backend's rows through host buffers that live as long as the gather
+      st->host_send.resize(static_cast<std::size_t>(n));
+      st->host_recv.resize(static_cast<std::size_t>(total));
+      thrust::copy(st->own.begin(), st->own.end(), st->host_send.begin());
+      st->pending.emplace(comm.start_all_gather(st->host_send.data(), n, st->host_recv.data(), elements.data()));
+    }
+  } else {  // no non-blocking gather (e.g. the PyTorch process group's communicator): gather now
+    all_gather_into(ex, comm, raw(st->own), n, st->all, elements.data());
+  }
+  return gathered_access::make(std::move(st));
+}
+}  // namespace detail
+
+}  // namespace xsoftmax
+
+namespace xsoftmax::detail {
+
+/// The rows a verb scores from a prefetched batch, as `gather_rows` would have gathered them:
+/// waits for the gather, gathers every rank's `targets` (blocking; none for `topk`: every row
+/// counts) and keeps the rows whose target is not `ignore_index`, then gathers the kept rows'
+/// `upstream` gradients (may be null). Consumes the state's buffers. Collective.
+template <class B, class Comm>
+sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>& sh, gathered_state<B, Comm>& st,
+                              vector_view<const index_t> targets, index_t ignore_index,
+                              backend_vector<B, float>* upstream) {
+  st.complete();
+  const int size = sh.size();
+  const index_t d = st.dim;
+  // Every row's target (in rank order), and the rows of each rank (one segment when replicated).
+  const std::vector<index_t> segments = st.replicated ? std::vector<index_t>{st.rows} : st.counts;
+  index_t total = 0;
+  for (index_t c : segments) total += c;
+  std::vector<index_t> all_targets(static_cast<std::size_t>(total), 0);
+  if (targets.size != 0) {
+    if (st.replicated) {
+      on_host(ex, targets.data, total, false, [&](const index_t* t) { std::copy(t, t + total, all_targets.begin()); });
+    } else {
+      backend_vector<B, index_t> gathered(static_cast<std::size_t>(total));
+      all_gather_into(ex, sh.communicator(), targets.data, st.rows, gathered, st.counts.data());
+      thrust::copy(gathered.begin(), gathered.end(), all_targets.begin());
+    }
+  }
+  std::vector<index_t> kept, kept_targets, kept_counts(segments.size(), 0);
+  index_t at = 0;
+  for (std::size_t q = 0; q < segments.size(); ++q)
+    for (index_t i = 0; i < segments[q]; ++i, ++at)
+      if (targets.size == 0 || all_targets[static_cast<std::size_t>(at)] != ignore_index) {
+        kept.push_back(at), kept_targets.push_back(all_targets[static_cast<std::size_t>(at)]);
+        ++kept_counts[q];
+      }
+
+  sharded_rows<B> out;
+  const index_t rows = static_cast<index_t>(kept.size());
+  backend_vector<B, float>& source = st.replicated ? st.own : st.all;
+  out.all.dim = d;
+  out.all.rows = rows;
+  out.all.target = backend_vector<B, index_t>(kept_targets.begin(), kept_targets.end());
+  if (rows == total) {
+    out.all.hidden = std::move(source);
+  } else {  // drop the ignored rows: a copy of the kept ones, in order
+    const backend_vector<B, index_t> index(kept.begin(), kept.end());
+    out.all.hidden.resize(static_cast<std::size_t>(rows * d));
+    const index_t* k = raw(index);
+    const float* in = raw(source);
+    float* o = raw(out.all.hidden);
+    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      for (index_t j = 0; j < d; ++j) o[r * d + j] = in[k[r] * d + j];
+    });
+  }
+  source = backend_vector<B, float>();
+  if (st.replicated) {
+    out.counts.assign(static_cast<std::size_t>(size), rows);
+    if (upstream) out.upstream = std::move(*upstream);
+    return out;
+  }
+  out.counts = kept_counts;
+  for (int q = 0; q < sh.rank(); ++q) out.own_offset += kept_counts[static_cast<std::size_t>(q)];
+  if (upstream) {
+    out.upstream.resize(static_cast<std::size_t>(rows));
+    all_gather_into(ex, sh.communicator(), raw(*upstream), static_cast<index_t>(upstream->size()), out.upstream,
+                    out.counts.data());
+  }
+  return out;
+}
+
+}  // namespace xsoftmax::detail
