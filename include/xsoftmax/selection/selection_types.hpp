@@ -20,6 +20,9 @@
 /// policy; the request's views and `out` are in the backend's memory). The library's selectors
 /// also accept a Thrust host policy (`thrust::cpp::par`, `thrust::omp::par`) in its place.
 ///
+/// A selector whose `select` reads `request.weights` declares `static constexpr bool scores_weights =
+/// true;` (a class-sharded head, which holds only a slice of the weights, then rejects it).
+///
 /// `select` must be a pure function of the selector's state and the request, so that a forward
 /// and a backward pass of one step see the same active set; randomness (sampled negatives) comes
 /// from a seed and a step counter held by the selector and advanced by `next_step`.
@@ -91,6 +94,15 @@ struct basic_active_set {
     return static_cast<index_t>(layout == active_layout::shared ? classes.size() : ids.size());
   }
 };
+
+namespace detail {
+/// Whether `Selector::scores_weights` is true (false when absent).
+template <class Selector, class = void>
+inline constexpr bool selector_scores_weights = false;
+template <class Selector>
+inline constexpr bool selector_scores_weights<Selector, std::void_t<decltype(Selector::scores_weights)>> =
+    Selector::scores_weights;
+}  // namespace detail
 
 /// The active set of the host backends (`serial`, `omp`): host vectors.
 using active_set = basic_active_set<serial>;
