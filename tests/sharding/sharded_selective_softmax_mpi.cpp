@@ -44,21 +44,21 @@ struct layer {
   }
 };
 
-/// Rank q's batch: 5 + 2q rows, every fourth target ignored; rank 1's targets all ignored when
-/// `rank1_idle`.
+/// Rank q's batch: 5 + 2q rows, every fourth target ignored, targets in [0, span); rank 1's targets
+/// all ignored when `rank1_idle`.
 struct batch {
   std::vector<float> h;
   std::vector<index_t> t;
   index_t rows = 0;
 };
-batch batch_of(int q, bool rank1_idle = false) {
+batch batch_of(int q, bool rank1_idle = false, index_t span = classes) {
   batch b;
   b.rows = 5 + 2 * q;
   std::mt19937 g(200 + static_cast<unsigned>(q));
   std::normal_distribution<float> nd(0.f, 1.f);
   for (index_t i = 0; i < b.rows * dim; ++i) b.h.push_back(nd(g));
   for (index_t i = 0; i < b.rows; ++i)
-    b.t.push_back((i % 4 == 3 || (rank1_idle && q == 1)) ? ignore : static_cast<index_t>(g() % classes));
+    b.t.push_back((i % 4 == 3 || (rank1_idle && q == 1)) ? ignore : static_cast<index_t>(g() % span));
   return b;
 }
 batch concat(const std::vector<batch>& all) {
@@ -74,10 +74,10 @@ xs::matrix_view<const float> hidden(const batch& b) { return {b.h.data(), b.rows
 xs::vector_view<const index_t> targets(const batch& b) { return {b.t.data(), b.rows}; }
 
 /// The batches of a layout: every rank's (data-parallel), or rank 0's on every rank (replicated).
-std::vector<batch> batches_of(xs::hidden_layout layout, int size, bool idle = false) {
+std::vector<batch> batches_of(xs::hidden_layout layout, int size, bool idle = false, index_t span = classes) {
   std::vector<batch> all;
-  if (layout == xs::hidden_layout::replicated) return {batch_of(0)};
-  for (int q = 0; q < size; ++q) all.push_back(batch_of(q, idle));
+  if (layout == xs::hidden_layout::replicated) return {batch_of(0, false, span)};
+  for (int q = 0; q < size; ++q) all.push_back(batch_of(q, idle, span));
   return all;
 }
 
@@ -263,6 +263,27 @@ TEST_CASE_TEMPLATE("sharded selective softmax, explicit candidates, equals the u
         if (!idle) compare_prediction(head, ref, all, f.own(layout));
       }
     }
+  }
+}
+
+TEST_CASE_TEMPLATE("sharded selective softmax: a rank with no active class still takes part", B, xs::serial,
+                   xs::omp) {
+  // Targets only, all in [0, 200): rank 0's range (it holds at least 250 classes), so every other
+  // rank scores no class of the shared set, and most rows have no per-sample entry on most ranks.
+  fixture<B> f;
+  for (const auto layout : layouts) {
+    const std::vector<batch> all = batches_of(layout, f.size, false, 200);
+    const auto ref = f.reference(xs::explicit_candidates{});
+    const auto head = f.sharded(xs::explicit_candidates{}, layout);
+    for (const xs::loss_options& o : option_sets()) {
+      CAPTURE(static_cast<int>(layout));
+      CAPTURE(static_cast<int>(o.reduce));
+      compare(head, ref, all, f.own(layout), o);
+    }
+    xs::loss_options o;
+    o.margin = xs::margin_options::arcface(16.f, 0.3f);
+    compare(f.sharded(xs::explicit_candidates{}, layout, false), f.reference(xs::explicit_candidates{}, false), all,
+            f.own(layout), o);
   }
 }
 
