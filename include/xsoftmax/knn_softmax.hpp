@@ -22,13 +22,14 @@ namespace xsoftmax {
 /// naming the value when graph k is outside [1, num_classes].
 ///
 /// \tparam Sharding `no_sharding` or `class_sharding<Communicator>` (see `selective_softmax`). Sharded,
-///                  every rank holds the whole graph (N x K class ids: 8 N K bytes per rank, 800 MB
-///                  for N = 10M, K = 10) and builds it itself, identically, from the whole weight
-///                  matrix gathered from the ranks at construction, at `rebuild_graph()` and at each
-///                  scheduled rebuild (transiently N x dim x (4 + sizeof(storage)) bytes per rank,
-///                  plus the builder's workspace; every rank does the whole build's work). A graph
-///                  built elsewhere can be given instead: `selective_softmax<knn_selector, P, B,
-///                  class_sharding<C>>` with `knn_selector(graph, options)`.
+///                  every rank holds the whole graph (N x K ids and similarities: 12 N K bytes per
+///                  rank, 1.2 GB for N = 10M, K = 10). At construction, `rebuild_graph()` and each
+///                  scheduled rebuild the whole weight matrix is all-gathered (transiently
+///                  N x dim x (4 + sizeof(storage)) bytes per rank); with the exact method each rank
+///                  finds the neighbours of its own classes (1/S of the O(N^2 d) work) and the rows
+///                  are all-gathered; with the IVF method every rank builds the whole graph. A
+///                  graph built elsewhere can be given instead: `selective_softmax<knn_selector, P,
+///                  B, class_sharding<C>>` with `knn_selector(graph, options)`.
 template <class Precision = fp32, class Backend = serial, class Sharding = no_sharding>
 class knn_softmax : public selective_softmax<knn_selector, Precision, Backend, Sharding> {
   using base = selective_softmax<knn_selector, Precision, Backend, Sharding>;
@@ -72,8 +73,8 @@ class knn_softmax : public selective_softmax<knn_selector, Precision, Backend, S
 
   /// Rebuilds the graph from the current weights now (into the same buffers). Sharded: collective.
   void rebuild_graph() {
-    this->with_all_weights_([&](matrix_view<const storage_type> w) {
-      this->selector().rebuild(detail::execution<Backend>{resources_}, w);
+    this->with_all_weights_([&](matrix_view<const storage_type> w, const knn_build_share* share) {
+      this->selector().rebuild(detail::execution<Backend>{resources_}, w, share);
     });
   }
 

@@ -151,9 +151,10 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   void next_step();
 
  protected:
-  /// Calls `f(matrix_view<const storage_type>)` with every class's weights: the head's own unsharded;
-  /// sharded, the whole matrix gathered from the ranks (collective; N x dim x (4 + sizeof(storage))
-  /// bytes on every rank while `f` runs).
+  /// Calls `f(matrix_view<const storage_type>, const knn_build_share*)` with every class's weights:
+  /// the head's own unsharded (and a null share); sharded, the whole matrix gathered from the ranks
+  /// (collective; N x dim x (4 + sizeof(storage)) bytes on every rank while `f` runs) and this
+  /// rank's share of a graph build.
   template <class F>
   void with_all_weights_(F f) const;
 

@@ -341,6 +341,7 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
   fixture<B> f;
   xs::knn_options ko;
   ko.graph.k = 6;
+  ko.graph.query_tile = 64;  // several query tiles, most cut by a rank's range
   ko.rebuild_every = 1;  // next_step rebuilds: the gathered weights again
   for (const auto layout : layouts) {
     const std::vector<batch> all = batches_of(layout, f.size);
@@ -349,8 +350,10 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
     xs::knn_softmax<xs::fp32, B> ref(xs::matrix_view<float>(f.full.w.data(), classes, dim), ko, f.full.b.data());
     xs::knn_softmax<xs::fp32, B, sharding> head(
         sh, xs::matrix_view<float>(f.full.w.data() + begin * dim, sh.local_classes(), dim), ko, f.full.b.data() + begin);
-    // The whole graph on every rank, built from the gathered weights: the unsharded head's.
+    // The whole graph on every rank, each rank's rows found by it from the gathered weights and
+    // all-gathered: bitwise the unsharded head's.
     CHECK(head.graph().ids() == ref.graph().ids());
+    CHECK(head.graph().similarities() == ref.graph().similarities());
     for (int step = 0; step < 2; ++step) {
       for (const xs::loss_options& o : option_sets()) {
         CAPTURE(static_cast<int>(layout));
@@ -361,6 +364,7 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
       ref.next_step();
       CHECK(head.graph().builds() == ref.graph().builds());
       CHECK(head.graph().ids() == ref.graph().ids());
+      CHECK(head.graph().similarities() == ref.graph().similarities());
     }
     compare_prediction(head, ref, all, f.own(layout));
   }

@@ -130,3 +130,36 @@ TEST_CASE_TEMPLATE("class_sharding<solo_communicator> equals the unsharded knn s
   CHECK(head.graph().builds() == ref.graph().builds());
   CHECK(head.graph().ids() == ref.graph().ids());
 }
+
+TEST_CASE("knn_graph_builder: a share of the exact build's rows, assembled, is the whole build") {
+  problem p;
+  xs::knn_build_options bo;
+  bo.k = 4;
+  bo.query_tile = 7;  // tiles that do not line up with the shares
+  const xs::matrix_view<const float> w(p.w.data(), n, d);
+  const xs::knn_graph whole = xs::build_knn_graph<xs::serial>(w, bo);
+  // Two shares, [0, 90) and [90, n): each builds its rows; the gather takes the other's from `whole`.
+  for (const index_t first : {index_t(0), index_t(90)}) {
+    const index_t count = first == 0 ? 90 : n - 90;
+    int gathers = 0;
+    xs::knn_build_share share;
+    share.first = first;
+    share.count = count;
+    share.all_gather = [&](const index_t* ids, const float* sims, index_t k, index_t* all_ids, float* all_sims) {
+      ++gathers;
+      for (index_t i = 0; i < n * k; ++i) {
+        const bool mine = i >= first * k && i < (first + count) * k;
+        all_ids[i] = mine ? ids[i - first * k] : whole.ids()[static_cast<std::size_t>(i)];
+        all_sims[i] = mine ? sims[i - first * k] : whole.similarities()[static_cast<std::size_t>(i)];
+      }
+    };
+    xs::knn_graph part;
+    const xs::backend_resources<xs::serial> res;
+    xs::knn_graph_builder(bo).build_on(xs::detail::execution<xs::serial>{res}, w, part, &share);
+    CHECK(gathers == 1);
+    CHECK(part.ids() == whole.ids());
+    CHECK(part.similarities() == whole.similarities());
+  }
+  // The sharded head's step hands its share to the KNN selector.
+  static_assert(xs::detail::has_shared_build<xs::knn_selector, xs::detail::execution<xs::serial>, float>::value);
+}

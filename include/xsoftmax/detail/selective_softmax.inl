@@ -33,6 +33,15 @@ template <class S, class = void>
 struct has_plain_step : std::false_type {};
 template <class S>
 struct has_plain_step<S, std::void_t<decltype(std::declval<S&>().next_step())>> : std::true_type {};
+/// Whether a selector's weighted step takes a share of its build (`next_step(ex, weights, share)`).
+template <class S, class Ex, class T, class = void>
+struct has_shared_build : std::false_type {};
+template <class S, class Ex, class T>
+struct has_shared_build<S, Ex, T,
+                        std::void_t<decltype(std::declval<S&>().next_step(std::declval<const Ex&>(),
+                                                                          std::declval<matrix_view<const T>>(),
+                                                                          std::declval<const knn_build_share*>()))>>
+    : std::true_type {};
 /// Whether a selector says ahead of its step whether the step rebuilds from the weights
 /// (`next_step_rebuilds()`): a sharded head then gathers the weights only for those steps.
 template <class S, class = void>
@@ -84,7 +93,12 @@ void selective_softmax<S, P, B, Sh>::next_step() {
         return;
       }
     }
-    with_all_weights_([&](matrix_view<const storage_type> w) { selector_.next_step(ex, w); });
+    with_all_weights_([&](matrix_view<const storage_type> w, const knn_build_share* share) {
+      if constexpr (detail::has_shared_build<S, detail::execution<B>, storage_type>::value)
+        selector_.next_step(ex, w, share);
+      else
+        selector_.next_step(ex, w);
+    });
   } else if constexpr (detail::has_plain_step<S>::value) {
     selector_.next_step();
   }
@@ -97,9 +111,10 @@ void selective_softmax<S, P, B, Sh>::with_all_weights_(F f) const {
     const detail::execution<B> ex{resources_};
     const backend_vector<B, storage_type> all =
         detail::gather_weights(ex, sharding_, matrix_view<const storage_type>(weights()));
-    f(matrix_view<const storage_type>(thrust::raw_pointer_cast(all.data()), num_classes(), dim()));
+    const knn_build_share share = detail::graph_build_share(ex, sharding_);
+    f(matrix_view<const storage_type>(thrust::raw_pointer_cast(all.data()), num_classes(), dim()), &share);
   } else {
-    f(matrix_view<const storage_type>(weights()));
+    f(matrix_view<const storage_type>(weights()), static_cast<const knn_build_share*>(nullptr));
   }
 }
 

@@ -2,8 +2,9 @@
 #pragma once
 /// \file
 /// Plain types shared by `selective_softmax` and its selectors: the active set a selector produces
-/// for one batch, the request a head hands a selector, and the similarity of class vectors used by
-/// the KNN graph and the IVF index. Host code can use all of them.
+/// for one batch, the request a head hands a selector, the similarity of class vectors used by
+/// the KNN graph and the IVF index, and a class-sharded head's share of a graph build. Host code
+/// can use all of them.
 ///
 /// A *selector* is any type with
 ///
@@ -31,6 +32,7 @@
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <functional>
 #include <type_traits>
 
 namespace xsoftmax {
@@ -93,6 +95,17 @@ struct basic_active_set {
   [[nodiscard]] index_t entries() const {
     return static_cast<index_t>(layout == active_layout::shared ? classes.size() : ids.size());
   }
+};
+
+/// One process's share of an exact graph build (a class-sharded head: each rank finds the rows of
+/// its own classes, against every class): the rows [first, first + count), and `all_gather(ids,
+/// sims, k, all_ids, all_sims)`, which assembles every share's count x k ids and similarities (the
+/// build's memory) into the N x k arrays, in row order. The IVF method ignores the share (each
+/// process builds the whole graph).
+struct knn_build_share {
+  index_t first = 0;
+  index_t count = 0;
+  std::function<void(const index_t*, const float*, index_t, index_t*, float*)> all_gather;
 };
 
 namespace detail {

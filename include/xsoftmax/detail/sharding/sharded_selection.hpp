@@ -4,8 +4,9 @@
 /// The steps a class-sharded `selective_softmax` adds to those of `sharded_rows.hpp`: the gathered
 /// rows' sample ids in the concatenated batch (so that every rank hands its selector the same
 /// request), this rank's slice of the global active set (its classes, as local weight rows, with
-/// each row's target position in the slice), and the whole weight matrix gathered from the shards
-/// (for a selector that rebuilds from the weights: the KNN graph).
+/// each row's target position in the slice), the whole weight matrix gathered from the shards
+/// (for a selector that rebuilds from the weights: the KNN graph), and this rank's share of an
+/// exact KNN graph build.
 
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 #include <xsoftmax/precision.hpp>
@@ -133,6 +134,40 @@ backend_vector<B, T> gather_weights(const execution<B>& ex, const class_sharding
   T* o = raw(out);
   parallel_for(ex, n * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { o[e] = from_float<T>(a[e]); });
   return out;
+}
+
+/// All-gathers `count` elements at `send` into `recv` (sum(counts) elements), both in the
+/// execution's memory given as pointers (see `all_gather_into`).
+template <class Comm, class B, class T>
+void all_gather_raw(const execution<B>& ex, Comm& comm, const T* send, index_t count, T* recv, index_t total,
+                    const index_t* counts) {
+  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+    (void)total;
+    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, recv, counts); });
+  } else {
+    std::vector<T> h(static_cast<std::size_t>(total));
+    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, h.data(), counts); });
+    backend_ops<B>::copy(ex.res, recv, h.data(), total);
+  }
+}
+
+/// This rank's share of an exact KNN graph build: the rows of its classes; the shares' rows are
+/// all-gathered into the whole graph (so every rank does 1/S of the build's O(N^2 d) work). `ex`
+/// and `sh` must outlive the share.
+template <class B, class Comm>
+knn_build_share graph_build_share(const execution<B>& ex, const class_sharding<Comm>& sh) {
+  knn_build_share share;
+  share.first = sh.class_begin();
+  share.count = sh.local_classes();
+  share.all_gather = [&ex, &sh](const index_t* ids, const float* sims, index_t k, index_t* all_ids, float* all_sims) {
+    std::vector<index_t> counts(static_cast<std::size_t>(sh.size()));
+    for (int q = 0; q < sh.size(); ++q)
+      counts[static_cast<std::size_t>(q)] = (sh.shard_begin(q + 1) - sh.shard_begin(q)) * k;
+    const index_t mine = counts[static_cast<std::size_t>(sh.rank())], total = sh.num_classes() * k;
+    all_gather_raw(ex, sh.communicator(), ids, mine, all_ids, total, counts.data());
+    all_gather_raw(ex, sh.communicator(), sims, mine, all_sims, total, counts.data());
+  };
+  return share;
 }
 
 }  // namespace xsoftmax::detail
