@@ -60,9 +60,10 @@ namespace xsoftmax {
 ///                   (class - class_begin(), ascending), the gradient of the sum over ranks of each
 ///                   rank's reduced loss; `apply_sgd` updates the local rows. `topk` and `log_prob`
 ///                   (over the active set, as unsharded) work sharded; `log_distribution` throws
-///                   `invalid_argument` as the sharded `full_softmax` does. `next_step` gathers the
-///                   whole weight matrix (N x dim, transiently) only when the selector's step
-///                   rebuilds from the weights (a KNN graph rebuild); see `knn_softmax`.
+///                   `invalid_argument` as the sharded `full_softmax` does. `next_step` of a selector
+///                   whose step reads the weights gathers the whole matrix (N x dim, transiently)
+///                   for that step, unless its `next_step_rebuilds()` says the step does not read
+///                   them (the KNN selector: only its scheduled rebuilds gather); see `knn_softmax`.
 ///
 /// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
 /// `non_finite_error` or `invalid_argument` naming the argument and value; selectors add their own
