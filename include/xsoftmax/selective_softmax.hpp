@@ -15,14 +15,23 @@
 /// are a contiguous range is read in place; others are gathered into an fp32 block first). A
 /// per-sample active set is scored row by row with gather-dot, and its weight gradient rows, touched
 /// by many samples, are summed with the deterministic sparse accumulation (no atomics).
+///
+/// Class-sharded (`Sharding = class_sharding<Communicator>`): every rank runs the selector on the
+/// same gathered batch, so every rank has the same global active set; each rank scores the active
+/// classes of its own range, and the rows' statistics are combined as the sharded `full_softmax`
+/// combines them (one max and one sum all-reduce). See `selective_softmax`'s `Sharding`.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
+#include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/head_verbs.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
+#include <xsoftmax/sharding/class_sharding.hpp>
 #include <xsoftmax/types.hpp>
+
+#include <type_traits>
 
 namespace xsoftmax {
 
@@ -35,15 +44,40 @@ namespace xsoftmax {
 /// \tparam Precision `fp32`, `bf16` or `fp16` weight storage; arithmetic is fp32.
 /// \tparam Backend   `serial`, `omp` (or `cuda` under nvcc). The algorithm is one for every
 ///                   backend; on cuda the active set lives in device memory (see `active_set_for`).
+/// \tparam Sharding  `no_sharding` (all classes here) or `class_sharding<Communicator>`: this rank
+///                   holds the classes [class_begin(), class_end()); every verb is collective (every
+///                   rank calls it, in the same order) and gives what the unsharded head gives on
+///                   the concatenated batch (data_parallel layout: rank 0's rows, then rank 1's, ...;
+///                   replicated: the batch). The selector runs on every rank on that whole batch
+///                   with the same state, so it must be the same on every rank (same seed and step,
+///                   same explicit candidates; per-sample candidates are indexed by the sample's
+///                   position in the concatenated batch, ignored samples included). Its request
+///                   carries no weights (`weights` is empty, `bias` null), so a selector that scores
+///                   the weights (`feature_query_selector`) is not offered sharded (compile error).
+///                   The loss (label smoothing over the row's active set, z-loss, margins, logit
+///                   offsets) and `grad_hidden` of this rank's rows are those of the unsharded head;
+///                   `grad_weights` holds the active classes of the local range as local rows
+///                   (class - class_begin(), ascending), the gradient of the sum over ranks of each
+///                   rank's reduced loss; `apply_sgd` updates the local rows. `topk` and `log_prob`
+///                   (over the active set, as unsharded) work sharded; `log_distribution` throws
+///                   `invalid_argument` as the sharded `full_softmax` does. `next_step` of a selector
+///                   whose step reads the weights gathers the whole matrix (N x dim, transiently)
+///                   for that step, unless its `next_step_rebuilds()` says the step does not read
+///                   them (the KNN selector: only its scheduled rebuilds gather); see `knn_softmax`.
 ///
 /// Every verb validates its inputs first and throws `shape_error`, `out_of_range`,
 /// `non_finite_error` or `invalid_argument` naming the argument and value; selectors add their own
 /// checks (k against N, a graph built for another head). Nothing is changed then. A selector that
 /// returns a malformed active set (unsorted, a class out of range, a target missing) makes the verb
 /// throw `invalid_argument` / `out_of_range`.
-template <class Selector, class Precision = fp32, class Backend = serial>
-class selective_softmax : public head_verbs<selective_softmax<Selector, Precision, Backend>, Backend> {
-  using verbs = head_verbs<selective_softmax<Selector, Precision, Backend>, Backend>;
+template <class Selector, class Precision = fp32, class Backend = serial, class Sharding = no_sharding>
+class selective_softmax : public head_verbs<selective_softmax<Selector, Precision, Backend, Sharding>, Backend> {
+  using verbs = head_verbs<selective_softmax<Selector, Precision, Backend, Sharding>, Backend>;
+  static constexpr bool sharded = is_class_sharding<Sharding>;
+  static_assert(sharded || std::is_same_v<Sharding, no_sharding>,
+                "xsoftmax: selective_softmax's Sharding must be no_sharding or class_sharding<Communicator>");
+  static_assert(!sharded || !detail::selector_scores_weights<Selector>,
+                "xsoftmax: this selector scores the weights in select (feature_query_selector): not offered sharded");
   friend verbs;
 
  public:
@@ -53,6 +87,7 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   using selector_type = Selector;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
+  using sharding_type = Sharding;
   using typename verbs::gradient_type;
 
   /// Owns `num_classes x dim` weights initialised per `init` (a zero bias when `with_bias`) and
@@ -64,9 +99,30 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   selective_softmax(Selector selector, matrix_view<storage_type> weights, storage_type* bias = nullptr,
                     backend_resources<Backend> resources = {});
 
-  [[nodiscard]] index_t num_classes() const { return store_.rows(); }
+  /// Sharded: owns this rank's `sharding.local_classes() x dim` weights, initialised per `init` with
+  /// seed `init.seed + rank`, and a zero bias when `with_bias`.
+  selective_softmax(Selector selector, Sharding sharding, index_t dim, bool with_bias = false, init_options init = {},
+                    backend_resources<Backend> resources = {});
+  /// Sharded: attaches to this rank's `local_weights` (local_classes() x dim) and `local_bias`.
+  /// Throws `shape_error` when local_weights.rows is not `sharding.local_classes()`.
+  selective_softmax(Selector selector, Sharding sharding, matrix_view<storage_type> local_weights,
+                    storage_type* local_bias = nullptr, backend_resources<Backend> resources = {});
+
+  /// Every class of the head (all ranks' when sharded): targets and top-k classes are in [0, this).
+  [[nodiscard]] index_t num_classes() const {
+    if constexpr (sharded) return sharding_.num_classes();
+    else return store_.rows();
+  }
+  /// The classes held here, [class_begin(), class_begin() + local_classes()): all of them unsharded.
+  [[nodiscard]] index_t class_begin() const {
+    if constexpr (sharded) return sharding_.class_begin();
+    else return 0;
+  }
+  [[nodiscard]] index_t local_classes() const { return store_.rows(); }
+  [[nodiscard]] const Sharding& sharding() const { return sharding_; }
   [[nodiscard]] index_t dim() const { return store_.cols(); }
   [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
+  /// The local weights (all of them unsharded): row i is class class_begin() + i.
   [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
   [[nodiscard]] storage_type* bias() const { return store_.bias(); }
   /// The selector (mutable: set explicit candidates, swap a graph, set the sampling step).
@@ -81,6 +137,7 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
 
   /// The active set the selector produces for this batch (rows: the non-ignored samples, packed),
   /// after the head's checks. For inspection: the other verbs call the selector themselves.
+  /// Sharded: collective; the global active set of the gathered batch (global class ids).
   template <class H>
   void select(matrix_view<const H> hidden, vector_view<const index_t> targets, active_set_for<Backend>& out,
               index_t ignore_index = loss_options{}.ignore_index) const;
@@ -91,8 +148,16 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   // rows; `topk` and `log_distribution` score every class (the exact full softmax's answer).
 
   /// Ends a training step: calls the selector's step hook (a new draw of sampled negatives, a KNN
-  /// graph or IVF index rebuild when due), if it has one.
+  /// graph or IVF index rebuild when due), if it has one. Sharded: collective.
   void next_step();
+
+ protected:
+  /// Calls `f(matrix_view<const storage_type>, const knn_build_share*)` with every class's weights:
+  /// the head's own unsharded (and a null share); sharded, the whole matrix gathered from the ranks
+  /// (collective; N x dim x (4 + sizeof(storage)) bytes on every rank while `f` runs) and this
+  /// rank's share of a graph build.
+  template <class F>
+  void with_all_weights_(F f) const;
 
  private:
   template <class H>
@@ -121,7 +186,14 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
                  gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
   [[nodiscard]] selection_request<storage_type> request_(const char* where, const detail::batch_rows<Backend>& batch,
                                                          index_t batch_rows) const;
+  template <class H>
+  void run_sharded_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                         loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                         gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+  /// The full softmax over the same (local) weights: prediction scores every class.
+  [[nodiscard]] full_softmax<Precision, Backend, Sharding> full_() const;
 
+  Sharding sharding_;
   Selector selector_;
   detail::weight_store<storage_type, Backend> store_;
   backend_resources<Backend> resources_;
@@ -131,3 +203,4 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
 }  // namespace xsoftmax
 
 #include <xsoftmax/detail/selective_softmax.inl>
+#include <xsoftmax/detail/sharding/sharded_selective_softmax.inl>

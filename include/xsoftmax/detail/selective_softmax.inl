@@ -8,6 +8,7 @@
 #include <xsoftmax/detail/selection/active_set_checks.hpp>
 #include <xsoftmax/detail/selection/per_sample_pass.hpp>
 #include <xsoftmax/detail/selection/shared_pass.hpp>
+#include <xsoftmax/detail/sharding/sharded_selection.hpp>
 #include <xsoftmax/detail/validation.hpp>
 #include <xsoftmax/full_softmax.hpp>
 
@@ -32,53 +33,106 @@ template <class S, class = void>
 struct has_plain_step : std::false_type {};
 template <class S>
 struct has_plain_step<S, std::void_t<decltype(std::declval<S&>().next_step())>> : std::true_type {};
+/// Whether a selector's weighted step takes a share of its build (`next_step(ex, weights, share)`).
+template <class S, class Ex, class T, class = void>
+struct has_shared_build : std::false_type {};
+template <class S, class Ex, class T>
+struct has_shared_build<S, Ex, T,
+                        std::void_t<decltype(std::declval<S&>().next_step(std::declval<const Ex&>(),
+                                                                          std::declval<matrix_view<const T>>(),
+                                                                          std::declval<const knn_build_share*>()))>>
+    : std::true_type {};
+/// Whether a selector says ahead of its step whether the step rebuilds from the weights
+/// (`next_step_rebuilds()`): a sharded head then gathers the weights only for those steps.
+template <class S, class = void>
+struct has_rebuild_schedule : std::false_type {};
+template <class S>
+struct has_rebuild_schedule<S, std::void_t<decltype(std::declval<const S&>().next_step_rebuilds())>>
+    : std::true_type {};
 
 }  // namespace detail
 
-template <class S, class P, class B>
-selective_softmax<S, P, B>::selective_softmax(S selector, index_t num_classes, index_t dim, bool with_bias,
+template <class S, class P, class B, class Sh>
+selective_softmax<S, P, B, Sh>::selective_softmax(S selector, index_t num_classes, index_t dim, bool with_bias,
                                               init_options init, backend_resources<B> resources)
     : selector_(std::move(selector)),
       store_("selective_softmax", num_classes, dim, with_bias, init),
-      resources_(resources) {}
+      resources_(resources) {
+  static_assert(!sharded, "selective_softmax: a sharded head is constructed from its class_sharding");
+}
 
-template <class S, class P, class B>
-selective_softmax<S, P, B>::selective_softmax(S selector, matrix_view<storage_type> weights, storage_type* bias,
+template <class S, class P, class B, class Sh>
+selective_softmax<S, P, B, Sh>::selective_softmax(S selector, matrix_view<storage_type> weights, storage_type* bias,
                                               backend_resources<B> resources)
-    : selector_(std::move(selector)), store_("selective_softmax", weights, bias), resources_(resources) {}
+    : selector_(std::move(selector)), store_("selective_softmax", weights, bias), resources_(resources) {
+  static_assert(!sharded, "selective_softmax: a sharded head is constructed from its class_sharding");
+}
 
-template <class S, class P, class B>
-void selective_softmax<S, P, B>::set_chunk_size(index_t classes) {
+template <class S, class P, class B, class Sh>
+void selective_softmax<S, P, B, Sh>::set_chunk_size(index_t classes) {
   detail::expects(classes >= 0, "selective_softmax::set_chunk_size: classes = ", classes, " must be >= 0");
   chunk_size_ = classes;
 }
 
-template <class S, class P, class B>
-index_t selective_softmax<S, P, B>::chunk_size_for(index_t batch_rows, index_t active) const {
+template <class S, class P, class B, class Sh>
+index_t selective_softmax<S, P, B, Sh>::chunk_size_for(index_t batch_rows, index_t active) const {
   index_t c = chunk_size_;
   if (c == 0) c = detail::default_chunk_columns(batch_rows);  // the full softmax's rule: the same chunks
   return std::max<index_t>(1, std::min(c, active));
 }
 
-template <class S, class P, class B>
-void selective_softmax<S, P, B>::next_step() {
+template <class S, class P, class B, class Sh>
+void selective_softmax<S, P, B, Sh>::next_step() {
   const detail::execution<B> ex{resources_};
-  if constexpr (detail::has_weighted_step<S, detail::execution<B>, storage_type>::value)
-    selector_.next_step(ex, matrix_view<const storage_type>(weights()));
-  else if constexpr (detail::has_plain_step<S>::value)
+  if constexpr (detail::has_weighted_step<S, detail::execution<B>, storage_type>::value) {
+    // Sharded: the whole matrix is gathered only for a step that reads it (every rank agrees: the
+    // selectors' schedules are the same everywhere).
+    if constexpr (sharded && detail::has_rebuild_schedule<S>::value) {
+      if (!selector_.next_step_rebuilds()) {
+        selector_.next_step(ex, matrix_view<const storage_type>(nullptr, 0, dim()));
+        return;
+      }
+    }
+    with_all_weights_([&](matrix_view<const storage_type> w, const knn_build_share* share) {
+      if constexpr (detail::has_shared_build<S, detail::execution<B>, storage_type>::value)
+        selector_.next_step(ex, w, share);
+      else
+        selector_.next_step(ex, w);
+    });
+  } else if constexpr (detail::has_plain_step<S>::value) {
     selector_.next_step();
+  }
 }
 
-template <class S, class P, class B>
-selection_request<typename P::storage_type> selective_softmax<S, P, B>::request_(const char* where,
+template <class S, class P, class B, class Sh>
+template <class F>
+void selective_softmax<S, P, B, Sh>::with_all_weights_(F f) const {
+  if constexpr (sharded) {
+    const detail::execution<B> ex{resources_};
+    const backend_vector<B, storage_type> all =
+        detail::gather_weights(ex, sharding_, matrix_view<const storage_type>(weights()));
+    const knn_build_share share = detail::graph_build_share(ex, sharding_);
+    f(matrix_view<const storage_type>(thrust::raw_pointer_cast(all.data()), num_classes(), dim()), &share);
+  } else {
+    f(matrix_view<const storage_type>(weights()), static_cast<const knn_build_share*>(nullptr));
+  }
+}
+
+template <class S, class P, class B, class Sh>
+selection_request<typename P::storage_type> selective_softmax<S, P, B, Sh>::request_(const char* where,
                                                                                  const detail::batch_rows<B>& batch,
                                                                                  index_t batch_rows) const {
   selection_request<storage_type> req;
   req.where = where;
   req.num_classes = num_classes();
   req.dim = dim();
-  req.weights = weights();
-  req.bias = bias();
+  if constexpr (sharded) {  // a selector sees no weights: each rank holds a slice only
+    req.weights = matrix_view<const storage_type>(nullptr, 0, dim());
+    req.bias = nullptr;
+  } else {
+    req.weights = weights();
+    req.bias = bias();
+  }
   req.hidden = batch.hidden_view();
   req.targets = {batch.target_data(), batch.rows};
   req.samples = {batch.sample_data(), batch.rows};
@@ -86,23 +140,31 @@ selection_request<typename P::storage_type> selective_softmax<S, P, B>::request_
   return req;
 }
 
-template <class S, class P, class B>
+template <class S, class P, class B, class Sh>
 template <class H>
-void selective_softmax<S, P, B>::select(matrix_view<const H> hidden, vector_view<const index_t> targets,
+void selective_softmax<S, P, B, Sh>::select(matrix_view<const H> hidden, vector_view<const index_t> targets,
                                         active_set_for<B>& out, index_t ignore_index) const {
   const char* where = "selective_softmax::select";
   const detail::execution<B> ex{resources_};
   detail::check_hidden(ex, where, hidden, dim());
   detail::check_targets(ex, where, targets, hidden.rows, num_classes(), ignore_index);
-  const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, ignore_index);
-  selector_.select(ex, request_(where, batch, hidden.rows), out);
-  (void)detail::locate_targets(ex, where, out, batch, num_classes());
+  detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, ignore_index);
+  if constexpr (sharded) {
+    const backend_vector<B, index_t> own_sample = batch.sample;
+    detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, std::move(batch), nullptr);
+    const index_t batch_rows = detail::gather_samples(ex, sharding_, own_sample, hidden.rows, rows);
+    selector_.select(ex, request_(where, rows.all, batch_rows), out);
+    (void)detail::locate_targets(ex, where, out, rows.all, num_classes());
+  } else {
+    selector_.select(ex, request_(where, batch, hidden.rows), out);
+    (void)detail::locate_targets(ex, where, out, batch, num_classes());
+  }
   detail::backend_ops<B>::synchronize(resources_);
 }
 
-template <class S, class P, class B>
+template <class S, class P, class B, class Sh>
 template <class H>
-float selective_softmax<S, P, B>::run_(const char* where, matrix_view<const H> hidden,
+float selective_softmax<S, P, B, Sh>::run_(const char* where, matrix_view<const H> hidden,
                                       vector_view<const index_t> targets, loss_options options,
                                       vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                       gradient_type* grad_weights, vector_view<const float> grad_output) const {
@@ -111,9 +173,9 @@ float selective_softmax<S, P, B>::run_(const char* where, matrix_view<const H> h
   return detail::backend_ops<B>::read(resources_, detail::raw(loss));  // waits for the work queued
 }
 
-template <class S, class P, class B>
+template <class S, class P, class B, class Sh>
 template <class H>
-void selective_softmax<S, P, B>::run_async_(const char* where, matrix_view<const H> hidden,
+void selective_softmax<S, P, B, Sh>::run_async_(const char* where, matrix_view<const H> hidden,
                                            vector_view<const index_t> targets, loss_options options,
                                            vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                            gradient_type* grad_weights, vector_view<const float> grad_output,
@@ -123,13 +185,17 @@ void selective_softmax<S, P, B>::run_async_(const char* where, matrix_view<const
 
 // The algorithm, on every backend: pack the rows that count, ask the selector for the active set,
 // check it and find each row's target in it, one shared or per-sample pass, scatter back, reduce.
-template <class S, class P, class B>
+template <class S, class P, class B, class Sh>
 template <class H>
-void selective_softmax<S, P, B>::run_into_(const char* where, matrix_view<const H> hidden,
+void selective_softmax<S, P, B, Sh>::run_into_(const char* where, matrix_view<const H> hidden,
                                            vector_view<const index_t> targets, loss_options options,
                                            vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                            gradient_type* grad_weights, vector_view<const float> grad_output,
                                            float* loss) const {
+  if constexpr (sharded) {
+    run_sharded_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss);
+    return;
+  }
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t d = dim();
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
@@ -164,42 +230,44 @@ void selective_softmax<S, P, B>::run_into_(const char* where, matrix_view<const 
   if (loss) detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss);
 }
 
-template <class S, class P, class B>
-template <class H>
-void selective_softmax<S, P, B>::topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                                       matrix_view<float> log_probs, exact_search) const {
-  // Prediction scores every class: a non-owning full softmax over the same weights (head_verbs
-  // checked the inputs under this head's name).
-  full_softmax<P, B> full(weights(), bias(), resources_);
+template <class S, class P, class B, class Sh>
+full_softmax<P, B, Sh> selective_softmax<S, P, B, Sh>::full_() const {
+  // Non-owning, over the same weights; head_verbs checked the inputs under this head's name.
+  auto full = [&] {
+    if constexpr (sharded) return full_softmax<P, B, Sh>(sharding_, weights(), bias(), resources_);
+    else return full_softmax<P, B, Sh>(weights(), bias(), resources_);
+  }();
   full.set_chunk_size(chunk_size_);
-  full.topk(hidden, k, classes, log_probs);
+  return full;
 }
 
-template <class S, class P, class B>
+// Prediction scores every class: the full softmax over the same weights (sharded: its sharded path).
+template <class S, class P, class B, class Sh>
 template <class H>
-void selective_softmax<S, P, B>::log_distribution_(matrix_view<const H> hidden, index_t class_begin,
-                                                   index_t class_end, matrix_view<float> out) const {
-  full_softmax<P, B> full(weights(), bias(), resources_);
-  full.set_chunk_size(chunk_size_);
-  full.log_distribution(hidden, class_begin, class_end, out);
+void selective_softmax<S, P, B, Sh>::topk_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                           matrix_view<float> log_probs, exact_search) const {
+  full_().topk(hidden, k, classes, log_probs);
 }
 
-template <class S, class P, class B>
+template <class S, class P, class B, class Sh>
 template <class H>
-void selective_softmax<S, P, B>::topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
-                                             matrix_view<float> log_probs, exact_search) const {
-  full_softmax<P, B> full(weights(), bias(), resources_);
-  full.set_chunk_size(chunk_size_);
-  full.topk_async(hidden, k, classes, log_probs);
+void selective_softmax<S, P, B, Sh>::log_distribution_(matrix_view<const H> hidden, index_t class_begin,
+                                                       index_t class_end, matrix_view<float> out) const {
+  full_().log_distribution(hidden, class_begin, class_end, out);
 }
 
-template <class S, class P, class B>
+template <class S, class P, class B, class Sh>
 template <class H>
-void selective_softmax<S, P, B>::log_distribution_async_(matrix_view<const H> hidden, index_t class_begin,
-                                                         index_t class_end, matrix_view<float> out) const {
-  full_softmax<P, B> full(weights(), bias(), resources_);
-  full.set_chunk_size(chunk_size_);
-  full.log_distribution_async(hidden, class_begin, class_end, out);
+void selective_softmax<S, P, B, Sh>::topk_async_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
+                                                 matrix_view<float> log_probs, exact_search) const {
+  full_().topk_async(hidden, k, classes, log_probs);
+}
+
+template <class S, class P, class B, class Sh>
+template <class H>
+void selective_softmax<S, P, B, Sh>::log_distribution_async_(matrix_view<const H> hidden, index_t class_begin,
+                                                             index_t class_end, matrix_view<float> out) const {
+  full_().log_distribution_async(hidden, class_begin, class_end, out);
 }
 
 }  // namespace xsoftmax

@@ -57,6 +57,9 @@ struct row_index_of {
 /// types when it was built from weights of another precision.
 class feature_query_selector {
  public:
+  /// `select` scores `request.weights` (so a class-sharded head does not take this selector).
+  static constexpr bool scores_weights = true;
+
   /// Exact top-K.
   explicit feature_query_selector(index_t k) : k_(k) {
     detail::expects(k >= 1, "feature_query_selector: k = ", k, " must be >= 1");

@@ -102,8 +102,10 @@ class knn_graph_builder {
   /// `build` on an execution (`detail::execution<Backend>`) or a Thrust host policy
   /// (`thrust::cpp::par`, `thrust::omp::par`); `weights` in its memory. `out` is changed only when
   /// the build succeeds.
+  /// With `share` (exact method), this process finds only the share's rows and `share->all_gather`
+  /// assembles the graph.
   template <class Ex, class T>
-  void build_on(const Ex& ex, matrix_view<const T> weights, knn_graph& out);
+  void build_on(const Ex& ex, matrix_view<const T> weights, knn_graph& out, const knn_build_share* share = nullptr);
 
  private:
   knn_build_options options_;

@@ -75,16 +75,25 @@ class knn_selector {
   /// Rebuilds the graph from `weights` into the same buffers. `ex` is an execution or a Thrust host
   /// policy; the graph is built on its backend (on a device, in device memory), stored on the host
   /// and copied to the device once, on the next `select`.
+  /// With `share` (a class-sharded head), this process finds only its share of the rows.
   template <class Ex, class T>
-  void rebuild(const Ex& ex, matrix_view<const T> weights) {
-    builder_.build_on(ex, weights, graph_);
+  void rebuild(const Ex& ex, matrix_view<const T> weights, const knn_build_share* share = nullptr) {
+    builder_.build_on(ex, weights, graph_, share);
   }
 
-  /// Step hook: counts the step and rebuilds the graph when `rebuild_every` divides the count.
+  /// Whether the next `next_step` rebuilds the graph (reads its weights; a class-sharded head
+  /// gathers the whole weight matrix for those steps only).
+  [[nodiscard]] bool next_step_rebuilds() const {
+    return options_.rebuild_every > 0 && (steps_ + 1) % options_.rebuild_every == 0;
+  }
+
+  /// Step hook: counts the step and rebuilds the graph when `rebuild_every` divides the count
+  /// (`weights` is read only then).
   template <class Ex, class T>
-  void next_step(const Ex& ex, matrix_view<const T> weights) {
+  void next_step(const Ex& ex, matrix_view<const T> weights, const knn_build_share* share = nullptr) {
+    const bool rebuild_now = next_step_rebuilds();
     ++steps_;
-    if (options_.rebuild_every > 0 && steps_ % options_.rebuild_every == 0) rebuild(ex, weights);
+    if (rebuild_now) rebuild(ex, weights, share);
   }
 
   /// Builds the shared active set of `req` on `ex`'s backend; see the class comment for what it

@@ -2,8 +2,9 @@
 #pragma once
 /// \file
 /// Plain types shared by `selective_softmax` and its selectors: the active set a selector produces
-/// for one batch, the request a head hands a selector, and the similarity of class vectors used by
-/// the KNN graph and the IVF index. Host code can use all of them.
+/// for one batch, the request a head hands a selector, the similarity of class vectors used by
+/// the KNN graph and the IVF index, and a class-sharded head's share of a graph build. Host code
+/// can use all of them.
 ///
 /// A *selector* is any type with
 ///
@@ -20,6 +21,9 @@
 /// policy; the request's views and `out` are in the backend's memory). The library's selectors
 /// also accept a Thrust host policy (`thrust::cpp::par`, `thrust::omp::par`) in its place.
 ///
+/// A selector whose `select` reads `request.weights` declares `static constexpr bool scores_weights =
+/// true;` (a class-sharded head, which holds only a slice of the weights, then rejects it).
+///
 /// `select` must be a pure function of the selector's state and the request, so that a forward
 /// and a backward pass of one step see the same active set; randomness (sampled negatives) comes
 /// from a seed and a step counter held by the selector and advanced by `next_step`.
@@ -28,6 +32,7 @@
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <functional>
 #include <type_traits>
 
 namespace xsoftmax {
@@ -91,6 +96,26 @@ struct basic_active_set {
     return static_cast<index_t>(layout == active_layout::shared ? classes.size() : ids.size());
   }
 };
+
+/// One process's share of an exact graph build (a class-sharded head: each rank finds the rows of
+/// its own classes, against every class): the rows [first, first + count), and `all_gather(ids,
+/// sims, k, all_ids, all_sims)`, which assembles every share's count x k ids and similarities (the
+/// build's memory) into the N x k arrays, in row order. The IVF method ignores the share (each
+/// process builds the whole graph).
+struct knn_build_share {
+  index_t first = 0;
+  index_t count = 0;
+  std::function<void(const index_t*, const float*, index_t, index_t*, float*)> all_gather;
+};
+
+namespace detail {
+/// Whether `Selector::scores_weights` is true (false when absent).
+template <class Selector, class = void>
+inline constexpr bool selector_scores_weights = false;
+template <class Selector>
+inline constexpr bool selector_scores_weights<Selector, std::void_t<decltype(Selector::scores_weights)>> =
+    Selector::scores_weights;
+}  // namespace detail
 
 /// The active set of the host backends (`serial`, `omp`): host vectors.
 using active_set = basic_active_set<serial>;

@@ -102,7 +102,8 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   using execution_type = std::decay_t<decltype(ex)>;
   using fvector = typename execution_type::template vector<float>;
   const index_t rows = a.h.rows, d = a.h.cols;
-  if (rows == 0 || a.n == 0) return;
+  // An empty block still takes part in `combine_rows` (a rank with no class of a sharded active set).
+  if (rows == 0 || (a.n == 0 && !a.combine_rows)) return;
   const index_t chunk = std::min(a.chunk, a.n);
   fvector scores(static_cast<std::size_t>(rows * chunk)), scratch, gathered, gathered_bias;
   float* s = raw(scores);

@@ -60,17 +60,20 @@ inline knn_graph_builder::knn_graph_builder(knn_build_options options) : options
 
 namespace detail {
 
-/// The exact KNN rows of all N classes of `w` (N x k ids and similarities, in the execution's
-/// memory): tiles of `query_tile` classes scored against tiles of `class_tile` classes by the GEMM
-/// (scaled by both inverse norms under cosine), folded into a running top-k per class.
+/// The exact KNN rows of the classes [first, first + count) of `w` (all N when count < 0) against
+/// all N classes (count x k ids and similarities, in the execution's memory): tiles of `query_tile`
+/// classes scored against tiles of `class_tile` classes by the GEMM (scaled by both inverse norms
+/// under cosine), folded into a running top-k per class. A part of the rows is computed in the
+/// whole build's query tiles (the first and last tile whole, the rows outside dropped), so that
+/// every row's GEMM is the whole build's: the parts of a sharded build are bitwise the whole's.
 template <class Ex, class T>
 void exact_knn_rows(const Ex& ex_in, matrix_view<const T> w, index_t k, bool cosine, index_t query_tile,
-                    index_t class_tile, index_t* ids, float* sims) {
+                    index_t class_tile, index_t* ids, float* sims, index_t first = 0, index_t count = -1) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   using float_vector = typename execution_type::template vector<float>;
   const auto policy = ex.policy();
-  const index_t n = w.rows, d = w.cols;
+  const index_t n = w.rows, d = w.cols, last = count < 0 ? n : first + count;
   const index_t tq = std::min(query_tile, n), tc = std::min(class_tile, n);
   float_vector inv_norm(static_cast<std::size_t>(cosine ? n : 0)), query(static_cast<std::size_t>(tq * d)),
       scores(static_cast<std::size_t>(tq * tc)), class_scratch;
@@ -79,7 +82,7 @@ void exact_knn_rows(const Ex& ex_in, matrix_view<const T> w, index_t k, bool cos
   float* q = raw(query);
   float* s = raw(scores);
   basic_row_topk_state<typename execution_type::backend> best(tq, k);
-  for (index_t q0 = 0; q0 < n; q0 += tq) {
+  for (index_t q0 = first / tq * tq; q0 < last; q0 += tq) {
     const index_t qn = std::min(tq, n - q0);
     widen_rows(ex, w, q0, qn, inv, q);  // the query tile as dense fp32 rows, unit length under cosine
     thrust::fill(policy, best.size.begin(), best.size.end(), index_t(0));
@@ -91,8 +94,9 @@ void exact_knn_rows(const Ex& ex_in, matrix_view<const T> w, index_t k, bool cos
       row_topk_update(ex, s, qn, cn, cn, c0, best);
     }
     row_topk_finish(ex, qn, best);
-    thrust::copy(policy, best.index.begin(), best.index.begin() + qn * k, ids + q0 * k);
-    thrust::copy(policy, best.score.begin(), best.score.begin() + qn * k, sims + q0 * k);
+    const index_t r0 = std::max(q0, first), r1 = std::min(q0 + qn, last);  // the tile's rows kept
+    thrust::copy(policy, best.index.begin() + (r0 - q0) * k, best.index.begin() + (r1 - q0) * k, ids + (r0 - first) * k);
+    thrust::copy(policy, best.score.begin() + (r0 - q0) * k, best.score.begin() + (r1 - q0) * k, sims + (r0 - first) * k);
   }
 }
 
@@ -116,7 +120,8 @@ void ivf_list_probes(const Ex& ex_in, matrix_view<const float> centroids, index_
 }  // namespace detail
 
 template <class Ex, class T>
-void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, knn_graph& out) {
+void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, knn_graph& out,
+                                 const knn_build_share* share) {
   const char* where = "knn_graph_builder::build";
   const index_t n = weights.rows, d = weights.cols, k = options_.k;
   detail::expects(n >= 1 && d >= 1 && weights.data != nullptr, where, ": weights are ", n, " x ", d,
@@ -127,7 +132,15 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
   typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(n * k));
   typename execution_type::template vector<float> sims(static_cast<std::size_t>(n * k));
   const bool cosine = options_.metric == similarity::cosine;
-  if (options_.method == knn_build_method::exact) {
+  if (options_.method == knn_build_method::exact && share) {  // this share's rows, then every share's
+    detail::expects(share->first >= 0 && share->count >= 0 && share->first + share->count <= n, where,
+                    ": share rows [", share->first, ", ", share->first + share->count, ") outside [0, ", n, ")");
+    typename execution_type::template vector<index_t> own_ids(static_cast<std::size_t>(share->count * k));
+    typename execution_type::template vector<float> own_sims(own_ids.size());
+    detail::exact_knn_rows(ex, weights, k, cosine, options_.query_tile, options_.class_tile, detail::raw(own_ids),
+                           detail::raw(own_sims), share->first, share->count);
+    share->all_gather(detail::raw(own_ids), detail::raw(own_sims), k, detail::raw(ids), detail::raw(sims));
+  } else if (options_.method == knn_build_method::exact) {
     detail::exact_knn_rows(ex, weights, k, cosine, options_.query_tile, options_.class_tile, detail::raw(ids),
                            detail::raw(sims));
   } else {

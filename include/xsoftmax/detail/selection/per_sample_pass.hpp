@@ -9,12 +9,14 @@
 
 #include <xsoftmax/detail/primitives/angular_margin.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/primitives/sparse_accumulate.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
 #include <cmath>
+#include <functional>
 
 namespace xsoftmax::detail {
 
@@ -22,11 +24,14 @@ namespace xsoftmax::detail {
 /// `grad_packed` (rows x dim, zeroed) and the weight gradient of the union of the lists, ascending,
 /// into `g`). `target_pos[r]` is the entry of `set.ids` holding row r's target. `terms`: label
 /// smoothing, z-loss, margin (the bias must be null with one). Every pointer is in the execution's
-/// memory.
+/// memory. Class-sharded heads pass their slice of the set (local weight rows; `target_pos[r]` -1
+/// where another rank holds row r's target) and `combine` (see `dense_softmax_args::combine_rows`),
+/// called once between the scores and the loss.
 template <class Backend, class Set, class T, class Gradient>
 void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch, const Set& set,
                      const index_t* target_pos, matrix_view<const T> w, const T* bias, const loss_options& terms,
-                     const float* upstream, float* losses, float* grad_packed, Gradient* g) {
+                     const float* upstream, float* losses, float* grad_packed, Gradient* g,
+                     const std::function<void(const dense_row_statistics&)>& combine = {}) {
   const index_t rows = batch.rows, d = batch.dim;
   const index_t nnz = static_cast<index_t>(set.ids.size());
   const index_t* off = thrust::raw_pointer_cast(set.offsets.data());
@@ -48,6 +53,19 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   float* hinv = raw(h_inverse_norm);
   float* winv = raw(w_inverse_norm);
   float* cosv = raw(cosines);
+  // Pass 1, per row: scores, then the row's statistics (log-sum-exp, target score, finite sum and
+  // count for label smoothing). Sharded (`combine`): this rank's entries give a partial state
+  // (max, sum of exp) that `combine` replaces by every rank's before the log-sum-exp is taken.
+  const bool smooth_sums = !plain;
+  backend_vector<Backend, float> row_lse(static_cast<std::size_t>(rows)), row_sum(combine ? static_cast<std::size_t>(rows) : 0),
+      target_logit(static_cast<std::size_t>(rows), 0.f), finite_sum(smooth_sums ? static_cast<std::size_t>(rows) : 0, 0.f);
+  backend_vector<Backend, index_t> finite_count(finite_sum.size(), 0);
+  float* lse_r = raw(row_lse);
+  float* sum_r = raw(row_sum);
+  float* tl = raw(target_logit);
+  float* fs = raw(finite_sum);
+  index_t* fc = raw(finite_count);
+  const bool partial = static_cast<bool>(combine);
   parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     const float* hr = h + r * d;
     if (margin) hinv[r] = clamped_inverse_norm(squared_norm(hr, d));
@@ -60,17 +78,39 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
       }
       if (eoff) s[e] += eoff[e];
     }
-    const float lse = row_logsumexp(s + off[r], off[r + 1] - off[r]);
-    float uniform = 0.f;  // label smoothing: eps / (finite scores of the row), and their mean
-    if (plain) {
-      loss[r] = lse - s[tpos[r]];
+    if (partial) {  // (max, sum of exp(s - max)); a row with no entry here: (-inf, 0)
+      float m = -INFINITY, acc = 0.f;
+      for (index_t e = off[r]; e < off[r + 1]; ++e) m = s[e] > m ? s[e] : m;
+      if (m != -INFINITY)
+        for (index_t e = off[r]; e < off[r + 1]; ++e) acc += ::expf(s[e] - m);
+      lse_r[r] = m, sum_r[r] = acc;
     } else {
+      lse_r[r] = row_logsumexp(s + off[r], off[r + 1] - off[r]);
+    }
+    if (tpos[r] >= 0) tl[r] = s[tpos[r]];  // sharded: 0 where another rank holds the target
+    if (smooth_sums) {
       float sum = 0.f;
       index_t count = 0;
       for (index_t e = off[r]; e < off[r + 1]; ++e)
         if (s[e] > -INFINITY) sum += s[e], ++count;
-      uniform = eps > 0.f ? eps / static_cast<float>(count) : 0.f;
-      loss[r] = lse - (1.f - eps) * s[tpos[r]] - uniform * sum + z * lse * lse;
+      fs[r] = sum, fc[r] = count;
+    }
+  });
+  if (partial) {
+    combine(dense_row_statistics{lse_r, sum_r, tl, smooth_sums ? fs : nullptr, smooth_sums ? fc : nullptr, rows});
+    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { lse_r[r] = finish_logsumexp(lse_r[r], sum_r[r]); });
+  }
+
+  // Pass 2, per row: the loss and, with `upstream`, dloss/dscore and the hidden gradient.
+  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    const float* hr = h + r * d;
+    const float lse = lse_r[r];
+    float uniform = 0.f;  // label smoothing: eps / (finite scores of the row), and their mean
+    if (plain) {
+      loss[r] = lse - tl[r];
+    } else {
+      uniform = eps > 0.f ? eps / static_cast<float>(fc[r]) : 0.f;
+      loss[r] = lse - (1.f - eps) * tl[r] - uniform * fs[r] + z * lse * lse;
     }
     if (!upstream) return;
     float* ghr = gh + r * d;

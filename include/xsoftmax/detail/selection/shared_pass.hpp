@@ -11,16 +11,21 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
+#include <functional>
+
 namespace xsoftmax::detail {
 
 /// Losses of the packed rows into `losses` (rows entries, zeroed) and, when `upstream` is non-null,
 /// their hidden gradient into `grad_packed` (rows x dim, zeroed) and the weight gradient of the
 /// set's classes (ascending) into `g`. `target_pos[r]` is row r's target's position in
 /// `set.classes`. `terms`: label smoothing, z-loss, margin. Every pointer is in the execution's memory.
+/// Class-sharded heads pass their slice of the set (local weight rows; target position -1 where
+/// another rank holds the target) and `combine` (see `dense_softmax_args::combine_rows`).
 template <class Backend, class Set, class T, class Gradient>
 void shared_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch, const Set& set,
                  const index_t* target_pos, matrix_view<const T> w, const T* bias, index_t chunk,
-                 const loss_options& terms, const float* upstream, float* losses, float* grad_packed, Gradient* g) {
+                 const loss_options& terms, const float* upstream, float* losses, float* grad_packed, Gradient* g,
+                 const std::function<void(const dense_row_statistics&)>& combine = {}) {
   const index_t n = static_cast<index_t>(set.classes.size()), d = batch.dim;
   dense_softmax_args a;
   a.h = batch.hidden_view();
@@ -34,6 +39,7 @@ void shared_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch,
   a.columns = thrust::raw_pointer_cast(set.classes.data());
   a.negative_offset = set.negative_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.negative_offset.data());
   a.target_offset = set.target_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.target_offset.data());
+  a.combine_rows = combine;
   if (upstream) {
     g->dim = d;
     g->rows.assign(set.classes.begin(), set.classes.end());

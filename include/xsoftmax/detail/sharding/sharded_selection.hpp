@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The steps a class-sharded `selective_softmax` adds to those of `sharded_rows.hpp`: the gathered
+/// rows' sample ids in the concatenated batch (so that every rank hands its selector the same
+/// request), this rank's slice of the global active set (its classes, as local weight rows, with
+/// each row's target position in the slice), the whole weight matrix gathered from the shards
+/// (for a selector that rebuilds from the weights: the KNN graph), and this rank's share of an
+/// exact KNN graph build.
+
+#include <xsoftmax/detail/sharding/sharded_rows.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+
+#include <thrust/binary_search.h>
+#include <thrust/scan.h>
+
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// Fills `rows.all.sample` with each gathered row's sample id in the concatenated batch (rank q's
+/// sample i is sum_{p<q} batch_rows_p + i; replicated: the batch's own ids, already there) from this
+/// rank's packed `own_sample` ids; returns the rows of the concatenated batch (ignored rows included).
+template <class B, class Comm>
+index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, const backend_vector<B, index_t>& own_sample,
+                       index_t own_batch_rows, sharded_rows<B>& rows) {
+  if (sh.layout() == hidden_layout::replicated) return own_batch_rows;
+  Comm& comm = sh.communicator();
+  const int size = sh.size();
+  std::vector<index_t> ones(static_cast<std::size_t>(size), 1), batch(static_cast<std::size_t>(size));
+  host_in_comm_memory<Comm>(ex, &own_batch_rows, 1, false, [&](const index_t* send) {
+    host_in_comm_memory<Comm>(ex, batch.data(), size, true,
+                              [&](index_t* recv) { comm.all_gather(send, 1, recv, ones.data()); });
+  });
+  index_t first = 0, total = 0;
+  for (int q = 0; q < size; ++q) {
+    if (q == sh.rank()) first = total;
+    total += batch[static_cast<std::size_t>(q)];
+  }
+  // Offset this rank's ids before the gather: every rank receives global ids in rank order.
+  backend_vector<B, index_t> mine(own_sample.size());
+  const index_t* in = raw(own_sample);
+  index_t* o = raw(mine);
+  parallel_for(ex, static_cast<index_t>(mine.size()), [=] XSOFTMAX_HD_LAMBDA(index_t i) { o[i] = in[i] + first; });
+  rows.all.sample.resize(static_cast<std::size_t>(rows.all.rows));
+  all_gather_into(ex, comm, raw(mine), static_cast<index_t>(mine.size()), rows.all.sample, rows.counts.data());
+  return total;
+}
+
+/// This rank's slice of a validated global active set: the classes in [begin, end) as local weight
+/// rows (class - begin), with their logit offsets, and each row's target position in the slice
+/// (-1 where another rank holds the target).
+template <class B>
+struct local_active_set {
+  active_set_for<B> set;
+  backend_vector<B, index_t> target_pos;
+};
+
+/// Slices `set` (global classes; `pos`: each of `rows` rows' target position, from `locate_targets`)
+/// to the classes [begin, end), on the backend where it lives.
+template <class B, class Set>
+local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, const backend_vector<B, index_t>& pos,
+                                     index_t rows, index_t begin, index_t end) {
+  local_active_set<B> out;
+  out.set.reset(set.layout);
+  out.target_pos.resize(static_cast<std::size_t>(rows));
+  const index_t* p = raw(pos);
+  index_t* lp = raw(out.target_pos);
+  if (set.layout == active_layout::shared) {  // ascending: the slice is one run [lo, hi)
+    const index_t lo = static_cast<index_t>(thrust::lower_bound(ex.policy(), set.classes.begin(), set.classes.end(), begin) -
+                                            set.classes.begin());
+    const index_t hi = static_cast<index_t>(thrust::lower_bound(ex.policy(), set.classes.begin(), set.classes.end(), end) -
+                                            set.classes.begin());
+    const index_t n = hi - lo;
+    out.set.classes.resize(static_cast<std::size_t>(n));
+    const index_t* c = thrust::raw_pointer_cast(set.classes.data());
+    index_t* lc = raw(out.set.classes);
+    parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t j) { lc[j] = c[lo + j] - begin; });
+    if (!set.negative_offset.empty())
+      out.set.negative_offset.assign(set.negative_offset.begin() + lo, set.negative_offset.begin() + hi);
+    if (!set.target_offset.empty())
+      out.set.target_offset.assign(set.target_offset.begin() + lo, set.target_offset.begin() + hi);
+    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { lp[r] = p[r] >= lo && p[r] < hi ? p[r] - lo : -1; });
+    return out;
+  }
+  // Per sample: each row keeps its entries in [begin, end), in order (so its first target entry
+  // stays its first target entry).
+  const index_t* off = thrust::raw_pointer_cast(set.offsets.data());
+  const index_t* ids = thrust::raw_pointer_cast(set.ids.data());
+  const float* eo = set.id_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.id_offset.data());
+  out.set.offsets.resize(static_cast<std::size_t>(rows + 1));
+  index_t* loff = raw(out.set.offsets);
+  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    index_t count = 0;
+    for (index_t e = off[r]; e < off[r + 1]; ++e) count += ids[e] >= begin && ids[e] < end ? 1 : 0;
+    loff[r] = count;
+  });
+  thrust::exclusive_scan(ex.policy(), out.set.offsets.begin(), out.set.offsets.end(), out.set.offsets.begin());
+  const index_t nnz = backend_ops<B>::read(ex.res, loff + rows);
+  out.set.ids.resize(static_cast<std::size_t>(nnz));
+  out.set.id_offset.resize(eo ? static_cast<std::size_t>(nnz) : 0);
+  index_t* lids = raw(out.set.ids);
+  float* leo = eo ? raw(out.set.id_offset) : nullptr;
+  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    index_t o = loff[r];
+    lp[r] = -1;
+    for (index_t e = off[r]; e < off[r + 1]; ++e) {
+      if (ids[e] < begin || ids[e] >= end) continue;
+      if (e == p[r]) lp[r] = o;
+      lids[o] = ids[e] - begin;
+      if (leo) leo[o] = eo[e];
+      ++o;
+    }
+  });
+  return out;
+}
+
+/// The whole weight matrix (num_classes x dim, storage type T, in the backend's memory), gathered
+/// from every rank's local rows (through fp32: the communicators move floats; bf16 and fp16 round
+/// trip through fp32 exactly). Costs num_classes x dim x (4 + sizeof(T)) bytes on every rank while
+/// it lives.
+template <class B, class Comm, class T>
+backend_vector<B, T> gather_weights(const execution<B>& ex, const class_sharding<Comm>& sh, matrix_view<const T> local) {
+  const index_t d = local.cols, n_local = local.rows, n = sh.num_classes();
+  backend_vector<B, float> mine(static_cast<std::size_t>(n_local * d)), all(static_cast<std::size_t>(n * d));
+  float* m = raw(mine);
+  parallel_for(ex, n_local * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { m[e] = to_float(local(e / d, e % d)); });
+  std::vector<index_t> counts(static_cast<std::size_t>(sh.size()));
+  for (int q = 0; q < sh.size(); ++q) counts[static_cast<std::size_t>(q)] = (sh.shard_begin(q + 1) - sh.shard_begin(q)) * d;
+  all_gather_into(ex, sh.communicator(), m, n_local * d, all, counts.data());
+  backend_vector<B, T> out(all.size());
+  const float* a = raw(all);
+  T* o = raw(out);
+  parallel_for(ex, n * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { o[e] = from_float<T>(a[e]); });
+  return out;
+}
+
+/// All-gathers `count` elements at `send` into `recv` (sum(counts) elements), both in the
+/// execution's memory given as pointers (see `all_gather_into`).
+template <class Comm, class B, class T>
+void all_gather_raw(const execution<B>& ex, Comm& comm, const T* send, index_t count, T* recv, index_t total,
+                    const index_t* counts) {
+  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+    (void)total;
+    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, recv, counts); });
+  } else {
+    std::vector<T> h(static_cast<std::size_t>(total));
+    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, h.data(), counts); });
+    backend_ops<B>::copy(ex.res, recv, h.data(), total);
+  }
+}
+
+/// This rank's share of an exact KNN graph build: the rows of its classes; the shares' rows are
+/// all-gathered into the whole graph (so every rank does 1/S of the build's O(N^2 d) work). `ex`
+/// and `sh` must outlive the share.
+template <class B, class Comm>
+knn_build_share graph_build_share(const execution<B>& ex, const class_sharding<Comm>& sh) {
+  knn_build_share share;
+  share.first = sh.class_begin();
+  share.count = sh.local_classes();
+  share.all_gather = [&ex, &sh](const index_t* ids, const float* sims, index_t k, index_t* all_ids, float* all_sims) {
+    std::vector<index_t> counts(static_cast<std::size_t>(sh.size()));
+    for (int q = 0; q < sh.size(); ++q)
+      counts[static_cast<std::size_t>(q)] = (sh.shard_begin(q + 1) - sh.shard_begin(q)) * k;
+    const index_t mine = counts[static_cast<std::size_t>(sh.rank())], total = sh.num_classes() * k;
+    all_gather_raw(ex, sh.communicator(), ids, mine, all_ids, total, counts.data());
+    all_gather_raw(ex, sh.communicator(), sims, mine, all_sims, total, counts.data());
+  };
+  return share;
+}
+
+}  // namespace xsoftmax::detail
