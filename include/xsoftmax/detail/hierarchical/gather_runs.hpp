@@ -22,6 +22,30 @@
 
 namespace xsoftmax::detail {
 
+/// Samples a sigmoid loop scores together: their dot products first, then their losses (several
+/// independent dot-exp-log1p chains side by side in the core, where one sample at a time left it
+/// waiting on each chain). The same values, bitwise, as scoring them one by one.
+inline constexpr index_t sigmoid_group = 8;
+
+/// Samples [i0, i0 + m) (m <= sigmoid_group) of a sigmoid `run` on node row `wr` (bias b): adds
+/// their losses and, with gradients, sets g[j] = dLoss/dscore * upstream of sample i0 + j.
+template <class T>
+XSOFTMAX_HD inline void sigmoid_group_terms(const node_run_data<T>& a, const node_run& run, const T* wr, float b,
+                                            index_t i0, index_t m, float* g) {
+  const index_t d = a.dim;
+  float sc[sigmoid_group];
+  for (index_t j = 0; j < m; ++j) {
+    const float dot = dot_row8(a.h + (run.begin + i0 + j) * d, wr, d);
+    sc[j] = a.bias ? dot + b : dot;
+  }
+  for (index_t j = 0; j < m; ++j) {
+    const index_t r = run.begin + i0 + j;
+    float ds = 0.f;
+    a.loss[r] += sigmoid_node_loss(sc[j], a.child[r] == 0, a.backward() ? &ds : nullptr);
+    g[j] = a.backward() ? ds * a.upstream[r] : 0.f;
+  }
+}
+
 /// One short gather run on one thread, fused: run k of `runs`.
 template <bool Sigmoid, class T>
 struct gather_run_step {
@@ -43,21 +67,21 @@ struct gather_run_step {
     const float b = a.bias ? to_float(a.bias[node]) : 0.f;
     float* gwr = a.backward() ? a.grad_w + run.grad_offset * d : nullptr;
     float bias_acc = 0.f;
-    for (index_t i = 0; i < len; ++i) {
-      const index_t r = run.begin + i;
-      const float* h = a.h + r * d;
-      const float sc = a.bias ? dot_row8(h, wr, d) + b : dot_row8(h, wr, d);
-      const bool first = a.child[r] == 0;
-      float ds = 0.f;
-      a.loss[r] += sigmoid_node_loss(sc, first, gwr ? &ds : nullptr);
+    for (index_t i0 = 0; i0 < len; i0 += sigmoid_group) {
+      const index_t m = len - i0 < sigmoid_group ? len - i0 : sigmoid_group;
+      float g[sigmoid_group];
+      sigmoid_group_terms(a, run, wr, b, i0, m, g);
       if (!gwr) continue;
-      const float g = ds * a.upstream[r];
-      axpy_row(g, wr, a.grad_h + r * d, d);
-      if (i == 0)  // the node's gradient row starts as the first sample's term (no zeroing pass)
-        for (index_t p = 0; p < d; ++p) gwr[p] = g * h[p];
-      else
-        axpy_row(g, h, gwr, d);
-      bias_acc += g;
+      for (index_t j = 0; j < m; ++j) {  // in sample order: the node's row sums in that order
+        const index_t r = run.begin + i0 + j;
+        const float* h = a.h + r * d;
+        axpy_row(g[j], wr, a.grad_h + r * d, d);
+        if (i0 + j == 0)  // the node's gradient row starts as the first sample's term (no zeroing pass)
+          for (index_t p = 0; p < d; ++p) gwr[p] = g[j] * h[p];
+        else
+          axpy_row(g[j], h, gwr, d);
+        bias_acc += g[j];
+      }
     }
     if (gwr && a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
   }
@@ -104,25 +128,25 @@ struct gather_run_step {
   }
 };
 
-/// Pass 1 of a long sigmoid run, sample i of it: score, loss, dLoss/dscore into `gs[i]` (with
-/// gradients) and the sample's hidden-gradient row.
-template <class T>
+/// Pass 1 of a long sigmoid run, samples [G c, G c + G) of it: scores, losses, dLoss/dscore into
+/// `gs` (with gradients) and the samples' hidden-gradient rows. G: `sigmoid_group` on a host
+/// backend, 1 on a device (a thread per sample).
+template <class T, index_t G>
 struct sigmoid_sample_step {
   node_run_data<T> a;
   node_run run;
   float* gs;
-  XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t d = a.dim, r = run.begin + i, node = run.block_begin / 2;
+  XSOFTMAX_HD void operator()(index_t c) const {
+    const index_t d = a.dim, len = run.end - run.begin, node = run.block_begin / 2, i0 = c * G;
+    const index_t m = len - i0 < G ? len - i0 : G;
     const T* wr = a.w.row(node);
-    const float* h = a.h + r * d;
-    const float sc = a.bias ? dot_row8(h, wr, d) + to_float(a.bias[node]) : dot_row8(h, wr, d);
-    const bool first = a.child[r] == 0;
-    float ds = 0.f;
-    a.loss[r] += sigmoid_node_loss(sc, first, a.backward() ? &ds : nullptr);
+    float g[G];
+    sigmoid_group_terms(a, run, wr, a.bias ? to_float(a.bias[node]) : 0.f, i0, m, g);
     if (!a.backward()) return;
-    const float g = ds * a.upstream[r];
-    gs[i] = g;
-    axpy_row(g, wr, a.grad_h + r * d, d);
+    for (index_t j = 0; j < m; ++j) {
+      gs[i0 + j] = g[j];
+      axpy_row(g[j], wr, a.grad_h + (run.begin + i0 + j) * d, d);
+    }
   }
 };
 
@@ -167,7 +191,8 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
       continue;
     }
     float* gs = a.scratch + run.scratch_offset;
-    parallel_for(ex, len, sigmoid_sample_step<T>{a, run, gs});
+    constexpr index_t G = is_host_backend<B> ? sigmoid_group : 1;
+    parallel_for(ex, (len + G - 1) / G, sigmoid_sample_step<T, G>{a, run, gs});
     if (!a.backward()) continue;
     const index_t d = a.dim, blocks = (d + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
     parallel_for(ex, blocks,

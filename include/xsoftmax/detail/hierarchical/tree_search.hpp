@@ -121,30 +121,98 @@ struct open_heap {
   }
 };
 
-/// The best-first (or beam) search of row r; sets overflow[r] when an exact search outgrew the
-/// row's open list (its outputs are then rewritten by the retry).
-template <bool Sigmoid, class T, class View>
+/// How many rows one search task runs in lockstep: on a host backend 8, so that their node scores
+/// (a dot product and an exp/log1p chain, each latency-bound) overlap in the core; on a device
+/// backend 1 (a thread per row is the parallelism there).
+template <class B>
+inline constexpr index_t search_rows_per_task = is_host_backend<B> ? 8 : 1;
+
+/// The best-first (or beam) searches of rows [G t, G t + G) of a tile, in lockstep: each round
+/// every unfinished row pops its best open entries until it takes a leaf into its output or meets
+/// an internal node, then the round's nodes are scored one after another, then their children
+/// pushed. Each row's search is exactly the one-row search (the same pops, expansions and pushes
+/// in the same order). Sets overflow[i] when an exact search outgrew row i's open list (its
+/// outputs are then rewritten by the retry).
+template <bool Sigmoid, class T, class View, index_t G>
 struct topk_search_step {
   View tv;
   const float* h;
   index_t d;
   matrix_view<const T> w;
   const T* bias;
-  index_t k, beam, capacity, max_block, row0;
+  index_t k, beam, capacity, max_block, row0, n;  ///< n: the tile's rows
   std::uint64_t* open_key;
   float* child_lp;  ///< max_block per row
   matrix_view<index_t> classes;
   matrix_view<float> log_probs;
   int* overflow;
 
-  XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t r = row0 + i;
-    open_heap heap{open_key + i * capacity, 0, capacity};
-    float* lp = child_lp + i * max_block;
-    const float* hr = h + r * d;
-    bool ok = expand(heap, hr, lp, 0, tv.root_block_size(), 0.f);
-    index_t found = 0;
-    while (ok && found < k && heap.size > 0) {
+  XSOFTMAX_HD void operator()(index_t t) const {
+    const index_t i0 = t * G, m = n - i0 < G ? n - i0 : G;
+    open_heap heap[G];
+    index_t found[G], node[G], size[G];
+    float base[G];
+    bool live[G];  // still searching (and not overflowed)
+    for (index_t j = 0; j < m; ++j) {
+      heap[j] = open_heap{open_key + (i0 + j) * capacity, 0, capacity};
+      found[j] = 0;
+      node[j] = 0;
+      size[j] = tv.root_block_size();
+      base[j] = 0.f;
+      live[j] = true;
+      overflow[i0 + j] = 0;
+    }
+    bool first = true;
+    for (;;) {
+      // Each live row's next node to expand (the root in the first round).
+      bool any = false;
+      for (index_t j = 0; j < m; ++j) {
+        if (!live[j]) continue;
+        if (!first) live[j] = next_node(heap[j], row0 + i0 + j, found[j], node[j], size[j], base[j]);
+        any = any || live[j];
+      }
+      first = false;
+      if (!any) break;
+      if constexpr (Sigmoid) {
+        // child_log_probs' values, in two loops: the round's dot products, then their softplus
+        // pairs (independent chains side by side instead of one dot-exp-log1p chain at a time).
+        float sc[G], minus[G], plus[G];
+        for (index_t j = 0; j < m; ++j) {
+          const index_t nd = node[j] / 2;
+          const float dot = live[j] ? dot_row8(h + (row0 + i0 + j) * d, w.row(nd), w.cols) : 0.f;
+          sc[j] = bias ? dot + to_float(bias[nd]) : dot;
+        }
+        for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
+        for (index_t j = 0; j < m; ++j) {
+          child_lp[(i0 + j) * max_block] = -minus[j];
+          child_lp[(i0 + j) * max_block + 1] = -plus[j];
+        }
+      } else {
+        for (index_t j = 0; j < m; ++j)
+          if (live[j])
+            child_log_probs<Sigmoid>(h + (row0 + i0 + j) * d, w, bias, node[j], size[j],
+                                     child_lp + (i0 + j) * max_block);
+      }
+      for (index_t j = 0; j < m; ++j) {
+        if (!live[j]) continue;
+        if (!push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j])) {
+          live[j] = false;
+          overflow[i0 + j] = 1;
+        }
+      }
+    }
+    for (index_t j = 0; j < m; ++j)
+      for (index_t f = found[j]; f < k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
+        classes(row0 + i0 + j, f) = -1;
+        log_probs(row0 + i0 + j, f) = -INFINITY;
+      }
+  }
+
+  /// Pops row r's best entries into its output while they are leaves; false when the search is
+  /// over (k found, or nothing open), else the internal node to expand next.
+  XSOFTMAX_HD bool next_node(open_heap& heap, index_t r, index_t& found, index_t& block_begin, index_t& block_size,
+                             float& lp) const {
+    while (found < k && heap.size > 0) {
       heap.pop_to_back();
       const float best_lp = open_heap::lp_of(heap.key[heap.size]);
       const child_ref c = tv.child(open_heap::row_of(heap.key[heap.size]));
@@ -153,19 +221,17 @@ struct topk_search_step {
         log_probs(r, found) = best_lp;
         ++found;
       } else {
-        ok = expand(heap, hr, lp, c.block_begin, c.block_size, best_lp);
+        block_begin = c.block_begin;
+        block_size = c.block_size;
+        lp = best_lp;
+        return true;
       }
     }
-    overflow[i] = ok ? 0 : 1;
-    for (; found < k; ++found) {  // only a narrow beam (or an overflow, retried) leaves slots
-      classes(r, found) = -1;
-      log_probs(r, found) = -INFINITY;
-    }
+    return false;
   }
 
-  XSOFTMAX_HD bool expand(open_heap& heap, const float* hr, float* lp, index_t block_begin, index_t block_size,
-                          float base) const {
-    child_log_probs<Sigmoid>(hr, w, bias, block_begin, block_size, lp);
+  XSOFTMAX_HD bool push_children(open_heap& heap, const float* lp, index_t block_begin, index_t block_size,
+                                 float base) const {
     for (index_t j = 0; j < block_size; ++j)
       if (!heap.push(base + lp[j], block_begin + j)) return false;
     if (beam > 0 && heap.size > beam) heap.keep_best(beam);
@@ -229,10 +295,11 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
       const index_t n = std::min(tile, rows - row0);
-      parallel_for(ex, n,
-                   topk_search_step<Sigmoid, T, View>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0,
-                                                      open_key.data(), child_lp.data(), classes, log_probs,
-                                                      raw(overflow)});
+      constexpr index_t G = search_rows_per_task<B>;
+      parallel_for(ex, (n + G - 1) / G,
+                   topk_search_step<Sigmoid, T, View, G>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block,
+                                                         row0, n, open_key.data(), child_lp.data(), classes,
+                                                         log_probs, raw(overflow)});
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
     if (!outgrown) return;
