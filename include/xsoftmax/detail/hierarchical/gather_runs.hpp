@@ -25,7 +25,7 @@ namespace xsoftmax::detail {
 /// Samples a sigmoid loop scores together: their dot products first, then their losses (several
 /// independent dot-exp-log1p chains side by side in the core, where one sample at a time left it
 /// waiting on each chain). The same values, bitwise, as scoring them one by one.
-inline constexpr index_t sigmoid_group = 8;
+inline constexpr index_t sigmoid_group = node_lanes;
 
 /// Samples [i0, i0 + m) (m <= sigmoid_group) of a sigmoid `run` on node row `wr` (bias b): adds
 /// their losses and, with gradients, sets g[j] = dLoss/dscore * upstream of sample i0 + j.
@@ -33,16 +33,18 @@ template <class T>
 XSOFTMAX_HD inline void sigmoid_group_terms(const node_run_data<T>& a, const node_run& run, const T* wr, float b,
                                             index_t i0, index_t m, float* g) {
   const index_t d = a.dim;
-  float sc[sigmoid_group];
-  for (index_t j = 0; j < m; ++j) {
-    const float dot = dot_row8(a.h + (run.begin + i0 + j) * d, wr, d);
-    sc[j] = a.bias ? dot + b : dot;
-  }
+  float sc[sigmoid_group] = {}, first[sigmoid_group] = {}, loss[sigmoid_group], ds[sigmoid_group];
   for (index_t j = 0; j < m; ++j) {
     const index_t r = run.begin + i0 + j;
-    float ds = 0.f;
-    a.loss[r] += sigmoid_node_loss(sc[j], a.child[r] == 0, a.backward() ? &ds : nullptr);
-    g[j] = a.backward() ? ds * a.upstream[r] : 0.f;
+    const float dot = dot_row8(a.h + r * d, wr, d);
+    sc[j] = a.bias ? dot + b : dot;
+    first[j] = a.child[r] == 0 ? 1.f : 0.f;
+  }
+  sigmoid_node_loss8(sc, first, loss, ds);  // lanes past m score 0 and are dropped
+  for (index_t j = 0; j < m; ++j) {
+    const index_t r = run.begin + i0 + j;
+    a.loss[r] += loss[j];
+    g[j] = a.backward() ? ds[j] * a.upstream[r] : 0.f;
   }
 }
 

@@ -125,7 +125,7 @@ struct open_heap {
 /// (a dot product and an exp/log1p chain, each latency-bound) overlap in the core; on a device
 /// backend 1 (a thread per row is the parallelism there).
 template <class B>
-inline constexpr index_t search_rows_per_task = is_host_backend<B> ? 8 : 1;
+inline constexpr index_t search_rows_per_task = is_host_backend<B> ? node_lanes : 1;
 
 /// The best-first (or beam) searches of rows [G t, G t + G) of a tile, in lockstep: each round
 /// every unfinished row pops its best open entries until it takes a leaf into its output or meets
@@ -176,13 +176,16 @@ struct topk_search_step {
       if constexpr (Sigmoid) {
         // child_log_probs' values, in two loops: the round's dot products, then their softplus
         // pairs (independent chains side by side instead of one dot-exp-log1p chain at a time).
-        float sc[G], minus[G], plus[G];
+        static_assert(G <= node_lanes);
+        float sc[node_lanes] = {}, minus[node_lanes], plus[node_lanes];
         for (index_t j = 0; j < m; ++j) {
           const index_t nd = node[j] / 2;
           const float dot = live[j] ? dot_row8(h + (row0 + i0 + j) * d, w.row(nd), w.cols) : 0.f;
           sc[j] = bias ? dot + to_float(bias[nd]) : dot;
         }
-        for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
+        if constexpr (G == node_lanes) softplus_pair8(sc, minus, plus);
+        else
+          for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
         for (index_t j = 0; j < m; ++j) {
           child_lp[(i0 + j) * max_block] = -minus[j];
           child_lp[(i0 + j) * max_block + 1] = -plus[j];
