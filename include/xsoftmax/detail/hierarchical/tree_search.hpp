@@ -92,17 +92,26 @@ struct open_heap {
     return true;
   }
   /// Moves the best entry to position size - 1 and shrinks the heap by one (as std::pop_heap).
+  /// Bottom-up: the hole left at the top walks down to a leaf along the larger children, picked
+  /// without a branch (key[size], about to take the popped entry, is 0 meanwhile: below every key,
+  /// so a last child without a sibling needs no test), then the last entry rises from there. The
+  /// last entry is usually among the smallest, so it rises little; the child choices were a coin
+  /// toss for the branch predictor.
   XSOFTMAX_HD void pop_to_back() {
     const std::uint64_t top = key[0], x = key[size - 1];
     --size;
+    key[size] = 0;
     index_t i = 0;
-    for (;;) {
-      index_t c = 2 * i + 1;
-      if (c >= size) break;
-      if (c + 1 < size && key[c + 1] > key[c]) ++c;
-      if (key[c] <= x) break;
+    for (index_t c = 1; c < size; c = 2 * i + 1) {
+      c += key[c + 1] > key[c] ? 1 : 0;
       key[i] = key[c];
       i = c;
+    }
+    while (i > 0) {
+      const index_t p = (i - 1) / 2;
+      if (key[p] >= x) break;
+      key[i] = key[p];
+      i = p;
     }
     key[i] = x;
     key[size] = top;
