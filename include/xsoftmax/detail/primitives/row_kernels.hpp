@@ -108,6 +108,14 @@ __attribute__((target("avx2"), noinline)) inline void axpy_row_avx2(float g, con
   }
   for (; p < d; ++p) y[p] += g * x[p];
 }
+
+/// `scale_row` on 8-float vectors.
+__attribute__((target("avx2"), noinline)) inline void scale_row_avx2(float g, const float* x, float* y, index_t d) {
+  const __m256 gv = _mm256_set1_ps(g);
+  index_t p = 0;
+  for (; p + 8 <= d; p += 8) _mm256_storeu_ps(y + p, _mm256_mul_ps(gv, _mm256_loadu_ps(x + p)));
+  for (; p < d; ++p) y[p] = g * x[p];
+}
 #endif
 
 /// h . w with 8 partial sums (lanes p mod 8; a 4-wide step into lanes 0-3, then lanes 4-6 take
@@ -195,6 +203,14 @@ XSOFTMAX_HD inline void axpy_row_portable(float g, const T* x, float* y, index_t
   }
 #endif
   for (; p < d; ++p) y[p] += g * to_float(x[p]);
+}
+
+/// y[p] = g * x[p] for p in [0, d) (y and x do not overlap); AVX2 when the host CPU has it.
+XSOFTMAX_HD inline void scale_row(float g, const float* x, float* y, index_t d) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if (row_simd::has_avx2) return scale_row_avx2(g, x, y, d);
+#endif
+  for (index_t p = 0; p < d; ++p) y[p] = g * x[p];
 }
 
 /// h . w in `dot_row8_portable`'s order; AVX2 when the host CPU has it (bitwise the same).
