@@ -130,11 +130,11 @@ struct open_heap {
   }
 };
 
-/// How many rows one search task runs in lockstep: on a host backend 8, so that their node scores
-/// (a dot product and an exp/log1p chain, each latency-bound) overlap in the core; on a device
-/// backend 1 (a thread per row is the parallelism there).
+/// How many rows one search task runs in lockstep: on a host backend 16, so that their node scores
+/// (a dot product and an exp/log1p chain, each latency-bound: two 8-lane chains) overlap in the
+/// core; on a device backend 1 (a thread per row is the parallelism there).
 template <class B>
-inline constexpr index_t search_rows_per_task = is_host_backend<B> ? node_lanes : 1;
+inline constexpr index_t search_rows_per_task = is_host_backend<B> ? 2 * node_lanes : 1;
 
 /// The best-first (or beam) searches of rows [G t, G t + G) of a tile, in lockstep: each round
 /// every unfinished row pops its best open entries until it takes a leaf into its output or meets
@@ -185,14 +185,16 @@ struct topk_search_step {
       if constexpr (Sigmoid) {
         // child_log_probs' values, in two loops: the round's dot products, then their softplus
         // pairs (independent chains side by side instead of one dot-exp-log1p chain at a time).
-        static_assert(G <= node_lanes);
-        float sc[node_lanes] = {}, minus[node_lanes], plus[node_lanes];
+        static_assert(G < node_lanes || G % node_lanes == 0);
+        constexpr index_t L = G < node_lanes ? node_lanes : G;
+        float sc[L] = {}, minus[L], plus[L];
         for (index_t j = 0; j < m; ++j) {
           const index_t nd = node[j] / 2;
           const float dot = live[j] ? dot_row8(h + (row0 + i0 + j) * d, w.row(nd), w.cols) : 0.f;
           sc[j] = bias ? dot + to_float(bias[nd]) : dot;
         }
-        if constexpr (G == node_lanes) softplus_pair8(sc, minus, plus);
+        if constexpr (G % node_lanes == 0)
+          for (index_t j = 0; j < G; j += node_lanes) softplus_pair8(sc + j, minus + j, plus + j);
         else
           for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
         for (index_t j = 0; j < m; ++j) {

@@ -77,15 +77,17 @@ __attribute__((target("avx2"), noinline)) inline float dot_row8_avx2(const float
     a = _mm_add_ps(a, _mm_mul_ps(_mm_loadu_ps(h + p), _mm_loadu_ps(w + p)));
     p += 4;
   }
-  alignas(16) float lb[4];
-  _mm_store_ps(lb, b);
-  if (p < d) lb[0] += h[p] * w[p];
-  if (p + 1 < d) lb[1] += h[p + 1] * w[p + 1];
-  if (p + 2 < d) lb[2] += h[p + 2] * w[p + 2];
-  a = _mm_add_ps(a, _mm_load_ps(lb));
-  alignas(16) float la[4];
-  _mm_store_ps(la, a);
-  return (la[0] + la[2]) + (la[1] + la[3]);
+  if (p < d) {  // the last 1-3 elements (through memory: rare, and exact)
+    alignas(16) float lb[4];
+    _mm_store_ps(lb, b);
+    lb[0] += h[p] * w[p];
+    if (p + 1 < d) lb[1] += h[p + 1] * w[p + 1];
+    if (p + 2 < d) lb[2] += h[p + 2] * w[p + 2];
+    b = _mm_load_ps(lb);
+  }
+  a = _mm_add_ps(a, b);
+  const __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));  // lanes 0, 1: l0 + l2, l1 + l3
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
 /// `axpy_row` on 8-float vectors (element by element: y[p] + g * x[p], no FMA).
