@@ -152,6 +152,7 @@ struct topk_search_step {
   index_t k, beam, capacity, max_block, row0, n;  ///< n: the tile's rows
   std::uint64_t* open_key;
   float* child_lp;  ///< max_block per row
+  float* leaf_lp;   ///< k per row: an exact search's k best leaf log-probabilities pushed so far
   matrix_view<index_t> classes;
   matrix_view<float> log_probs;
   int* overflow;
@@ -159,12 +160,13 @@ struct topk_search_step {
   XSOFTMAX_HD void operator()(index_t t) const {
     const index_t i0 = t * G, m = n - i0 < G ? n - i0 : G;
     open_heap heap[G];
-    index_t found[G], node[G], size[G];
+    index_t found[G], node[G], size[G], leaves[G];
     float base[G];
     bool live[G];  // still searching (and not overflowed)
     for (index_t j = 0; j < m; ++j) {
       heap[j] = open_heap{open_key + (i0 + j) * capacity, 0, capacity};
       found[j] = 0;
+      leaves[j] = 0;
       node[j] = 0;
       size[j] = tv.root_block_size();
       base[j] = 0.f;
@@ -209,7 +211,8 @@ struct topk_search_step {
       }
       for (index_t j = 0; j < m; ++j) {
         if (!live[j]) continue;
-        if (!push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j])) {
+        if (!push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j],
+                           leaf_lp + (i0 + j) * k, leaves[j])) {
           live[j] = false;
           overflow[i0 + j] = 1;
         }
@@ -244,10 +247,25 @@ struct topk_search_step {
     return false;
   }
 
+  /// Pushes the expanded node's children. An exact search skips a child whose log-probability is
+  /// below the k-th best leaf pushed so far (`best`: the `leaves` <= k best, descending): those k
+  /// leaves come out of the heap before it, so it would never be popped (log-probabilities only
+  /// fall along a path, so nothing below it could either). Ties are pushed: the result is the
+  /// unpruned search's, entry for entry, with a smaller heap.
   XSOFTMAX_HD bool push_children(open_heap& heap, const float* lp, index_t block_begin, index_t block_size,
-                                 float base) const {
-    for (index_t j = 0; j < block_size; ++j)
-      if (!heap.push(base + lp[j], block_begin + j)) return false;
+                                 float base, float* best, index_t& leaves) const {
+    for (index_t j = 0; j < block_size; ++j) {
+      const float v = base + lp[j];
+      if (beam == 0) {
+        if (leaves == k && v < best[k - 1]) continue;
+        if (tv.child(block_begin + j).is_leaf) {
+          index_t i = leaves < k ? leaves++ : k - 1;
+          for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];
+          best[i] = v;
+        }
+      }
+      if (!heap.push(v, block_begin + j)) return false;
+    }
     if (beam > 0 && heap.size > beam) heap.keep_best(beam);
     return true;
   }
@@ -300,11 +318,11 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
   index_t capacity = beam > 0 ? beam + max_block : 1024 + 4 * (k + 1) * max_block;
   for (;;) {
     const std::size_t per_row = static_cast<std::size_t>(capacity) * sizeof(std::uint64_t) +
-                                static_cast<std::size_t>(max_block) * sizeof(float) + sizeof(int);
+                                static_cast<std::size_t>(max_block + k) * sizeof(float) + sizeof(int);
     const index_t tile =
         std::clamp<index_t>(static_cast<index_t>(tree_search_budget_bytes / per_row), 1, rows);
     search_scratch<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity));
-    search_scratch<B, float> child_lp(static_cast<std::size_t>(tile * max_block));
+    search_scratch<B, float> child_lp(static_cast<std::size_t>(tile * max_block)), leaf_lp(static_cast<std::size_t>(tile * k));
     backend_vector<B, int> overflow(static_cast<std::size_t>(tile));
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
@@ -312,7 +330,7 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
       constexpr index_t G = search_rows_per_task<B>;
       parallel_for(ex, (n + G - 1) / G,
                    topk_search_step<Sigmoid, T, View, G>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block,
-                                                         row0, n, open_key.data(), child_lp.data(), classes,
+                                                         row0, n, open_key.data(), child_lp.data(), leaf_lp.data(), classes,
                                                          log_probs, raw(overflow)});
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
