@@ -5,7 +5,8 @@
 // fast_log1p_unit, sigmoid_node_loss and softplus_pair on 8 lanes. Bitwise, not within a
 // tolerance: the AVX2 code does the same float operations in the same order without FMA, so a
 // result must not depend on the CPU it runs on. Skipped (with a message) on a CPU without AVX2 or
-// a build without the AVX2 path; the dispatching entry points are then the portable code itself.
+// a build without the AVX2 path (not x86-64 GCC/Clang, or a baseline ISA with FMA); the dispatching
+// entry points are then the portable code itself.
 
 #include "support/reference.hpp"
 
@@ -129,7 +130,7 @@ TEST_CASE("row kernels avx2: sigmoid_node_loss8 and softplus_pair8 bitwise equal
   CHECK(checked >= 10000);
 }
 #else
-TEST_CASE("row kernels avx2: not built here") { MESSAGE("no AVX2 path in this build (not x86-64 GCC/Clang)"); }
+TEST_CASE("row kernels avx2: not built here") { MESSAGE("no AVX2 path in this build (not x86-64 GCC/Clang, or built with FMA)"); }
 #endif
 
 TEST_CASE("row kernels: the dispatching group forms equal the scalar functions") {

@@ -13,7 +13,8 @@
 /// extensions): the same products and sums in the same order, so both paths give bitwise the
 /// same results, deterministic and equal for every thread count.
 ///
-/// AVX2 (host tuning, selected at run time): on x86-64 GCC/Clang host builds, the float versions
+/// AVX2 (host tuning, selected at run time): on x86-64 GCC/Clang host builds whose baseline ISA has
+/// no FMA (the default: no -march flag; see the guard below for why not otherwise), the float versions
 /// call `dot_row8_avx2` / `axpy_row_avx2` when the CPU has AVX2 (`row_simd::has_avx2`, read once
 /// at start-up; nothing is built with -march). They compute the same products and sums in the same
 /// order on 8-float vectors (lanes p mod 8 are exactly dot_row8's 8 partial sums) and use no FMA:
@@ -30,7 +31,10 @@
 
 #if defined(__SSE2__) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__))
 #define XSOFTMAX_ROW_KERNELS_SIMD 1
-#if defined(__x86_64__) && !defined(XSOFTMAX_NO_AVX2_DISPATCH)
+// Not when the whole build may use FMA (-march=haswell or later: __FMA__): GCC then contracts the
+// portable code's a * b + c into FMAs (-ffp-contract=fast, its C++ default) and the AVX2 path
+// could no longer match it bit for bit; such a build vectorises the portable code for its own ISA.
+#if defined(__x86_64__) && !defined(__FMA__) && !defined(XSOFTMAX_NO_AVX2_DISPATCH)
 #define XSOFTMAX_ROW_KERNELS_AVX2 1
 #include <immintrin.h>
 #endif
