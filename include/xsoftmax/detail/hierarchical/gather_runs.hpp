@@ -70,10 +70,10 @@ struct sigmoid_runs_step {
 
   XSOFTMAX_HD void operator()(index_t t) const {
     const index_t k0 = t * per_task, k1 = k0 + per_task < count ? k0 + per_task : count, d = a.dim;
-    index_t row[G];
-    const T* wr[G];
-    float bias[G];
-    float* g[G];
+    index_t row[G] = {};
+    const T* wr[G] = {};
+    float bias[G] = {};
+    float* g[G] = {};
     index_t m = 0;
     for (index_t k = k0; k < k1; ++k) {
       const node_run run = runs[k];
@@ -174,10 +174,10 @@ struct sigmoid_sample_step {
   XSOFTMAX_HD void operator()(index_t c) const {
     const index_t d = a.dim, len = run.end - run.begin, node = run.block_begin / 2, i0 = c * G;
     const index_t m = len - i0 < G ? len - i0 : G;
-    index_t row[G];
-    const T* wr[G];
-    float bias[G];
-    float* g[G];
+    index_t row[G] = {};
+    const T* wr[G] = {};
+    float bias[G] = {};
+    float* g[G] = {};
     for (index_t j = 0; j < m; ++j) {
       row[j] = run.begin + i0 + j;
       wr[j] = a.w.row(node);
