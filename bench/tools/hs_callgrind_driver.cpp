@@ -12,6 +12,10 @@
 //        topk1/topk5 huffman_bench's topk/xsoftmax/k: 5 top-k calls on the same head
 //        pe_train, pe_topk1, pe_topk5: huffman_bench's per-example loops (train/per_example,
 //                   topk/per_example/k), 5 batches each, on the same data
+//        hash       huffman_bench's fixture: FNV-1a hashes of the bits of 3 x (forward_backward +
+//                   apply_sgd)'s losses, grad_hidden, sparse gradient and updated weights, and of
+//                   top-1 / top-5 classes and log-probs (built against two trees' include/, equal
+//                   hashes mean bitwise equal results)
 // The measured calls of the huffman_bench modes run inside `measured` (not inlined), so
 //   valgrind --tool=callgrind --toggle-collect='*measured<*' ./drv huff100
 // counts them alone (setup excluded).
@@ -19,6 +23,7 @@
 #include <xsoftmax/tree/runtime_tree.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
@@ -146,8 +151,53 @@ void huffman_bench_like(int k, bool per_example) {
   }
   std::printf("%.9g\n", s);
 }
+// FNV-1a over the bytes of n values.
+template <class T> std::uint64_t fnv(const T* v, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const unsigned char* b = reinterpret_cast<const unsigned char*>(v);
+  for (std::size_t i = 0; i < n * sizeof(T); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+void hash_outputs() {
+  const xs::index_t n = 100000, d = 100, b = 1024;
+  const std::vector<double> freq = harmonic(n, 1e7);
+  const auto tree = xs::runtime_tree<>::huffman(freq, 2);
+  using head_type = xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, xs::serial, xs::sigmoid_nodes>;
+  std::mt19937_64 g(7);
+  std::normal_distribution<float> nd(0.f, 0.3f);
+  std::vector<float> h(b * d), gh(b * d), w(tree.num_rows() / 2 * d), per(b);
+  for (auto& x : h) x = nd(g);
+  std::discrete_distribution<xs::index_t> zipf(freq.begin(), freq.end());
+  std::vector<xs::index_t> t(b);
+  for (auto& x : t) x = zipf(g);
+  for (auto& x : w) x = 0.1f * nd(g);
+  head_type head(tree, xs::matrix_view<float>(w.data(), tree.num_rows() / 2, d));
+  head_type::gradient_type gw;
+  std::uint64_t train = 1469598103934665603ull;
+  for (int i = 0; i < 3; ++i) {
+    const float loss = head.forward_backward(xs::matrix_view<const float>(h.data(), b, d),
+                                             xs::vector_view<const xs::index_t>(t.data(), b),
+                                             xs::matrix_view<float>(gh.data(), b, d), gw);
+    train = fnv(&loss, 1, train);
+    train = fnv(gh.data(), gh.size(), train);
+    const std::vector<float> values(gw.values.begin(), gw.values.end());
+    const std::vector<xs::index_t> rows(gw.rows.begin(), gw.rows.end());
+    train = fnv(values.data(), values.size(), fnv(rows.data(), rows.size(), train));
+    head.apply_sgd(gw, 0.05f);
+  }
+  train = fnv(w.data(), w.size(), train);
+  std::printf("train %016llx\n", static_cast<unsigned long long>(train));
+  for (const xs::index_t k : {1, 5}) {
+    std::vector<xs::index_t> cls(b * k);
+    std::vector<float> lp(b * k);
+    head.topk(xs::matrix_view<const float>(h.data(), b, d), k, xs::matrix_view<xs::index_t>(cls.data(), b, k),
+              xs::matrix_view<float>(lp.data(), b, k));
+    std::printf("top-%ld %016llx\n", static_cast<long>(k),
+                static_cast<unsigned long long>(fnv(lp.data(), lp.size(), fnv(cls.data(), cls.size()))));
+  }
+}
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "";
+  if (!std::strcmp(mode, "hash")) return hash_outputs(), 0;
   const std::vector<double> freq = harmonic(100000, 1.0);
   for (const bool pe : {false, true}) {
     const std::string prefix = pe ? "pe_" : "";

@@ -148,6 +148,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   }
   for (std::size_t lv = 0; lv < plan.levels(); ++lv) {
     std::vector<detail::node_run> gemm_runs, gather_runs;
+    gather_runs.reserve(plan.level_first[lv + 1] - plan.level_first[lv]);
     for (std::size_t i = plan.level_first[lv]; i < plan.level_first[lv + 1]; ++i)
       (takes_gemm(plan.runs[i]) ? gemm_runs : gather_runs).push_back(plan.runs[i]);
     a.child = detail::raw(children) + static_cast<index_t>(lv) * rows;

@@ -22,45 +22,104 @@
 
 namespace xsoftmax::detail {
 
-/// One short gather run on one thread, fused: run k of `runs`.
-template <bool Sigmoid, class T>
+/// Samples a sigmoid loop scores together: their dot products first, then their losses (several
+/// independent dot-exp-log1p chains side by side in the core, where one sample at a time left it
+/// waiting on each chain). The same values, bitwise, as scoring them one by one.
+inline constexpr index_t sigmoid_group = node_lanes;
+
+/// m <= G (sample row[j], node row wr[j], node bias bias[j]) pairs of a sigmoid level: their
+/// losses added to a.loss, *g[j] = dLoss/dscore * upstream (0 without gradients). G =
+/// `sigmoid_group`: the dot products, then the losses on 8 lanes; otherwise one pair at a time.
+template <index_t G, class T>
+XSOFTMAX_HD inline void score_sigmoid_pairs(const node_run_data<T>& a, const index_t* row, const T* const* wr,
+                                            const float* bias, float* const* g, index_t m) {
+  if constexpr (G == node_lanes) {
+    float sc[node_lanes] = {}, first[node_lanes] = {}, loss[node_lanes], ds[node_lanes];
+    for (index_t j = 0; j < m; ++j) {
+      const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
+      sc[j] = a.bias ? dot + bias[j] : dot;
+      first[j] = a.child[row[j]] == 0 ? 1.f : 0.f;
+    }
+    sigmoid_node_loss8(sc, first, loss, ds);  // lanes past m score 0 and are dropped
+    for (index_t j = 0; j < m; ++j) {
+      a.loss[row[j]] += loss[j];
+      *g[j] = a.backward() ? ds[j] * a.upstream[row[j]] : 0.f;
+    }
+  } else {
+    for (index_t j = 0; j < m; ++j) {
+      const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
+      float ds = 0.f;
+      a.loss[row[j]] += sigmoid_node_loss(a.bias ? dot + bias[j] : dot, a.child[row[j]] == 0, &ds);
+      *g[j] = a.backward() ? ds * a.upstream[row[j]] : 0.f;
+    }
+  }
+}
+
+/// Sigmoid runs [P t, P t + P) of `runs` (short ones) on one thread: first every sample's score,
+/// loss and dLoss/dscore * upstream (into the scratch, one value per sample), scored G pairs at a
+/// time across the runs (most runs are a few samples deep in the tree: scored one run at a time,
+/// their exp/log1p chains would run one after another); then run by run, in sample order, the
+/// samples' hidden-gradient rows and the node's gradient row (word2vec form: one row per internal
+/// node, p(first child) = sigmoid(h . v)). G = `sigmoid_group` and P = 64 on a host backend; 1 and
+/// 1 on a device. Each value is the same, bitwise, for every G and P.
+template <class T, index_t G>
+struct sigmoid_runs_step {
+  node_run_data<T> a;
+  const node_run* runs;
+  index_t count, per_task;
+
+  XSOFTMAX_HD void operator()(index_t t) const {
+    const index_t k0 = t * per_task, k1 = k0 + per_task < count ? k0 + per_task : count, d = a.dim;
+    index_t row[G] = {};
+    const T* wr[G] = {};
+    float bias[G] = {};
+    float* g[G] = {};
+    index_t m = 0;
+    for (index_t k = k0; k < k1; ++k) {
+      const node_run run = runs[k];
+      const index_t node = run.block_begin / 2;
+      for (index_t r = run.begin; r < run.end; ++r) {
+        row[m] = r;
+        wr[m] = a.w.row(node);
+        bias[m] = a.bias ? to_float(a.bias[node]) : 0.f;
+        g[m] = a.scratch + run.scratch_offset + (r - run.begin);
+        if (++m == G) {
+          score_sigmoid_pairs<G>(a, row, wr, bias, g, m);
+          m = 0;
+        }
+      }
+    }
+    if (m > 0) score_sigmoid_pairs<G>(a, row, wr, bias, g, m);
+    if (!a.backward()) return;
+    for (index_t k = k0; k < k1; ++k) {
+      const node_run run = runs[k];
+      const index_t len = run.end - run.begin;
+      const T* w = a.w.row(run.block_begin / 2);
+      const float* gs = a.scratch + run.scratch_offset;
+      float* gwr = a.grad_w + run.grad_offset * d;
+      float bias_acc = 0.f;
+      for (index_t i = 0; i < len; ++i) {
+        const float* h = a.h + (run.begin + i) * d;
+        axpy_row(gs[i], w, a.grad_h + (run.begin + i) * d, d);
+        if (i == 0)  // the node's gradient row starts as the first sample's term (no zeroing pass)
+          scale_row(gs[i], h, gwr, d);
+        else
+          axpy_row(gs[i], h, gwr, d);
+        bias_acc += gs[i];
+      }
+      if (a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
+    }
+  }
+
+};
+
+/// One short softmax-node gather run on one thread, fused: run k of `runs`.
+template <class T>
 struct gather_run_step {
   node_run_data<T> a;
   const node_run* runs;
 
-  XSOFTMAX_HD void operator()(index_t k) const {
-    const node_run run = runs[k];
-    if constexpr (Sigmoid) sigmoid_run(run);
-    else softmax_run(run);
-  }
-
-  /// word2vec form: one row per internal node; p(first child) = sigmoid(h . v). One pass per
-  /// sample: score, loss, dLoss/dscore, then the sample's hidden-gradient row and the node's
-  /// gradient row (`axpy_row`s).
-  XSOFTMAX_HD void sigmoid_run(const node_run& run) const {
-    const index_t d = a.dim, len = run.end - run.begin, node = run.block_begin / 2;
-    const T* wr = a.w.row(node);
-    const float b = a.bias ? to_float(a.bias[node]) : 0.f;
-    float* gwr = a.backward() ? a.grad_w + run.grad_offset * d : nullptr;
-    float bias_acc = 0.f;
-    for (index_t i = 0; i < len; ++i) {
-      const index_t r = run.begin + i;
-      const float* h = a.h + r * d;
-      const float sc = a.bias ? dot_row8(h, wr, d) + b : dot_row8(h, wr, d);
-      const bool first = a.child[r] == 0;
-      float ds = 0.f;
-      a.loss[r] += sigmoid_node_loss(sc, first, gwr ? &ds : nullptr);
-      if (!gwr) continue;
-      const float g = ds * a.upstream[r];
-      axpy_row(g, wr, a.grad_h + r * d, d);
-      if (i == 0)  // the node's gradient row starts as the first sample's term (no zeroing pass)
-        for (index_t p = 0; p < d; ++p) gwr[p] = g * h[p];
-      else
-        axpy_row(g, h, gwr, d);
-      bias_acc += g;
-    }
-    if (gwr && a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
-  }
+  XSOFTMAX_HD void operator()(index_t k) const { softmax_run(runs[k]); }
 
   /// Softmax over the node's children: scores into the run's scratch (len x block), the loss, and
   /// with gradients G = (softmax - onehot) * upstream in place, then grad_h += G W, grad_w = G^T H.
@@ -104,25 +163,30 @@ struct gather_run_step {
   }
 };
 
-/// Pass 1 of a long sigmoid run, sample i of it: score, loss, dLoss/dscore into `gs[i]` (with
-/// gradients) and the sample's hidden-gradient row.
-template <class T>
+/// Pass 1 of a long sigmoid run, samples [G c, G c + G) of it: scores, losses, dLoss/dscore into
+/// `gs` (with gradients) and the samples' hidden-gradient rows. G: `sigmoid_group` on a host
+/// backend, 1 on a device (a thread per sample).
+template <class T, index_t G>
 struct sigmoid_sample_step {
   node_run_data<T> a;
   node_run run;
   float* gs;
-  XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t d = a.dim, r = run.begin + i, node = run.block_begin / 2;
-    const T* wr = a.w.row(node);
-    const float* h = a.h + r * d;
-    const float sc = a.bias ? dot_row8(h, wr, d) + to_float(a.bias[node]) : dot_row8(h, wr, d);
-    const bool first = a.child[r] == 0;
-    float ds = 0.f;
-    a.loss[r] += sigmoid_node_loss(sc, first, a.backward() ? &ds : nullptr);
+  XSOFTMAX_HD void operator()(index_t c) const {
+    const index_t d = a.dim, len = run.end - run.begin, node = run.block_begin / 2, i0 = c * G;
+    const index_t m = len - i0 < G ? len - i0 : G;
+    index_t row[G] = {};
+    const T* wr[G] = {};
+    float bias[G] = {};
+    float* g[G] = {};
+    for (index_t j = 0; j < m; ++j) {
+      row[j] = run.begin + i0 + j;
+      wr[j] = a.w.row(node);
+      bias[j] = a.bias ? to_float(a.bias[node]) : 0.f;
+      g[j] = gs + i0 + j;
+    }
+    score_sigmoid_pairs<G>(a, row, wr, bias, g, m);
     if (!a.backward()) return;
-    const float g = ds * a.upstream[r];
-    gs[i] = g;
-    axpy_row(g, wr, a.grad_h + r * d, d);
+    for (index_t j = 0; j < m; ++j) axpy_row(gs[i0 + j], wr[j], a.grad_h + row[j] * d, d);
   }
 };
 
@@ -167,7 +231,8 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
       continue;
     }
     float* gs = a.scratch + run.scratch_offset;
-    parallel_for(ex, len, sigmoid_sample_step<T>{a, run, gs});
+    constexpr index_t G = is_host_backend<B> ? sigmoid_group : 1;
+    parallel_for(ex, (len + G - 1) / G, sigmoid_sample_step<T, G>{a, run, gs});
     if (!a.backward()) continue;
     const index_t d = a.dim, blocks = (d + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
     parallel_for(ex, blocks,
@@ -178,7 +243,12 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
   if (n == 0) return;
   backend_vector<B, node_run> device_runs(short_runs.size());
   execution<B>::ops::copy(ex.res, raw(device_runs), short_runs.data(), n);
-  parallel_for(ex, n, gather_run_step<Sigmoid, T>{a, raw(device_runs)});
+  if constexpr (Sigmoid) {
+    constexpr index_t G = is_host_backend<B> ? sigmoid_group : 1, P = is_host_backend<B> ? 64 : 1;
+    parallel_for(ex, (n + P - 1) / P, sigmoid_runs_step<T, G>{a, raw(device_runs), n, P});
+  } else {
+    parallel_for(ex, n, gather_run_step<T>{a, raw(device_runs)});
+  }
 }
 
 /// The gather path over one level's `runs`: the backend's tuned version when it has one.

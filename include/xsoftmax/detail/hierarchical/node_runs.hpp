@@ -69,6 +69,56 @@ XSOFTMAX_HD inline float sigmoid_node_loss(float s, bool first, float* dscore) {
   return x > 0.f ? x + t : t;
 }
 
+/// Lanes of the group forms below.
+inline constexpr index_t node_lanes = 8;
+
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+namespace avx2 {
+/// `sigmoid_node_loss` on 8 lanes, every lane bitwise the scalar value (blends for the selects).
+__attribute__((target("avx2"), noinline)) inline void sigmoid_node_loss8(const float* s_in, const float* first_in,
+                                                                        float* loss, float* dscore) {
+  const __m256 s = _mm256_loadu_ps(s_in), zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.f);
+  const __m256 first = _mm256_cmp_ps(_mm256_loadu_ps(first_in), zero, _CMP_NEQ_UQ);
+  const __m256 neg_s = _mm256_xor_ps(s, _mm256_set1_ps(-0.f));
+  const __m256 pos = _mm256_cmp_ps(s, zero, _CMP_GT_OQ);
+  const __m256 e = fast_exp(_mm256_blendv_ps(s, neg_s, pos));
+  const __m256 t = fast_log1p_unit(e);
+  const __m256 x = _mm256_blendv_ps(s, neg_s, first);
+  const __m256 d = _mm256_add_ps(one, e);
+  const __m256 sg = _mm256_blendv_ps(_mm256_div_ps(e, d), _mm256_div_ps(one, d), pos);
+  _mm256_storeu_ps(dscore, _mm256_sub_ps(sg, _mm256_and_ps(first, one)));
+  _mm256_storeu_ps(loss, _mm256_blendv_ps(t, _mm256_add_ps(x, t), _mm256_cmp_ps(x, zero, _CMP_GT_OQ)));
+}
+
+/// `softplus_pair` on 8 lanes, bitwise.
+__attribute__((target("avx2"), noinline)) inline void softplus_pair8(const float* x_in, float* minus, float* plus) {
+  const __m256 x = _mm256_loadu_ps(x_in), zero = _mm256_setzero_ps();
+  const __m256 neg_x = _mm256_xor_ps(x, _mm256_set1_ps(-0.f));
+  const __m256 pos = _mm256_cmp_ps(x, zero, _CMP_GT_OQ);
+  const __m256 t = fast_log1p_unit(fast_exp(_mm256_blendv_ps(x, neg_x, pos)));
+  _mm256_storeu_ps(minus, _mm256_blendv_ps(_mm256_add_ps(neg_x, t), t, pos));
+  _mm256_storeu_ps(plus, _mm256_blendv_ps(t, _mm256_add_ps(x, t), pos));
+}
+}  // namespace avx2
+#endif
+
+/// loss[j] = sigmoid_node_loss(s[j], first[j] != 0, &dscore[j]) for j < node_lanes: 8 AVX2 lanes
+/// when the host CPU has them, bitwise the same values.
+XSOFTMAX_HD inline void sigmoid_node_loss8(const float* s, const float* first, float* loss, float* dscore) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if (row_simd::has_avx2) return avx2::sigmoid_node_loss8(s, first, loss, dscore);
+#endif
+  for (index_t j = 0; j < node_lanes; ++j) loss[j] = sigmoid_node_loss(s[j], first[j] != 0.f, dscore + j);
+}
+
+/// softplus_pair(x[j], minus[j], plus[j]) for j < node_lanes (AVX2 lanes when the CPU has them).
+XSOFTMAX_HD inline void softplus_pair8(const float* x, float* minus, float* plus) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if (row_simd::has_avx2) return avx2::softplus_pair8(x, minus, plus);
+#endif
+  for (index_t j = 0; j < node_lanes; ++j) softplus_pair(x[j], minus[j], plus[j]);
+}
+
 /// Runs shorter than this are run side by side on a host backend, one thread each; longer ones
 /// use every thread inside one task (a GEMM, or the two passes of a long sigmoid run).
 inline constexpr index_t run_parallel_inside = 256;

@@ -19,7 +19,10 @@
 #include <thrust/sort.h>
 #include <thrust/transform_reduce.h>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/zip_iterator.h>
+#include <thrust/tuple.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -133,6 +136,15 @@ struct path_depth_of {
   XSOFTMAX_HD index_t operator()(index_t r) const { return tv.depth(target[r]); }
 };
 
+/// (rows, block size) of two pieces of one run: their row counts add, their block sizes agree.
+struct count_and_size {
+  XSOFTMAX_HD thrust::tuple<index_t, index_t> operator()(const thrust::tuple<index_t, index_t>& a,
+                                                        const thrust::tuple<index_t, index_t>& b) const {
+    const index_t sa = thrust::get<1>(a), sb = thrust::get<1>(b);
+    return thrust::make_tuple(thrust::get<0>(a) + thrust::get<0>(b), sa > sb ? sa : sb);
+  }
+};
+
 /// The runs of sorted rows sharing a node, level by level down to the deepest path, and the
 /// gradient rows of each run's block (one per child row; one per node for sigmoid nodes), laid out
 /// run by run, level by level. `gather_width(run)` says how many scratch values per row a run
@@ -157,17 +169,20 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   std::vector<index_t> keys(n), counts(n), sizes(n);
   for (int l = 0; l < levels; ++l) {
     level_steps(ex, tv, target, rows, l, raw(key), raw(block_size), raw(children) + l * rows);
-    const auto ends = thrust::reduce_by_key(policy, key.begin(), key.end(), thrust::constant_iterator<index_t>(1),
-                                            run_key.begin(), run_count.begin());
+    // One pass: each run's row count and block size (equal within a run: their maximum).
+    const auto ends = thrust::reduce_by_key(
+        policy, key.begin(), key.end(),
+        thrust::make_zip_iterator(thrust::make_tuple(thrust::constant_iterator<index_t>(1), block_size.begin())),
+        run_key.begin(), thrust::make_zip_iterator(thrust::make_tuple(run_count.begin(), run_size.begin())),
+        thrust::equal_to<index_t>(), count_and_size{});
     const index_t runs = static_cast<index_t>(ends.first - run_key.begin());
-    // Equal within a run: the maximum is the run's block size.
-    thrust::reduce_by_key(policy, key.begin(), key.end(), block_size.begin(), run_key.begin(), run_size.begin(),
-                          thrust::equal_to<index_t>(), thrust::maximum<index_t>());
     using ops = typename execution<B>::ops;
     ops::copy(ex.res, keys.data(), raw(run_key), runs);
     ops::copy(ex.res, counts.data(), raw(run_count), runs);
     ops::copy(ex.res, sizes.data(), raw(run_size), runs);
     index_t begin = 0, scratch = 0;
+    const std::size_t need = plan.runs.size() + static_cast<std::size_t>(runs);
+    if (need > plan.runs.capacity()) plan.runs.reserve(std::max(need, 2 * plan.runs.capacity()));
     for (index_t i = 0; i < runs; ++i) {
       if (keys[i] >= 0) {
         node_run run{l, begin, begin + counts[i], keys[i], sizes[i], plan.grad_rows, scratch};

@@ -92,17 +92,26 @@ struct open_heap {
     return true;
   }
   /// Moves the best entry to position size - 1 and shrinks the heap by one (as std::pop_heap).
+  /// Bottom-up: the hole left at the top walks down to a leaf along the larger children, picked
+  /// without a branch (key[size], about to take the popped entry, is 0 meanwhile: below every key,
+  /// so a last child without a sibling needs no test), then the last entry rises from there. The
+  /// last entry is usually among the smallest, so it rises little; the child choices were a coin
+  /// toss for the branch predictor.
   XSOFTMAX_HD void pop_to_back() {
     const std::uint64_t top = key[0], x = key[size - 1];
     --size;
+    key[size] = 0;
     index_t i = 0;
-    for (;;) {
-      index_t c = 2 * i + 1;
-      if (c >= size) break;
-      if (c + 1 < size && key[c + 1] > key[c]) ++c;
-      if (key[c] <= x) break;
+    for (index_t c = 1; c < size; c = 2 * i + 1) {
+      c += key[c + 1] > key[c] ? 1 : 0;
       key[i] = key[c];
       i = c;
+    }
+    while (i > 0) {
+      const index_t p = (i - 1) / 2;
+      if (key[p] >= x) break;
+      key[i] = key[p];
+      i = p;
     }
     key[i] = x;
     key[size] = top;
@@ -121,30 +130,106 @@ struct open_heap {
   }
 };
 
-/// The best-first (or beam) search of row r; sets overflow[r] when an exact search outgrew the
-/// row's open list (its outputs are then rewritten by the retry).
-template <bool Sigmoid, class T, class View>
+/// How many rows one search task runs in lockstep: on a host backend 16, so that their node scores
+/// (a dot product and an exp/log1p chain, each latency-bound: two 8-lane chains) overlap in the
+/// core; on a device backend 1 (a thread per row is the parallelism there).
+template <class B>
+inline constexpr index_t search_rows_per_task = is_host_backend<B> ? 2 * node_lanes : 1;
+
+/// The best-first (or beam) searches of rows [G t, G t + G) of a tile, in lockstep: each round
+/// every unfinished row pops its best open entries until it takes a leaf into its output or meets
+/// an internal node, then the round's nodes are scored one after another, then their children
+/// pushed. Each row's search is exactly the one-row search (the same pops, expansions and pushes
+/// in the same order). Sets overflow[i] when an exact search outgrew row i's open list (its
+/// outputs are then rewritten by the retry).
+template <bool Sigmoid, class T, class View, index_t G>
 struct topk_search_step {
   View tv;
   const float* h;
   index_t d;
   matrix_view<const T> w;
   const T* bias;
-  index_t k, beam, capacity, max_block, row0;
+  index_t k, beam, capacity, max_block, row0, n;  ///< n: the tile's rows
   std::uint64_t* open_key;
   float* child_lp;  ///< max_block per row
+  float* leaf_lp;   ///< k per row: an exact search's k best leaf log-probabilities pushed so far
   matrix_view<index_t> classes;
   matrix_view<float> log_probs;
   int* overflow;
 
-  XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t r = row0 + i;
-    open_heap heap{open_key + i * capacity, 0, capacity};
-    float* lp = child_lp + i * max_block;
-    const float* hr = h + r * d;
-    bool ok = expand(heap, hr, lp, 0, tv.root_block_size(), 0.f);
-    index_t found = 0;
-    while (ok && found < k && heap.size > 0) {
+  XSOFTMAX_HD void operator()(index_t t) const {
+    const index_t i0 = t * G, m = n - i0 < G ? n - i0 : G;
+    open_heap heap[G];
+    index_t found[G], node[G], size[G], leaves[G];
+    float base[G];
+    bool live[G];  // still searching (and not overflowed)
+    for (index_t j = 0; j < m; ++j) {
+      heap[j] = open_heap{open_key + (i0 + j) * capacity, 0, capacity};
+      found[j] = 0;
+      leaves[j] = 0;
+      node[j] = 0;
+      size[j] = tv.root_block_size();
+      base[j] = 0.f;
+      live[j] = true;
+      overflow[i0 + j] = 0;
+    }
+    bool first = true;
+    for (;;) {
+      // Each live row's next node to expand (the root in the first round).
+      bool any = false;
+      for (index_t j = 0; j < m; ++j) {
+        if (!live[j]) continue;
+        if (!first) live[j] = next_node(heap[j], row0 + i0 + j, found[j], node[j], size[j], base[j]);
+        any = any || live[j];
+      }
+      first = false;
+      if (!any) break;
+      if constexpr (Sigmoid) {
+        // child_log_probs' values, in two loops: the round's dot products, then their softplus
+        // pairs (independent chains side by side instead of one dot-exp-log1p chain at a time).
+        static_assert(G < node_lanes || G % node_lanes == 0);
+        constexpr index_t L = G < node_lanes ? node_lanes : G;
+        float sc[L] = {}, minus[L], plus[L];
+        for (index_t j = 0; j < m; ++j) {
+          const index_t nd = node[j] / 2;
+          const float dot = live[j] ? dot_row8(h + (row0 + i0 + j) * d, w.row(nd), w.cols) : 0.f;
+          sc[j] = bias ? dot + to_float(bias[nd]) : dot;
+        }
+        if constexpr (G % node_lanes == 0)
+          for (index_t j = 0; j < G; j += node_lanes) softplus_pair8(sc + j, minus + j, plus + j);
+        else
+          for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
+        for (index_t j = 0; j < m; ++j) {
+          child_lp[(i0 + j) * max_block] = -minus[j];
+          child_lp[(i0 + j) * max_block + 1] = -plus[j];
+        }
+      } else {
+        for (index_t j = 0; j < m; ++j)
+          if (live[j])
+            child_log_probs<Sigmoid>(h + (row0 + i0 + j) * d, w, bias, node[j], size[j],
+                                     child_lp + (i0 + j) * max_block);
+      }
+      for (index_t j = 0; j < m; ++j) {
+        if (!live[j]) continue;
+        if (!push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j],
+                           leaf_lp + (i0 + j) * k, leaves[j])) {
+          live[j] = false;
+          overflow[i0 + j] = 1;
+        }
+      }
+    }
+    for (index_t j = 0; j < m; ++j)
+      for (index_t f = found[j]; f < k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
+        classes(row0 + i0 + j, f) = -1;
+        log_probs(row0 + i0 + j, f) = -INFINITY;
+      }
+  }
+
+  /// Pops row r's best entries into its output while they are leaves; false when the search is
+  /// over (k found, or nothing open), else the internal node to expand next.
+  XSOFTMAX_HD bool next_node(open_heap& heap, index_t r, index_t& found, index_t& block_begin, index_t& block_size,
+                             float& lp) const {
+    while (found < k && heap.size > 0) {
       heap.pop_to_back();
       const float best_lp = open_heap::lp_of(heap.key[heap.size]);
       const child_ref c = tv.child(open_heap::row_of(heap.key[heap.size]));
@@ -153,21 +238,34 @@ struct topk_search_step {
         log_probs(r, found) = best_lp;
         ++found;
       } else {
-        ok = expand(heap, hr, lp, c.block_begin, c.block_size, best_lp);
+        block_begin = c.block_begin;
+        block_size = c.block_size;
+        lp = best_lp;
+        return true;
       }
     }
-    overflow[i] = ok ? 0 : 1;
-    for (; found < k; ++found) {  // only a narrow beam (or an overflow, retried) leaves slots
-      classes(r, found) = -1;
-      log_probs(r, found) = -INFINITY;
-    }
+    return false;
   }
 
-  XSOFTMAX_HD bool expand(open_heap& heap, const float* hr, float* lp, index_t block_begin, index_t block_size,
-                          float base) const {
-    child_log_probs<Sigmoid>(hr, w, bias, block_begin, block_size, lp);
-    for (index_t j = 0; j < block_size; ++j)
-      if (!heap.push(base + lp[j], block_begin + j)) return false;
+  /// Pushes the expanded node's children. An exact search skips a child whose log-probability is
+  /// below the k-th best leaf pushed so far (`best`: the `leaves` <= k best, descending): those k
+  /// leaves come out of the heap before it, so it would never be popped (log-probabilities only
+  /// fall along a path, so nothing below it could either). Ties are pushed: the result is the
+  /// unpruned search's, entry for entry, with a smaller heap.
+  XSOFTMAX_HD bool push_children(open_heap& heap, const float* lp, index_t block_begin, index_t block_size,
+                                 float base, float* best, index_t& leaves) const {
+    for (index_t j = 0; j < block_size; ++j) {
+      const float v = base + lp[j];
+      if (beam == 0) {
+        if (leaves == k && v < best[k - 1]) continue;
+        if (tv.child(block_begin + j).is_leaf) {
+          index_t i = leaves < k ? leaves++ : k - 1;
+          for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];
+          best[i] = v;
+        }
+      }
+      if (!heap.push(v, block_begin + j)) return false;
+    }
     if (beam > 0 && heap.size > beam) heap.keep_best(beam);
     return true;
   }
@@ -220,19 +318,20 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
   index_t capacity = beam > 0 ? beam + max_block : 1024 + 4 * (k + 1) * max_block;
   for (;;) {
     const std::size_t per_row = static_cast<std::size_t>(capacity) * sizeof(std::uint64_t) +
-                                static_cast<std::size_t>(max_block) * sizeof(float) + sizeof(int);
+                                static_cast<std::size_t>(max_block + k) * sizeof(float) + sizeof(int);
     const index_t tile =
         std::clamp<index_t>(static_cast<index_t>(tree_search_budget_bytes / per_row), 1, rows);
     search_scratch<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity));
-    search_scratch<B, float> child_lp(static_cast<std::size_t>(tile * max_block));
+    search_scratch<B, float> child_lp(static_cast<std::size_t>(tile * max_block)), leaf_lp(static_cast<std::size_t>(tile * k));
     backend_vector<B, int> overflow(static_cast<std::size_t>(tile));
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
       const index_t n = std::min(tile, rows - row0);
-      parallel_for(ex, n,
-                   topk_search_step<Sigmoid, T, View>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0,
-                                                      open_key.data(), child_lp.data(), classes, log_probs,
-                                                      raw(overflow)});
+      constexpr index_t G = search_rows_per_task<B>;
+      parallel_for(ex, (n + G - 1) / G,
+                   topk_search_step<Sigmoid, T, View, G>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block,
+                                                         row0, n, open_key.data(), child_lp.data(), leaf_lp.data(), classes,
+                                                         log_probs, raw(overflow)});
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
     if (!outgrown) return;

@@ -13,6 +13,7 @@
 /// thread counts.
 
 #include <xsoftmax/config.hpp>
+#include <xsoftmax/detail/primitives/row_kernels.hpp>  // XSOFTMAX_ROW_KERNELS_AVX2, row_simd::has_avx2
 
 #include <cmath>
 #include <cstdint>
@@ -100,5 +101,51 @@ XSOFTMAX_HD inline float fast_log1p_unit(float e) {
   p = p * u2;
   return 2.f * u + 2.f * u * p;
 }
+
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+/// `fast_exp` and `fast_log1p_unit` on 8 lanes (host tuning, AVX2 CPUs only: callers check
+/// `row_simd::has_avx2`): the same float operations in the same order lane by lane, the selects as
+/// blends, no FMA, so each lane is bitwise the scalar function's value (tests/primitives/
+/// row_kernels_avx2_test.cpp). Inlined only into AVX2 functions.
+namespace avx2 {
+__attribute__((target("avx2"), always_inline)) inline __m256 fast_exp(__m256 x) {
+  const __m256i sign = _mm256_set1_epi32(static_cast<std::int32_t>(0x80000000u));
+  const __m256i hi = _mm256_set1_epi32(0x42B0C0A5), lo = _mm256_set1_epi32(static_cast<std::int32_t>(0xC2AEAC50u));
+  const __m256i xb = _mm256_castps_si256(x);
+  // unsigned xb > lo as a signed comparison of both with the top bit flipped
+  const __m256i below = _mm256_cmpgt_epi32(_mm256_xor_si256(xb, sign), _mm256_xor_si256(lo, sign));
+  const __m256i above = _mm256_cmpgt_epi32(xb, hi);
+  const __m256 xc = _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_blendv_epi8(xb, hi, above), lo, below));
+  const __m256 magic = _mm256_set1_ps(12582912.f);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)), magic), magic);
+  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_andnot_si256(below, scale)));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_castps_si256(y), _mm256_set1_epi32(0x7F800000), above));
+}
+
+__attribute__((target("avx2"), always_inline)) inline __m256 fast_log1p_unit(__m256 e) {
+  const __m256 u = _mm256_div_ps(e, _mm256_add_ps(_mm256_set1_ps(2.f), e)), u2 = _mm256_mul_ps(u, u);
+  __m256 p = _mm256_set1_ps(1.f / 15.f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, u2), _mm256_set1_ps(1.f / 13.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, u2), _mm256_set1_ps(1.f / 11.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, u2), _mm256_set1_ps(1.f / 9.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, u2), _mm256_set1_ps(1.f / 7.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, u2), _mm256_set1_ps(1.f / 5.f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, u2), _mm256_set1_ps(1.f / 3.f));
+  p = _mm256_mul_ps(p, u2);
+  const __m256 two_u = _mm256_mul_ps(_mm256_set1_ps(2.f), u);
+  return _mm256_add_ps(two_u, _mm256_mul_ps(two_u, p));
+}
+}  // namespace avx2
+#endif
 
 }  // namespace xsoftmax::detail

@@ -12,6 +12,16 @@
 /// builds with SSE2 (and no nvcc) run the same arithmetic on 4-float vectors (GCC/Clang vector
 /// extensions): the same products and sums in the same order, so both paths give bitwise the
 /// same results, deterministic and equal for every thread count.
+///
+/// AVX2 (host tuning, selected at run time): on x86-64 GCC/Clang host builds whose baseline ISA has
+/// no FMA (the default: no -march flag; see the guard below for why not otherwise), the float versions
+/// call `dot_row8_avx2` / `axpy_row_avx2` when the CPU has AVX2 (`row_simd::has_avx2`, read once
+/// at start-up; nothing is built with -march). They compute the same products and sums in the same
+/// order on 8-float vectors (lanes p mod 8 are exactly dot_row8's 8 partial sums) and use no FMA:
+/// a fused multiply-add rounds once where the portable code rounds twice, so results would depend
+/// on the CPU the program runs on; without it they are bitwise those of the portable path, which
+/// stays the oracle (tests/primitives/row_kernels_avx2_test.cpp checks it bitwise). The dot's
+/// single 8-lane add chain is latency-bound, where an FMA's longer latency would not pay anyway.
 
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/types.hpp>
@@ -21,6 +31,13 @@
 
 #if defined(__SSE2__) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__))
 #define XSOFTMAX_ROW_KERNELS_SIMD 1
+// Not when the whole build may use FMA (-march=haswell or later: __FMA__): GCC then contracts the
+// portable code's a * b + c into FMAs (-ffp-contract=fast, its C++ default) and the AVX2 path
+// could no longer match it bit for bit; such a build vectorises the portable code for its own ISA.
+#if defined(__x86_64__) && !defined(__FMA__) && !defined(XSOFTMAX_NO_AVX2_DISPATCH)
+#define XSOFTMAX_ROW_KERNELS_AVX2 1
+#include <immintrin.h>
+#endif
 #endif
 
 namespace xsoftmax::detail {
@@ -37,10 +54,81 @@ inline void store(float* p, v4 v) { std::memcpy(p, &v, sizeof v); }
 }  // namespace row_simd
 #endif
 
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+namespace row_simd {
+/// Whether this CPU runs AVX2 (and the OS saves its registers): decided once, at start-up.
+inline const bool has_avx2 = [] {
+  __builtin_cpu_init();  // may run before libgcc's own constructor (static initialisation order)
+  return __builtin_cpu_supports("avx2") != 0;
+}();
+}  // namespace row_simd
+
+/// `dot_row8`'s sums on 8-float vectors: lane l of `acc` is dot_row8's partial sum l, its 4-wide
+/// tail goes into lanes 0-3 and the last < 4 elements into lanes 4-6, as there (no FMA).
+__attribute__((target("avx2"), noinline)) inline float dot_row8_avx2(const float* h, const float* w, index_t d) {
+  __m256 acc = _mm256_setzero_ps();
+  index_t p = 0;
+  for (; p + 16 <= d; p += 16) {
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(h + p), _mm256_loadu_ps(w + p)));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(h + p + 8), _mm256_loadu_ps(w + p + 8)));
+  }
+  if (p + 8 <= d) {
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(h + p), _mm256_loadu_ps(w + p)));
+    p += 8;
+  }
+  __m128 a = _mm256_castps256_ps128(acc), b = _mm256_extractf128_ps(acc, 1);
+  if (p + 4 <= d) {
+    a = _mm_add_ps(a, _mm_mul_ps(_mm_loadu_ps(h + p), _mm_loadu_ps(w + p)));
+    p += 4;
+  }
+  if (p < d) {  // the last 1-3 elements (through memory: rare, and exact)
+    alignas(16) float lb[4];
+    _mm_store_ps(lb, b);
+    lb[0] += h[p] * w[p];
+    if (p + 1 < d) lb[1] += h[p + 1] * w[p + 1];
+    if (p + 2 < d) lb[2] += h[p + 2] * w[p + 2];
+    b = _mm_load_ps(lb);
+  }
+  a = _mm_add_ps(a, b);
+  const __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));  // lanes 0, 1: l0 + l2, l1 + l3
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+/// `axpy_row` on 8-float vectors (element by element: y[p] + g * x[p], no FMA).
+__attribute__((target("avx2"), noinline)) inline void axpy_row_avx2(float g, const float* x, float* y, index_t d) {
+  const __m256 gv = _mm256_set1_ps(g);
+  index_t p = 0;
+  for (; p + 16 <= d; p += 16) {
+    const __m256 y0 = _mm256_add_ps(_mm256_loadu_ps(y + p), _mm256_mul_ps(gv, _mm256_loadu_ps(x + p)));
+    const __m256 y1 = _mm256_add_ps(_mm256_loadu_ps(y + p + 8), _mm256_mul_ps(gv, _mm256_loadu_ps(x + p + 8)));
+    _mm256_storeu_ps(y + p, y0);
+    _mm256_storeu_ps(y + p + 8, y1);
+  }
+  if (p + 8 <= d) {
+    _mm256_storeu_ps(y + p, _mm256_add_ps(_mm256_loadu_ps(y + p), _mm256_mul_ps(gv, _mm256_loadu_ps(x + p))));
+    p += 8;
+  }
+  if (p + 4 <= d) {
+    _mm_storeu_ps(y + p, _mm_add_ps(_mm_loadu_ps(y + p), _mm_mul_ps(_mm256_castps256_ps128(gv), _mm_loadu_ps(x + p))));
+    p += 4;
+  }
+  for (; p < d; ++p) y[p] += g * x[p];
+}
+
+/// `scale_row` on 8-float vectors.
+__attribute__((target("avx2"), noinline)) inline void scale_row_avx2(float g, const float* x, float* y, index_t d) {
+  const __m256 gv = _mm256_set1_ps(g);
+  index_t p = 0;
+  for (; p + 8 <= d; p += 8) _mm256_storeu_ps(y + p, _mm256_mul_ps(gv, _mm256_loadu_ps(x + p)));
+  for (; p < d; ++p) y[p] = g * x[p];
+}
+#endif
+
 /// h . w with 8 partial sums (lanes p mod 8; a 4-wide step into lanes 0-3, then lanes 4-6 take
-/// the last < 4 elements), reduced as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+/// the last < 4 elements), reduced as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)); the
+/// portable version (scalar, or SSE2 vectors on a host), the oracle of the AVX2 one.
 template <class T>
-XSOFTMAX_HD inline float dot_row8(const float* h, const T* w, index_t d) {
+XSOFTMAX_HD inline float dot_row8_portable(const float* h, const T* w, index_t d) {
 #if defined(XSOFTMAX_ROW_KERNELS_SIMD)
   if constexpr (std::is_same_v<T, float>) {
     using namespace row_simd;
@@ -96,9 +184,9 @@ XSOFTMAX_HD inline float dot_row8(const float* h, const T* w, index_t d) {
   return (a0 + a2) + (a1 + a3);
 }
 
-/// y[p] += g * x[p] for p in [0, d) (y and x do not overlap).
+/// y[p] += g * x[p] for p in [0, d) (y and x do not overlap); the portable version.
 template <class T>
-XSOFTMAX_HD inline void axpy_row(float g, const T* x, float* y, index_t d) {
+XSOFTMAX_HD inline void axpy_row_portable(float g, const T* x, float* y, index_t d) {
   index_t p = 0;
 #if defined(XSOFTMAX_ROW_KERNELS_SIMD)
   if constexpr (std::is_same_v<T, float>) {
@@ -121,6 +209,34 @@ XSOFTMAX_HD inline void axpy_row(float g, const T* x, float* y, index_t d) {
   }
 #endif
   for (; p < d; ++p) y[p] += g * to_float(x[p]);
+}
+
+/// y[p] = g * x[p] for p in [0, d) (y and x do not overlap); AVX2 when the host CPU has it.
+XSOFTMAX_HD inline void scale_row(float g, const float* x, float* y, index_t d) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if (row_simd::has_avx2) return scale_row_avx2(g, x, y, d);
+#endif
+  for (index_t p = 0; p < d; ++p) y[p] = g * x[p];
+}
+
+/// h . w in `dot_row8_portable`'s order; AVX2 when the host CPU has it (bitwise the same).
+template <class T>
+XSOFTMAX_HD inline float dot_row8(const float* h, const T* w, index_t d) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if constexpr (std::is_same_v<T, float>)
+    if (row_simd::has_avx2) return dot_row8_avx2(h, w, d);
+#endif
+  return dot_row8_portable(h, w, d);
+}
+
+/// y[p] += g * x[p] for p in [0, d) (y and x do not overlap); AVX2 when the host CPU has it.
+template <class T>
+XSOFTMAX_HD inline void axpy_row(float g, const T* x, float* y, index_t d) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if constexpr (std::is_same_v<T, float>)
+    if (row_simd::has_avx2) return axpy_row_avx2(g, x, y, d);
+#endif
+  axpy_row_portable(g, x, y, d);
 }
 
 }  // namespace xsoftmax::detail
