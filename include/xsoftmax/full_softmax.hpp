@@ -101,9 +101,9 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   /// it (one GEMM of 2 B x chunk x dim FLOPs saved per chunk kept); the rest are recomputed. The
   /// results are bitwise the same at every budget. A budget of B x num_classes x 4 bytes or more keeps
   /// every score (then no separate chunk buffer is needed either); 0 keeps none, the lowest memory.
-  /// Default `default_score_cache_bytes`. Forward-only verbs keep nothing. The cuda backend's tuned
-  /// kernel (fp32/bf16 weights without loss terms) ignores the budget and recomputes. Throws
-  /// `invalid_argument` when `bytes` < 0.
+  /// Default `default_score_cache_bytes` (on cuda, device memory). Forward-only verbs keep nothing.
+  /// The cuda backend's tuned kernel (bf16/fp16 weights, plain loss) ignores the budget and
+  /// recomputes. Throws `invalid_argument` when `bytes` < 0.
   void set_score_cache_bytes(index_t bytes);
   [[nodiscard]] index_t score_cache_bytes() const { return score_cache_bytes_; }
 
