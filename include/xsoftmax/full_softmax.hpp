@@ -96,9 +96,9 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   /// The default score-cache budget of `set_score_cache_bytes`: 64 MiB.
   static constexpr index_t default_score_cache_bytes = index_t(64) << 20;
   /// Workspace (bytes) that `forward_backward` and `backward` may spend keeping the first pass's
-  /// scores for the second: each chunk of batch_rows x chunk_size fp32 scores that fits what is left
-  /// of the budget is kept, in class order, and the backward pass takes it instead of recomputing
-  /// it (one GEMM of 2 B x chunk x dim FLOPs saved per chunk kept); the rest are recomputed. The
+  /// scores for the second: chunks of batch_rows x chunk_size fp32 scores are kept in class order
+  /// while each fits what is left of the budget, and the backward pass takes them instead of
+  /// recomputing them (one GEMM of 2 B x chunk x dim FLOPs saved per chunk kept); the rest are recomputed. The
   /// results are bitwise the same at every budget. A budget of B x num_classes x 4 bytes or more keeps
   /// every score (then no separate chunk buffer is needed either); 0 keeps none, the lowest memory.
   /// Default `default_score_cache_bytes` (on cuda, device memory). Forward-only verbs keep nothing.
