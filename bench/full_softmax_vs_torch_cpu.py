@@ -9,10 +9,14 @@ RSS once inputs and weights exist), so one method's allocations never count agai
 
     OMP_WAIT_POLICY=passive python3 bench/full_softmax_vs_torch_cpu.py --classes 100000 1000000
     python3 bench/full_softmax_vs_torch_cpu.py --classes 100000 --steps 5 --threads 2 --json out.json
+    python3 bench/full_softmax_vs_torch_cpu.py --classes 100000 --cache-mib 0 all   # more budgets
 
 Floor: a step is three GEMMs of 2 B N d FLOPs (scores, grad_hidden, grad_weight); xsoftmax adds a
-fourth (it recomputes the scores in the backward pass instead of keeping the B x N logits).
-Needs the xsoftmax package (pip install --no-build-isolation ./python).
+fourth for every chunk of scores it recomputes in the backward pass (those that do not fit its
+score-cache budget, FullSoftmaxLoss(score_cache_bytes=...); torch keeps the B x N logits).
+"xsoftmax" is the default budget; "xsoftmax@M" a budget of M MiB ("all": B x N x 4 bytes), each
+run side by side with the others. --openblas-coretype sets OPENBLAS_CORETYPE (xsoftmax's BLAS)
+before anything loads OpenBLAS. Needs the xsoftmax package (pip install --no-build-isolation ./python).
 """
 import argparse
 import gc
@@ -55,16 +59,35 @@ def xsoftmax_step(head, h, t, lr):
     return loss.item()
 
 
+def cache_bytes(method, n, b):
+    """The score-cache budget of method "xsoftmax@M" (None: the default)."""
+    if "@" not in method:
+        return None
+    mib = method.split("@", 1)[1]
+    return b * n * 4 if mib == "all" else int(float(mib) * 2 ** 20)
+
+
 def stepper(method, n, d, b):
     h, t, w = make(n, d, b)
     if method == "torch":
         w = w.requires_grad_()
         return lambda: torch_step(w, h, t, 0.1)
     from xsoftmax import FullSoftmaxLoss
-    head = FullSoftmaxLoss(n, d)
+    head = FullSoftmaxLoss(n, d, score_cache_bytes=cache_bytes(method, n, b))
     with torch.no_grad():
         head.weight.copy_(w)
     return lambda: xsoftmax_step(head, h, t, 0.1)
+
+
+def openblas_core():
+    """The core type OpenBLAS runs (the system libopenblas that xsoftmax links), or '?'."""
+    try:
+        import ctypes
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "?"
 
 
 def proc_status_mib(key):
@@ -103,13 +126,23 @@ def main():
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--steps", type=int, default=5, help="timed steps per method (after one warm-up step)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--cache-mib", nargs="*", default=[],
+                   help="also run xsoftmax with these score-cache budgets (MiB, or 'all')")
+    p.add_argument("--openblas-coretype", help="OPENBLAS_CORETYPE for xsoftmax's OpenBLAS (e.g. Haswell, SkylakeX)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args()
+    if a.openblas_coretype:
+        os.environ["OPENBLAS_CORETYPE"] = a.openblas_coretype  # read when OpenBLAS loads (with xsoftmax._C)
     torch.set_num_threads(a.threads)
+    methods = ["torch", "xsoftmax"] + [f"xsoftmax@{m}" for m in a.cache_mib]
     rows = []
-    print(f"torch {torch.__version__}, {a.threads} threads, d = {a.dim}, B = {a.batch}", flush=True)
+    import xsoftmax.torch  # noqa: F401  (loads OpenBLAS now, under the core type above)
+    from xsoftmax import _C
+    print(f"torch {torch.__version__}, {a.threads} threads, d = {a.dim}, B = {a.batch}; OpenBLAS core "
+          f"{openblas_core()}; xsoftmax default score cache {_C.default_score_cache_bytes() / 2 ** 20:g} MiB",
+          flush=True)
     for n in a.classes:
-        steps = {m: stepper(m, n, a.dim, a.batch) for m in ("torch", "xsoftmax")}
+        steps = {m: stepper(m, n, a.dim, a.batch) for m in methods}
         for s in steps.values():
             s()  # warm-up
         times = {m: [] for m in steps}
@@ -119,19 +152,24 @@ def main():
                 s()
                 times[m].append(time.perf_counter() - t0)
         del steps
-        peak = {m: child_peak(m, n, a.dim, a.batch, a.threads) for m in ("torch", "xsoftmax")}
+        peak = {m: child_peak(m, n, a.dim, a.batch, a.threads) for m in methods}
         gflop = 3 * 2 * a.batch * n * a.dim / 1e9
         med = {m: statistics.median(v) for m, v in times.items()}
-        row = {"classes": n, "dim": a.dim, "batch": a.batch, "threads": a.threads, "gemm_gflop_per_step": gflop,
-               "torch_s": med["torch"], "xsoftmax_s": med["xsoftmax"], "torch_all_s": times["torch"],
-               "xsoftmax_all_s": times["xsoftmax"], "speedup": med["torch"] / med["xsoftmax"],
-               "torch_peak_mib": peak["torch"], "xsoftmax_peak_mib": peak["xsoftmax"],
-               "memory_ratio": peak["xsoftmax"] / peak["torch"]}
-        rows.append(row)
         print(f"N = {n:>9,}: torch {med['torch'] * 1e3:8.1f} ms ({gflop / med['torch']:.0f} GFLOP/s of the 3-GEMM "
-              f"floor), xsoftmax {med['xsoftmax'] * 1e3:8.1f} ms -> {row['speedup']:.2f}x; peak memory torch "
-              f"{peak['torch']:.0f} MiB, xsoftmax {peak['xsoftmax']:.0f} MiB ({row['memory_ratio']:.2f}x)",
-              flush=True)
+              f"floor), peak memory {peak['torch']:.0f} MiB", flush=True)
+        for m in methods[1:]:
+            budget = cache_bytes(m, n, a.batch)
+            row = {"classes": n, "dim": a.dim, "batch": a.batch, "threads": a.threads, "gemm_gflop_per_step": gflop,
+                   "openblas_core": openblas_core(), "method": m,
+                   "score_cache_bytes": _C.default_score_cache_bytes() if budget is None else budget,
+                   "torch_s": med["torch"], "xsoftmax_s": med[m], "torch_all_s": times["torch"],
+                   "xsoftmax_all_s": times[m], "speedup": med["torch"] / med[m],
+                   "torch_peak_mib": peak["torch"], "xsoftmax_peak_mib": peak[m],
+                   "memory_ratio": peak[m] / peak["torch"]}
+            rows.append(row)
+            print(f"  {m:>16} (cache {row['score_cache_bytes'] / 2 ** 20:7.0f} MiB): {med[m] * 1e3:8.1f} ms -> "
+                  f"torch / xsoftmax {row['speedup']:.2f}x; peak memory {peak[m]:.0f} MiB "
+                  f"({row['memory_ratio']:.2f}x torch's)", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -3,8 +3,9 @@
 /// \file
 /// `full_softmax`: the exact softmax cross-entropy over all N classes, the baseline every other head
 /// is measured against. The B x N logits matrix is never materialised: scores are produced chunk by
-/// chunk of classes and folded into an online log-sum-exp; the backward pass recomputes each chunk.
-/// Peak extra memory is O(B x chunk_size).
+/// chunk of classes and folded into an online log-sum-exp; the backward pass recomputes each chunk
+/// that does not fit the score-cache budget (`set_score_cache_bytes`). Peak extra memory is
+/// O(B x chunk_size) plus that budget.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/sharding/prefetch.hpp>
@@ -137,6 +138,19 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   void log_prob(gathered_batch& rows, vector_view<const index_t> targets, vector_view<float> out) const;
   void topk(gathered_batch& rows, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs) const;
   /// @}
+  /// The default score-cache budget of `set_score_cache_bytes`: 64 MiB.
+  static constexpr index_t default_score_cache_bytes = index_t(64) << 20;
+  /// Workspace (bytes) that `forward_backward` and `backward` may spend keeping the first pass's
+  /// scores for the second: chunks of batch_rows x chunk_size fp32 scores are kept in class order
+  /// while each fits what is left of the budget, and the backward pass takes them instead of
+  /// recomputing them (one GEMM of 2 B x chunk x dim FLOPs saved per chunk kept); the rest are recomputed. The
+  /// results are bitwise the same at every budget. A budget of B x num_classes x 4 bytes or more keeps
+  /// every score (then no separate chunk buffer is needed either); 0 keeps none, the lowest memory.
+  /// Default `default_score_cache_bytes` (on cuda, device memory). Forward-only verbs keep nothing.
+  /// The cuda backend's tuned kernel (bf16/fp16 weights, plain loss) ignores the budget and
+  /// recomputes; so do class-sharded heads for now. Throws `invalid_argument` when `bytes` < 0.
+  void set_score_cache_bytes(index_t bytes);
+  [[nodiscard]] index_t score_cache_bytes() const { return score_cache_bytes_; }
 
   // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
   // forms, apply_sgd) are head_verbs'. What is particular to this head:
@@ -211,6 +225,7 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   detail::weight_store<storage_type, Backend> store_;
   backend_resources<Backend> resources_;
   index_t chunk_size_ = 0;
+  index_t score_cache_bytes_ = default_score_cache_bytes;
 };
 
 }  // namespace xsoftmax

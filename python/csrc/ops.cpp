@@ -3,7 +3,8 @@
 // PyTorch bindings of xsoftmax: one translation unit (compile time), CPU tensors, the `omp` backend.
 //
 // Operators (TORCH_LIBRARY(xsoftmax)); `head` is 0 for the full softmax or a handle made by one of
-// the `create_*` functions of the Python module (a tree, a sampler, a KNN configuration), `step`
+// the `create_*` functions of the Python module (a full softmax's score-cache budget, a tree, a
+// sampler, a KNN configuration), `step`
 // an optional int64 scalar tensor (the training step of the sampled and KNN heads):
 //
 //   loss(hidden, weight, bias?, targets, reduction, ignore_index, head, step?, sparse_grad) -> loss
@@ -100,6 +101,13 @@ struct state {
   head_cache cache;
 };
 
+/// A full softmax with a score-cache budget other than the library's default (the head itself is a
+/// view made per call, like handle 0's).
+struct full_state final : state {
+  explicit full_state(int64_t b) : score_cache_bytes(b) {}
+  int64_t score_cache_bytes;
+};
+
 struct tree_state final : state {
   explicit tree_state(tree_type t, bool s) : tree(std::move(t)), sigmoid(s) {}
   tree_type tree;
@@ -170,6 +178,12 @@ void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at:
       return;
     }
     const std::shared_ptr<state> st = find_state(handle, op);
+    if (auto* full = dynamic_cast<full_state*>(st.get())) {
+      xs::full_softmax<P, backend> head(w, b);
+      head.set_score_cache_bytes(full->score_cache_bytes);
+      f(head);
+      return;
+    }
     std::lock_guard<std::mutex> lock(st->mu);
     const head_key key = key_of(weight, bias);
     if (auto* t = dynamic_cast<tree_state*>(st.get())) {
@@ -325,6 +339,14 @@ std::vector<index_t> to_index_vector(const at::Tensor& t, const char* name) {
   return std::vector<index_t>(p, p + c.numel());
 }
 
+int64_t create_full(int64_t score_cache_bytes) {
+  return guarded([&] {
+    xs::full_softmax<xs::fp32, backend> check(1, 1);
+    check.set_score_cache_bytes(score_cache_bytes);  // validates now (throws naming the value)
+    return register_state(std::make_shared<full_state>(score_cache_bytes));
+  });
+}
+
 int64_t create_tree(const at::Tensor& parent, const c10::optional<at::Tensor>& leaf_class, int64_t num_classes,
                     bool sigmoid) {
   return guarded([&] {
@@ -471,6 +493,8 @@ void register_sharded_ops(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "xsoftmax PyTorch operators (CPU) and head handles";
+  m.def("create_full", &create_full, pybind11::arg("score_cache_bytes"));
+  m.def("default_score_cache_bytes", [] { return xs::full_softmax<xs::fp32, backend>::default_score_cache_bytes; });
   m.def("create_tree", &create_tree, pybind11::arg("parent"), pybind11::arg("leaf_class"),
         pybind11::arg("num_classes"), pybind11::arg("sigmoid"));
   m.def("huffman_parents", &huffman_parents, pybind11::arg("counts"), pybind11::arg("arity"));

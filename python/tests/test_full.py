@@ -168,3 +168,52 @@ def test_every_sample_ignored(reduction):
     torch.testing.assert_close(loss, ref.detach(), equal_nan=True)  # mean: nan, as F.cross_entropy
     loss.sum().backward()
     assert hidden.grad.abs().sum() == 0 and head.weight.grad.abs().sum() == 0
+
+
+def test_score_cache_bytes_gives_bitwise_the_same_step():
+    # B = 4096 rows: the library's chunks are 2048 classes (32 MiB of scores), so N = 5000 is three
+    # chunks; the budgets keep none, one, two (the default, 64 MiB) and all of them.
+    n, d, b = 5000, 8, 4096
+    torch.manual_seed(3)
+    hidden, targets = torch.randn(b, d), torch.randint(0, n, (b,))
+    targets[::7] = -100
+    chunk_bytes = b * 2048 * 4
+    results = []
+    for budget in (0, chunk_bytes + 1, None, b * n * 4):
+        head = FullSoftmaxLoss(n, d, bias=True, score_cache_bytes=budget)
+        with torch.no_grad():
+            head.weight.copy_(torch.linspace(-1, 1, n * d).reshape(n, d).sin())
+            head.bias.copy_(torch.linspace(-1, 1, n))
+        results.append(run(head, hidden, targets, 1.0))
+        assert f"score_cache_bytes={budget}" in repr(head)
+    for other in results[1:]:
+        for a, e in zip(other, results[0]):
+            assert torch.equal(a, e)
+    ref = reference(hidden, targets, head.weight, head.bias, "mean", -100)
+    torch.testing.assert_close(results[-1][0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[-1][2] * ref[4], ref[2], rtol=1e-4, atol=1e-6)
+
+
+def test_score_cache_bytes_rejects_negative_and_survives_copies():
+    with pytest.raises(ValueError, match="bytes = -1"):
+        FullSoftmaxLoss(N, D, score_cache_bytes=-1)
+    import copy
+    import pickle
+    head = FullSoftmaxLoss(N, D, score_cache_bytes=1 << 20)
+    h, t = torch.randn(5, D), torch.randint(0, N, (5,))
+    for clone in (copy.deepcopy(head), pickle.loads(pickle.dumps(head))):
+        assert clone.score_cache_bytes == 1 << 20
+        torch.testing.assert_close(clone(h, t), head(h, t))
+        assert torch.equal(clone.predict(h, 3)[1], head.predict(h, 3)[1])
+
+
+def test_upstream_scale_is_applied_to_the_weight_gradient():
+    # loss.backward() takes the operator's gradient as it is (no num_classes x dim copy);
+    # (loss * 2.5).backward(): scaled, and equal to 2.5 x the first.
+    head = FullSoftmaxLoss(N, D)
+    h, t = torch.randn(6, D), torch.randint(0, N, (6,))
+    head(h, t).backward()
+    g1 = head.weight.grad.clone()
+    head.weight.grad = None
+    (head(h, t) * 2.5).backward()
+    torch.testing.assert_close(head.weight.grad, 2.5 * g1)

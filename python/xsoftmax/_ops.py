@@ -11,9 +11,36 @@ Operators (schemas in csrc/ops.cpp), all on CPU tensors:
 * ``xsoftmax::backward`` -- the gradients for a given upstream gradient.
 * ``xsoftmax::topk`` -- the k most probable classes and their log-probabilities.
 """
+import os
+
 import torch
 
-from . import _C  # noqa: F401  (registers the operators)
+
+def _avx512_cpu():
+    """Whether the CPU has the AVX-512 subsets OpenBLAS's SkylakeX kernels use (Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"} <= flags
+    except OSError:
+        pass
+    return False
+
+
+# OpenBLAS (the dense scores' BLAS when the package links it) picks its kernels from a CPU table when
+# it loads, and older releases (Debian 12's 0.3.21) give CPUs newer than the table the AVX2 Haswell
+# or even SSE3 kernels: on an AMD EPYC of family 26 (Zen 5) that is half the sgemm speed of the
+# AVX-512 SkylakeX kernels (bench/RESULTS.md). So, before the extension loads OpenBLAS, the SkylakeX
+# kernels are asked for on an AVX-512 CPU, unless OPENBLAS_CORETYPE is set already (that wins;
+# XSOFTMAX_OPENBLAS_CORETYPE=keep leaves OpenBLAS's own choice). No effect on an OpenBLAS that is
+# already loaded, or without one.
+if ("OPENBLAS_CORETYPE" not in os.environ and os.environ.get("XSOFTMAX_OPENBLAS_CORETYPE") != "keep"
+        and _avx512_cpu()):
+    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+
+from . import _C  # noqa: E402,F401  (registers the operators)
 
 __all__ = ["REDUCTIONS", "loss", "topk", "INT64_MIN"]
 
@@ -71,19 +98,44 @@ def _topk_fake(hidden, weight, bias, k, head, beam_width):
 # Autograd
 # --------------------------------------------------------------------------------------------------
 
+def _is_one(scale):
+    """Whether the upstream scale is exactly 1 (then the operator's gradients are returned as they are:
+    no copy of the num_classes x dim weight gradient, which autograd can then take over as .grad).
+    A tensor is read only when it is a plain one outside any tracing (torch.compile, fake or
+    functional tensors, a dispatch mode): traced, the multiply stays."""
+    if isinstance(scale, torch.Tensor):
+        if (type(scale) is not torch.Tensor or scale.numel() != 1 or torch.compiler.is_compiling()
+                or _dispatch_mode() is not None):
+            return False
+        return bool(scale == 1)
+    return scale == 1
+
+
+def _dispatch_mode():
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+    except ImportError:  # an older or newer torch without it: assume tracing, keep the multiply
+        return True
+    return _get_current_dispatch_mode()
+
+
+def _scaled(values, scale):
+    return values if _is_one(scale) else values * scale
+
+
 def _weight_gradients(grad_rows, grad_values, grad_bias, scale, weight_shape, weight_dtype, has_bias, sparse_grad,
                       need_weight, need_bias):
     """The weight and bias gradients from the operator's (rows, values, bias) and the upstream scale."""
     grad_weight = grad_b = None
     if need_weight:
-        values = grad_values * scale
+        values = _scaled(grad_values, scale)
         if sparse_grad:
             grad_weight = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape,
                                                   check_invariants=False)
         else:
             grad_weight = values.to(weight_dtype)
     if need_bias and has_bias:
-        values = grad_bias * scale
+        values = _scaled(grad_bias, scale)
         if sparse_grad:
             grad_b = torch.sparse_coo_tensor(grad_rows.unsqueeze(0), values.to(weight_dtype), weight_shape[:1],
                                              check_invariants=False)
@@ -98,13 +150,18 @@ def _fused_setup_context(ctx, inputs, output):
     ctx.save_for_backward(grad_hidden, grad_rows, grad_values, grad_bias)
     ctx.info = (hidden.dtype, weight.shape, weight.dtype, bias is not None, sparse_grad)
     ctx.mark_non_differentiable(grad_hidden, grad_rows, grad_values, grad_bias)
+    # No zero tensors for the gradient outputs' (never used) upstream gradients: one of them would be
+    # num_classes x dim, as large as the weight gradient itself.
+    ctx.set_materialize_grads(False)
 
 
 def _fused_backward(ctx, grad_loss, *unused):
+    if grad_loss is None:  # not materialised: the loss does not reach what is differentiated
+        return (None,) * 9
     grad_hidden, grad_rows, grad_values, grad_bias = ctx.saved_tensors
     hidden_dtype, weight_shape, weight_dtype, has_bias, sparse_grad = ctx.info
     need = ctx.needs_input_grad
-    gh = (grad_hidden * grad_loss).to(hidden_dtype) if need[0] else None
+    gh = _scaled(grad_hidden, grad_loss).to(hidden_dtype) if need[0] else None
     gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, grad_loss, weight_shape, weight_dtype, has_bias,
                                sparse_grad, need[1], need[2])
     return gh, gw, gb, None, None, None, None, None, None

@@ -46,6 +46,10 @@ class _Handle:
         return (_Handle, (self._factory,))
 
 
+def _make_full(score_cache_bytes):
+    return _C.create_full(score_cache_bytes)
+
+
 def _make_tree(parent, leaf_class, num_classes, sigmoid):
     return _C.create_tree(parent, leaf_class, num_classes, sigmoid)
 
@@ -245,23 +249,41 @@ class FullSoftmaxLoss(_SoftmaxHead):
         dtype: weight storage, torch.float32 / bfloat16 / float16 (arithmetic is float32).
         reduction, ignore_index: as in ``F.cross_entropy``.
         sparse_grad: sparse COO weight gradients (rows touched; for the full softmax, every row).
+        score_cache_bytes: workspace (bytes) a training step may spend keeping the forward pass's
+            scores for the backward pass instead of recomputing them: chunks of B x chunk float32
+            scores are kept in class order while they fit, each saving one of the step's four
+            B x chunk x dim GEMMs; B x num_classes x 4 bytes keeps all (a step then does three GEMMs,
+            like ``F.cross_entropy(F.linear(...))``). Results are bitwise the same at every budget.
+            None: the library's default (``xsoftmax._C.default_score_cache_bytes()``, 64 MiB);
+            0: keep none, the least memory. A negative value raises ``ValueError``.
     """
 
     def __init__(self, num_classes, dim, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
-                 sparse_grad=False, device=None, init_scale=None):
+                 sparse_grad=False, device=None, init_scale=None, score_cache_bytes=None):
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
                          init_scale)
+        self.score_cache_bytes = None if score_cache_bytes is None else int(score_cache_bytes)
+        self._cache_handle = None
+        if self.score_cache_bytes is not None:
+            self._cache_handle = _Handle(functools.partial(_make_full, self.score_cache_bytes))
+
+    @property
+    def _head(self):
+        return 0 if self._cache_handle is None else self._cache_handle.value
+
+    def extra_repr(self):
+        return super().extra_repr() + f", score_cache_bytes={self.score_cache_bytes}"
 
     def forward(self, hidden, targets):
-        return self._loss(hidden, targets, 0, None)
+        return self._loss(hidden, targets, self._head, None)
 
     def log_prob(self, hidden, targets):
         """log p(targets | hidden), shape of ``targets`` (differentiable)."""
-        return self._log_prob(hidden, targets, 0)
+        return self._log_prob(hidden, targets, self._head)
 
     def predict(self, hidden, k=1):
         """(log-probabilities, classes) of the k most probable classes, shape (..., k), best first."""
-        return self._predict(hidden, k, 0)
+        return self._predict(hidden, k, self._head)
 
 
 class HierarchicalSoftmaxLoss(_SoftmaxHead):

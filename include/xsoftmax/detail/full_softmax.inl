@@ -70,6 +70,12 @@ void full_softmax<P, B, S>::set_chunk_size(index_t classes) {
 }
 
 template <class P, class B, class S>
+void full_softmax<P, B, S>::set_score_cache_bytes(index_t bytes) {
+  detail::expects(bytes >= 0, "full_softmax::set_score_cache_bytes: bytes = ", bytes, " must be >= 0");
+  score_cache_bytes_ = bytes;
+}
+
+template <class P, class B, class S>
 index_t full_softmax<P, B, S>::chunk_size_for(index_t batch_rows) const {
   index_t c = chunk_size_;
   if (c == 0) {
@@ -100,7 +106,8 @@ void full_softmax<P, B, S>::run_async_(const char* where, matrix_view<const H> h
 }
 
 // The algorithm, on every backend: check, pack the rows that count, one dense softmax over every
-// class (chunked, online log-sum-exp, recomputed in the backward), scatter back, reduce.
+// class (chunked, online log-sum-exp, kept within the score-cache budget or recomputed in the
+// backward), scatter back, reduce.
 template <class P, class B, class S>
 template <class H>
 void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
@@ -128,6 +135,7 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   a.target = batch.target_data();
   a.n = n_cls;
   a.chunk = chunk_size_for(rows);
+  a.score_cache_bytes = score_cache_bytes_;
   a.loss = detail::raw(losses);
   a.label_smoothing = options.label_smoothing;
   a.z_loss = options.z_loss;

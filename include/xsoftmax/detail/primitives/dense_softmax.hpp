@@ -3,7 +3,8 @@
 /// \file
 /// Softmax cross-entropy of packed rows over one contiguous block of weight rows, with its
 /// gradients, never holding more than rows x chunk scores: pass 1 folds score chunks into an online
-/// log-sum-exp; pass 2 recomputes each chunk, turns it into dLoss/dscore in place and produces the
+/// log-sum-exp; pass 2 recomputes each chunk (or takes it from the score cache: see
+/// `dense_softmax_args::score_cache_bytes`), turns it into dLoss/dscore in place and produces the
 /// chunk's hidden- and weight-gradient contributions. The exact full softmax is this primitive over
 /// all classes; the hierarchical softmax uses it for every node run scored through a GEMM; the
 /// selective softmax uses it over a gathered set of classes with per-column logit offsets. With a
@@ -55,6 +56,12 @@ struct dense_softmax_args {
   /// Loss terms (see `loss_options`): label smoothing over the row's finite-score columns, z-loss.
   float label_smoothing = 0.f;
   float z_loss = 0.f;
+  /// Bytes of pass-1 scores that may be kept for pass 2 (backward only; 0: none). Chunks are kept in
+  /// order while each fits what is left of the budget (rows x chunk x 4 bytes each); pass 2 takes a
+  /// kept chunk's scores instead of recomputing them, with the same GEMM and chunking, so the results
+  /// are bitwise those of no cache. When every chunk is kept, no rows x chunk work buffer is needed.
+  /// A backend's tuned kernel may keep less (the cuda one keeps none).
+  index_t score_cache_bytes = 0;
   /// Optional (class-sharded heads): called once between the two passes; replaces the block's row
   /// statistics by those of every class (all-reduces over the ranks that hold the other blocks).
   std::function<void(const dense_row_statistics&)> combine_rows;
@@ -105,8 +112,26 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   // An empty block still takes part in `combine_rows` (a rank with no class of a sharded active set).
   if (rows == 0 || (a.n == 0 && !a.combine_rows)) return;
   const index_t chunk = std::min(a.chunk, a.n);
-  fvector scores(static_cast<std::size_t>(rows * chunk)), scratch, gathered, gathered_bias;
-  float* s = raw(scores);
+
+  // The score cache: the first chunks (in order) whose scores fit the budget, pass 1 writing them in
+  // place; the work buffer holds every other chunk, and is not needed when all are kept.
+  const index_t chunks = (a.n + chunk - 1) / chunk;
+  index_t kept = 0, kept_floats = 0;
+  if (a.upstream && a.score_cache_bytes > 0) {
+    const index_t budget = a.score_cache_bytes / static_cast<index_t>(sizeof(float));
+    while (kept < chunks) {
+      const index_t next = rows * std::min(chunk, a.n - kept * chunk);
+      if (kept_floats + next > budget) break;
+      kept_floats += next, ++kept;
+    }
+  }
+  fvector cache(static_cast<std::size_t>(kept_floats));
+  fvector scores(kept < chunks ? static_cast<std::size_t>(rows * chunk) : 0), scratch, gathered, gathered_bias;
+  // Where chunk c0's scores live: kept chunk k at rows * chunk * k in the cache (all but the last
+  // chunk are full, and a kept last chunk is last in the cache), the others in the work buffer.
+  auto chunk_scores = [&](index_t c0) {
+    return c0 / chunk < kept ? raw(cache) + rows * c0 : raw(scores);
+  };
 
   // A margin scores the normalised rows (normalised once here) against each chunk's weight rows,
   // then divides column j by |w_j|; the target's cosine is kept for the backward slope.
@@ -122,15 +147,17 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   const matrix_view<const float> hv = margin ? matrix_view<const float>(raw(unit_h), rows, d) : a.h;
 
   // Scores of columns [c0, c0 + cn) into `s` (with the optional logit offsets); returns the fp32
-  // weight rows used, for the backward GEMMs.
+  // weight rows used, for the backward GEMMs. Without `s` (a kept chunk in pass 2) only those rows
+  // (and, with a margin, their inverse norms) are produced, exactly as when scoring.
   const index_t* col = a.columns;
-  auto score_chunk = [&](index_t c0, index_t cn) {
+  auto score_chunk = [&](index_t c0, index_t cn, float* s) {
     matrix_view<const float> wf;
     // A contiguous block of rows is read in place (the columns are strictly ascending, so the chunk is
     // contiguous when its last id is its first + cn - 1).
     const index_t first_row = col ? execution_type::ops::read(ex.res, col + c0) : a.first + c0;
     if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
-      wf = dense_scores(ex, hv, w, bias, first_row, cn, s, cn, scratch);
+      wf = s ? dense_scores(ex, hv, w, bias, first_row, cn, s, cn, scratch)
+             : rows_as_float(ex, w, first_row, cn, scratch);
     } else {  // gather the chunk's rows (widened to fp32) into one block
       gathered.resize(static_cast<std::size_t>(cn * d));
       float* g = raw(gathered);
@@ -139,16 +166,17 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
         for (index_t p = 0; p < d; ++p) g[j * d + p] = to_float(src[p]);
       });
       float* gb = nullptr;
-      if (bias) {
+      if (bias && s) {
         gathered_bias.resize(static_cast<std::size_t>(cn));
         gb = raw(gathered_bias);
         parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) { gb[j] = to_float(bias[col[c0 + j]]); });
       }
-      wf = dense_scores(ex, hv, matrix_view<const float>(g, cn, d), static_cast<const float*>(gb), 0, cn, s, cn,
-                        scratch);
+      wf = matrix_view<const float>(g, cn, d);
+      if (s) dense_scores(ex, hv, wf, static_cast<const float*>(gb), 0, cn, s, cn, scratch);
     }
+    if (margin) row_inverse_norms(ex, wf, winv);
+    if (!s) return wf;
     if (margin) {
-      row_inverse_norms(ex, wf, winv);
       const index_t* t = a.target;
       parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
         float* sr = s + r * cn;
@@ -184,7 +212,8 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   index_t* fc = raw(finite_count);
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
-    score_chunk(c0, cn);
+    float* s = chunk_scores(c0);
+    score_chunk(c0, cn, s);
     online_lse_update(ex, s, rows, cn, cn, c0, a.target, lse);
     if (eps > 0.f)
       parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
@@ -219,7 +248,8 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
 
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
-    const matrix_view<const float> wf = score_chunk(c0, cn);
+    float* s = chunk_scores(c0);
+    const matrix_view<const float> wf = score_chunk(c0, cn, c0 / chunk < kept ? nullptr : s);
     const float* u = a.upstream;
     const index_t* t = a.target;
     if (a.plain_loss()) {
