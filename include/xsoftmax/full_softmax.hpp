@@ -148,7 +148,8 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   /// every score (then no separate chunk buffer is needed either); 0 keeps none, the lowest memory.
   /// Default `default_score_cache_bytes` (on cuda, device memory). Forward-only verbs keep nothing.
   /// The cuda backend's tuned kernel (bf16/fp16 weights, plain loss) ignores the budget and
-  /// recomputes; so do class-sharded heads for now. Throws `invalid_argument` when `bytes` < 0.
+  /// recomputes. A class-sharded head keeps its own columns' scores (the budget is per rank).
+  /// Throws `invalid_argument` when `bytes` < 0.
   void set_score_cache_bytes(index_t bytes);
   [[nodiscard]] index_t score_cache_bytes() const { return score_cache_bytes_; }
 

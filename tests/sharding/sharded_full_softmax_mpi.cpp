@@ -241,6 +241,35 @@ TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (replicated r
   }
 }
 
+TEST_CASE_TEMPLATE("sharded full softmax: the score cache changes no bit (none, some, all chunks kept)", B, xs::serial,
+                   xs::omp) {
+  fixture<B> f;
+  auto head = f.sharded(xs::hidden_layout::data_parallel);
+  head.set_chunk_size(64);  // several chunks per rank, so that a budget can keep some of them
+  const batch b = batch_of(f.rank);
+  index_t gathered_rows = 0;  // every rank scores every rank's rows
+  for (int q = 0; q < f.size; ++q) gathered_rows += batch_of(q).rows;
+  const index_t chunk_bytes = gathered_rows * 64 * static_cast<index_t>(sizeof(float));
+  for (const xs::loss_options& o : option_sets()) {
+    std::vector<std::vector<float>> outputs;
+    for (index_t budget : {index_t(0), 2 * chunk_bytes, index_t(1) << 30}) {
+      head.set_score_cache_bytes(budget);
+      std::vector<float> gh(b.h.size()), per(static_cast<std::size_t>(b.rows));
+      typename decltype(head)::gradient_type g;
+      const float loss = head.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(gh.data(), b.rows, dim), g,
+                                               o, xs::vector_view<float>(per.data(), b.rows));
+      std::vector<float> all{loss};
+      all.insert(all.end(), gh.begin(), gh.end());
+      all.insert(all.end(), per.begin(), per.end());
+      all.insert(all.end(), g.values.begin(), g.values.end());
+      all.insert(all.end(), g.bias_values.begin(), g.bias_values.end());
+      outputs.push_back(std::move(all));
+    }
+    CHECK(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(outputs[0].data(), outputs[2].data(), outputs[0].size() * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("class_sharding rejects a rank with no class and a shard of the wrong size") {
   xs::mpi_communicator comm;
   CHECK_THROWS_AS(sharding(comm, comm.size() - 1), xs::invalid_argument);

@@ -110,6 +110,7 @@ void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const d
   a.target = detail::raw(columns);
   a.n = n_local;
   a.chunk = chunk_size_for(total);
+  a.score_cache_bytes = score_cache_bytes_;  // the kept scores are this rank's columns: combine_rows needs none
   a.loss = detail::raw(losses);
   a.label_smoothing = options.label_smoothing;
   a.z_loss = options.z_loss;
