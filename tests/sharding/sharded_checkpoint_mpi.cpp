@@ -6,12 +6,17 @@
 // Mismatched N, dim, precision or bias, and a shard file missing for one rank only, throw
 // checkpoint_error on every rank and leave every head unchanged. With an Adam optimizer: its state
 // saved by the S ranks loads unsharded (every rank's rows, gathered with MPI, bit for bit) and
-// back on the S ranks; another rule, or a checkpoint without an optimizer, is rejected.
+// back on the S ranks; another rule, or a checkpoint without an optimizer, is rejected. Sharded
+// selective and KNN heads save and load the same format (any class-range head reads any other's),
+// the KNN graph rebuilt from the loaded weights.
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/io/sharded_checkpoint.hpp>
+#include <xsoftmax/knn_softmax.hpp>
+#include <xsoftmax/selection/explicit_candidates.hpp>
+#include <xsoftmax/selective_softmax.hpp>
 #include <xsoftmax/optim/sparse_optimizer.hpp>
 
 #include <doctest/doctest.h>
@@ -254,4 +259,39 @@ TEST_CASE("sharded checkpoints with optimizer state: S ranks -> unsharded -> S r
                        xs::checkpoint_error);
   adam wrong_rows(local + 1, dim, true);
   CHECK_THROWS_AS(xs::load_sharded_checkpoint(dir, again, wrong_rows), xs::shape_error);
+}
+
+TEST_CASE("sharded checkpoints of selective and KNN heads: S ranks -> unsharded and back, the KNN graph rebuilt") {
+  layer<float> full;
+  xs::mpi_communicator comm;
+  const shared_temp_dir tmp("selective");
+  const sharding sh(comm, classes);
+  const index_t begin = sh.class_begin(), local = sh.local_classes();
+  const xs::matrix_view<float> mine(full.w.data() + begin * dim, local, dim);
+
+  // A sharded selective head (explicit candidates) saves; every other class-range head loads it.
+  using selective = xs::selective_softmax<xs::explicit_candidates, xs::fp32, xs::serial, sharding>;
+  const selective saved(xs::explicit_candidates{}, sh, mine, full.b.data() + begin);
+  xs::save_sharded_checkpoint(tmp / "selective", saved);
+  xs::selective_softmax<xs::explicit_candidates> whole(xs::explicit_candidates{}, classes, dim, true);
+  xs::load_sharded_checkpoint(tmp / "selective", whole);
+  check_rows(whole, full);
+  xs::full_softmax<xs::fp32, xs::serial, sharding> as_full(sharding(comm, classes), dim, true);
+  xs::load_sharded_checkpoint(tmp / "selective", as_full);
+  check_rows(as_full, full);
+
+  // A sharded KNN head: the weights come back bitwise and the graph is the one of those weights.
+  xs::knn_options o;
+  o.graph.k = 6;
+  using knn = xs::knn_softmax<xs::fp32, xs::serial, sharding>;
+  const knn saved_knn(sh, mine, o, full.b.data() + begin);
+  xs::save_sharded_checkpoint(tmp / "knn", saved_knn);
+  knn again(sharding(comm, classes), dim, o, true);  // other weights, another graph
+  xs::load_sharded_checkpoint(tmp / "knn", again);
+  check_rows(again, full);
+  CHECK(again.graph().ids() == saved_knn.graph().ids());
+  xs::knn_softmax<> whole_knn(classes, dim, o, true);
+  xs::load_sharded_checkpoint(tmp / "knn", whole_knn);
+  check_rows(whole_knn, full);
+  CHECK(whole_knn.graph().ids() == saved_knn.graph().ids());
 }

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Sharded checkpoints of `full_softmax`: each rank of a `class_sharding` writes its class range,
-/// and the checkpoint loads on any other number of ranks (S -> S'), or into an unsharded head.
+/// Sharded checkpoints of the heads with one weight row per class (`full_softmax`,
+/// `selective_softmax`, `knn_softmax`): each rank of a `class_sharding` writes its class range, and
+/// the checkpoint loads on any other number of ranks (S -> S'), or into an unsharded head. The
+/// three heads share the format (the manifest's "head" is "full_softmax", the layer's kind for all
+/// of them), so a checkpoint of one loads into another; a `knn_softmax` rebuilds its graph from
+/// the loaded weights (collective when sharded: the graph is not part of a sharded checkpoint).
 ///
 ///   <dir>/manifest.safetensors              "class_bounds" I64 [S + 1]: shard s holds the classes
 ///                                           [bounds[s], bounds[s + 1]) (0 = bounds[0] < ... <
@@ -32,11 +36,13 @@
 /// written through a temporary and renamed (see `safetensors_writer::write`); the manifest is
 /// written last, after every shard, but a save interrupted between shards of the same S can leave
 /// a mix of old and new shards. Memory: a rank holds one shard file at a time, whole, plus its own
-/// rows. Only `full_softmax` heads are sharded today.
+/// rows.
 
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/io/checkpoint.hpp>
+#include <xsoftmax/knn_softmax.hpp>
+#include <xsoftmax/selective_softmax.hpp>
 #include <xsoftmax/io/detail/sharded_checkpoint_parts.hpp>
 #include <xsoftmax/io/safetensors.hpp>
 #include <xsoftmax/io/sharded_checkpoint_types.hpp>
@@ -123,6 +129,32 @@ void save_checkpoint_shard(const std::string& dir, const sharded_checkpoint_layo
 
 namespace io::detail {
 
+/// Whether `Head` keeps one weight row per class in a contiguous class range (full, selective and
+/// KNN softmax): the heads sharded checkpoints serve.
+template <class Head>
+inline constexpr bool is_class_range_head = false;
+template <class P, class B, class S>
+inline constexpr bool is_class_range_head<full_softmax<P, B, S>> = true;
+template <class Sel, class P, class B, class S>
+inline constexpr bool is_class_range_head<selective_softmax<Sel, P, B, S>> = true;
+template <class P, class B, class S>
+inline constexpr bool is_class_range_head<knn_softmax<P, B, S>> = true;
+/// ... and whether it is class-sharded.
+template <class Head>
+inline constexpr bool is_sharded_class_range_head =
+    is_class_range_head<Head> && is_class_sharding<typename Head::sharding_type>;
+
+template <class Head>
+inline constexpr bool is_knn_head = false;
+template <class P, class B, class S>
+inline constexpr bool is_knn_head<knn_softmax<P, B, S>> = true;
+
+/// A KNN head's graph follows the loaded weights (collective when sharded); other heads need nothing.
+template <class Head>
+void after_weights_loaded(Head& head) {
+  if constexpr (is_knn_head<Head>) head.rebuild_graph();
+}
+
 /// The optimizer file of shard `shard` of `layout`: optimizer.safetensors' tensors and keys, plus
 /// the shard's keys.
 template <class Head, class Rule, class OB, class State>
@@ -147,9 +179,10 @@ void check_fits(const char* where, const Head& head, const sparse_optimizer<Rule
 }
 
 /// Saves the shards (and, when `opt` is not null, the optimizer shards) then the manifest.
-template <class P, class B, class Comm, class Opt>
-void save_sharded(const std::string& dir, const full_softmax<P, B, class_sharding<Comm>>& head, const Opt* opt) {
-  using T = typename P::storage_type;
+template <class Head, class Opt>
+void save_sharded(const std::string& dir, const Head& head, const Opt* opt) {
+  using T = typename Head::storage_type;
+  using B = typename head_backend<Head>::type;
   const char* where = "save_sharded_checkpoint";
   const auto& sh = head.sharding();
   auto layout = sharded_checkpoint_layout::of<T>(sh, head.dim(), head.has_bias());
@@ -171,11 +204,10 @@ void save_sharded(const std::string& dir, const full_softmax<P, B, class_shardin
 }
 
 /// Reads and checks everything `head` (and `opt`, unless null) will receive; installs nothing.
-template <class P, class B, class S, class Opt, class State>
-void read_sharded(const std::string& dir, const full_softmax<P, B, S>& head, const Opt* opt,
-                  std::vector<typename P::storage_type>& w, std::vector<typename P::storage_type>& bias,
-                  optimizer_range<State>& state) {
-  using T = typename P::storage_type;
+template <class Head, class Opt, class State>
+void read_sharded(const std::string& dir, const Head& head, const Opt* opt, std::vector<typename Head::storage_type>& w,
+                  std::vector<typename Head::storage_type>& bias, optimizer_range<State>& state) {
+  using T = typename Head::storage_type;
   const sharded_checkpoint_layout l = read_sharded_checkpoint_layout(dir);
   const std::string manifest = path_in(dir, sharded_checkpoint_manifest_file);
   const auto mismatch = [&](const char* what, const auto& file_value, const auto& head_value) {
@@ -205,34 +237,36 @@ void read_sharded(const std::string& dir, const full_softmax<P, B, S>& head, con
 /// Saves a class-sharded `head`: every rank writes its shard, then rank 0 the manifest. Collective
 /// (every rank calls it); on return every rank's files are written, or every rank throws (its own
 /// error, or `checkpoint_error` naming the rank that failed).
-template <class P, class B, class Comm>
-void save_sharded_checkpoint(const std::string& dir, const full_softmax<P, B, class_sharding<Comm>>& head) {
-  io::detail::save_sharded<P, B, Comm, void>(dir, head, nullptr);
+template <class Head, std::enable_if_t<io::detail::is_sharded_class_range_head<Head>, int> = 0>
+void save_sharded_checkpoint(const std::string& dir, const Head& head) {
+  io::detail::save_sharded<Head, void>(dir, head, nullptr);
 }
 
 /// Saves `head` and its `optimizer` (this rank's rows: moments, bias state, update counts, step
 /// count) as above, one optimizer file per shard. Throws `shape_error` (on every rank) when an
 /// optimizer was made for another shape than its rank's local weights.
-template <class P, class B, class Comm, class Rule, class OB, class State>
-void save_sharded_checkpoint(const std::string& dir, const full_softmax<P, B, class_sharding<Comm>>& head,
-                             const sparse_optimizer<Rule, OB, State>& optimizer) {
+template <class Head, class Rule, class OB, class State,
+          std::enable_if_t<io::detail::is_sharded_class_range_head<Head>, int> = 0>
+void save_sharded_checkpoint(const std::string& dir, const Head& head, const sparse_optimizer<Rule, OB, State>& optimizer) {
   io::detail::save_sharded(dir, head, &optimizer);
 }
 
 /// Loads the classes of `head` (this rank's range when class-sharded, all of them otherwise) from
 /// a sharded checkpoint written by any number of ranks. Collective for a sharded head; see the file
 /// comment for what is checked. Throws `checkpoint_error`; on any rank's failure no head changes.
-template <class P, class B, class S>
-void load_sharded_checkpoint(const std::string& dir, full_softmax<P, B, S>& head) {
-  using T = typename P::storage_type;
+template <class Head, std::enable_if_t<io::detail::is_class_range_head<Head>, int> = 0>
+void load_sharded_checkpoint(const std::string& dir, Head& head) {
+  using T = typename Head::storage_type;
+  using B = typename io::detail::head_backend<Head>::type;
   std::vector<T> w, bias;
   io::detail::optimizer_range<float> unused;
-  const auto read = [&] { io::detail::read_sharded<P, B, S, void>(dir, head, nullptr, w, bias, unused); };
-  if constexpr (is_class_sharding<S>)
+  const auto read = [&] { io::detail::read_sharded<Head, void>(dir, head, nullptr, w, bias, unused); };
+  if constexpr (io::detail::is_sharded_class_range_head<Head>)
     io::detail::collectively<B>("load_sharded_checkpoint", "no head was changed", head.resources(), head.sharding(), read);
   else read();
   io::detail::from_host<B>(head.resources(), w, head.weights());
   if (head.has_bias()) io::detail::from_host<B>(head.resources(), bias, matrix_view<T>(head.bias(), head.weights().rows, 1));
+  io::detail::after_weights_loaded(head);
 }
 
 /// Loads `head` and `optimizer` (the same rows of the saved optimizer state, and its step count)
@@ -240,14 +274,14 @@ void load_sharded_checkpoint(const std::string& dir, full_softmax<P, B, S>& head
 /// on any number of ranks. Throws `checkpoint_error` (another rule, no optimizer saved, shards
 /// that disagree on the step count, and as above) or `shape_error`; on any rank's failure neither
 /// the head nor the optimizer changes on any rank.
-template <class P, class B, class S, class Rule, class OB, class State>
-void load_sharded_checkpoint(const std::string& dir, full_softmax<P, B, S>& head,
-                             sparse_optimizer<Rule, OB, State>& optimizer) {
-  using T = typename P::storage_type;
+template <class Head, class Rule, class OB, class State, std::enable_if_t<io::detail::is_class_range_head<Head>, int> = 0>
+void load_sharded_checkpoint(const std::string& dir, Head& head, sparse_optimizer<Rule, OB, State>& optimizer) {
+  using T = typename Head::storage_type;
+  using B = typename io::detail::head_backend<Head>::type;
   std::vector<T> w, bias;
   io::detail::optimizer_range<State> st;
   const auto read = [&] { io::detail::read_sharded(dir, head, &optimizer, w, bias, st); };
-  if constexpr (is_class_sharding<S>)
+  if constexpr (io::detail::is_sharded_class_range_head<Head>)
     io::detail::collectively<B>("load_sharded_checkpoint", "no head or optimizer was changed", head.resources(),
                                 head.sharding(), read);
   else read();
@@ -255,6 +289,7 @@ void load_sharded_checkpoint(const std::string& dir, full_softmax<P, B, S>& head
   if (head.has_bias()) io::detail::from_host<B>(head.resources(), bias, matrix_view<T>(head.bias(), head.weights().rows, 1));
   io::detail::optimizer_contents_read<State> r{std::move(st.state), std::move(st.bias_state), std::move(st.counts), st.steps};
   io::detail::install_optimizer(head, optimizer, r);
+  io::detail::after_weights_loaded(head);
 }
 
 }  // namespace xsoftmax

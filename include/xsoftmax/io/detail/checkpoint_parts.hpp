@@ -28,10 +28,10 @@ template <class P, class B, class S>
 struct head_backend<full_softmax<P, B, S>> { using type = B; };
 template <class Tree, class P, class B, class NodeForm>
 struct head_backend<hierarchical_softmax<Tree, P, B, NodeForm>> { using type = B; };
-template <class S, class P, class B>
-struct head_backend<selective_softmax<S, P, B>> { using type = B; };
-template <class P, class B>
-struct head_backend<knn_softmax<P, B>> { using type = B; };
+template <class Sel, class P, class B, class S>
+struct head_backend<selective_softmax<Sel, P, B, S>> { using type = B; };
+template <class P, class B, class S>
+struct head_backend<knn_softmax<P, B, S>> { using type = B; };
 
 /// Installs what `read_structure` read; empty when there is nothing beyond the weights.
 using install_action = std::function<void()>;
