@@ -115,7 +115,7 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
 
   // The score cache: the first chunks (in order) whose scores fit the budget, pass 1 writing them in
   // place; the work buffer holds every other chunk, and is not needed when all are kept.
-  const index_t chunks = (a.n + chunk - 1) / chunk;
+  const index_t chunks = chunk > 0 ? (a.n + chunk - 1) / chunk : 0;  // none for an empty block
   index_t kept = 0, kept_floats = 0;
   if (a.upstream && a.score_cache_bytes > 0) {
     const index_t budget = a.score_cache_bytes / static_cast<index_t>(sizeof(float));
