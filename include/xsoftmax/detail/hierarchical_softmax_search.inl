@@ -7,6 +7,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/hierarchical/tree_access.hpp>
+#include <xsoftmax/detail/hierarchical/range_log_probs.hpp>
 #include <xsoftmax/detail/hierarchical/tree_search.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 

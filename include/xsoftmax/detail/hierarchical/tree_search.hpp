@@ -2,7 +2,8 @@
 #pragma once
 /// \file
 /// Evaluation of a hierarchical softmax, on every backend: the top-k classes of each row by
-/// best-first search over the tree (or a beam search), and the log-probabilities of a class range.
+/// best-first search over the tree (or a beam search), and the log-probabilities of a class range
+/// (the latter in range_log_probs.hpp).
 ///
 /// top-k: one search per row, its open nodes in a binary max-heap of fixed capacity in the
 /// execution's memory (log-probability, then the smaller row first, packed into one integer key:
@@ -30,7 +31,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -336,98 +336,6 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
     }
     if (!outgrown) return;
     capacity *= 4;
-  }
-}
-
-/// The range's paths, planned on the host: the unique nodes (block, size, offset of its children
-/// among all nodes' children) and, per class, the offsets of its path's children (CSR).
-struct range_paths {
-  std::vector<index_t> block_begin, block_size, block_offset;
-  index_t children = 0;                 ///< total children of the unique nodes
-  std::vector<index_t> path_ptr{0};     ///< class c - begin: path_off[path_ptr[c], path_ptr[c + 1])
-  std::vector<index_t> path_off;
-};
-
-template <class View>
-range_paths plan_range_paths(const View& tv, index_t class_begin, index_t class_end) {
-  range_paths p;
-  std::unordered_map<index_t, index_t> offset_of;  // block_begin -> offset of its children
-  for (index_t c = class_begin; c < class_end; ++c) {
-    for (int l = 0; l < tv.depth(c); ++l) {
-      const path_step s = tv.step(c, l);
-      auto it = offset_of.find(s.block_begin);
-      if (it == offset_of.end()) {
-        it = offset_of.emplace(s.block_begin, p.children).first;
-        p.block_begin.push_back(s.block_begin);
-        p.block_size.push_back(s.block_size);
-        p.block_offset.push_back(p.children);
-        p.children += s.block_size;
-      }
-      p.path_off.push_back(it->second + s.child);
-    }
-    p.path_ptr.push_back(static_cast<index_t>(p.path_off.size()));
-  }
-  return p;
-}
-
-/// Row i of a tile, node b: its children's log-probabilities into lp[i * children + offset].
-template <bool Sigmoid, class T>
-struct tile_node_log_probs {
-  const float* h;  ///< the tile's first row
-  index_t d;
-  matrix_view<const T> w;
-  const T* bias;
-  const index_t *block_begin, *block_size, *block_offset;
-  index_t blocks, children;
-  float* lp;
-  XSOFTMAX_HD void operator()(index_t e) const {
-    const index_t i = e / blocks, b = e % blocks;
-    child_log_probs<Sigmoid>(h + i * d, w, bias, block_begin[b], block_size[b], lp + i * children + block_offset[b]);
-  }
-};
-
-/// out(row0 + i, c) = the sum of class c's path log-probabilities (e = i * classes + c).
-struct tile_path_sums {
-  const float* lp;
-  const index_t *path_ptr, *path_off;
-  index_t classes, children, row0;
-  matrix_view<float> out;
-  XSOFTMAX_HD void operator()(index_t e) const {
-    const index_t i = e / classes, c = e % classes;
-    float total = 0.f;
-    for (index_t q = path_ptr[c]; q < path_ptr[c + 1]; ++q) total += lp[i * children + path_off[q]];
-    out(row0 + i, c) = total;
-  }
-};
-
-/// log p(c | row) for c in [class_begin, class_end), every row of `h`, into `out` (rows x range).
-/// `host_view` is the tree's view in host memory: the plan carries every tree fact the loops need.
-template <bool Sigmoid, class B, class T, class HostView>
-void tree_log_distribution(const execution<B>& ex, const HostView& host_view, matrix_view<const float> h,
-                           matrix_view<const T> w, const T* bias, index_t class_begin, index_t class_end,
-                           matrix_view<float> out) {
-  const index_t rows = h.rows, classes = class_end - class_begin, d = h.cols;
-  if (rows == 0 || classes == 0) return;
-  const range_paths p = plan_range_paths(host_view, class_begin, class_end);
-  using ivector = backend_vector<B, index_t>;
-  const auto upload = [&](const std::vector<index_t>& v) {
-    ivector out_v(v.size());
-    execution<B>::ops::copy(ex.res, raw(out_v), v.data(), static_cast<index_t>(v.size()));
-    return out_v;
-  };
-  ivector bb = upload(p.block_begin), bs = upload(p.block_size), bo = upload(p.block_offset),
-          pp = upload(p.path_ptr), po = upload(p.path_off);
-  const index_t blocks = static_cast<index_t>(p.block_begin.size());
-  const index_t tile = std::clamp<index_t>(
-      static_cast<index_t>(tree_search_budget_bytes / (sizeof(float) * static_cast<std::size_t>(std::max<index_t>(p.children, 1)))),
-      1, rows);
-  backend_vector<B, float> lp(static_cast<std::size_t>(tile * p.children));
-  for (index_t row0 = 0; row0 < rows; row0 += tile) {
-    const index_t n = std::min(tile, rows - row0);
-    parallel_for(ex, n * blocks,
-                 tile_node_log_probs<Sigmoid, T>{h.data + row0 * d, d, w, bias, raw(bb), raw(bs), raw(bo), blocks,
-                                                 p.children, raw(lp)});
-    parallel_for(ex, n * classes, tile_path_sums{raw(lp), raw(pp), raw(po), classes, p.children, row0, out});
   }
 }
 
