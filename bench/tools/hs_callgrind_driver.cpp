@@ -60,20 +60,32 @@ template <class F> __attribute__((noinline)) void measured(F&& f) { f(); }
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 float log_sigmoid(float x) { return x > 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 
-// huffman_bench's fixture: runtime_tree<> over 1e7 / (i + 1), d = 100, sigmoid nodes.
+// huffman_bench's fixture: runtime_tree<> over 1e7 / (i + 1), d = 100, sigmoid nodes; hidden rows,
+// Zipf targets and weights drawn in that order from one seeded stream.
+struct huffman_fixture {
+  static constexpr xs::index_t n = 100000, d = 100, b = 1024;
+  std::vector<double> freq = harmonic(n, 1e7);
+  xs::runtime_tree<> tree = xs::runtime_tree<>::huffman(freq, 2);
+  std::vector<float> h, gh, w;
+  std::vector<xs::index_t> t;
+  huffman_fixture() : h(b * d), gh(b * d), w(tree.num_rows() / 2 * d), t(b) {
+    std::mt19937_64 g(7);
+    std::normal_distribution<float> nd(0.f, 0.3f);
+    for (auto& x : h) x = nd(g);
+    std::discrete_distribution<xs::index_t> zipf(freq.begin(), freq.end());
+    for (auto& x : t) x = zipf(g);
+    for (auto& x : w) x = 0.1f * nd(g);
+  }
+};
+using huffman_head = xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, xs::serial, xs::sigmoid_nodes>;
+
 void huffman_bench_like(int k, bool per_example) {
-  const xs::index_t n = 100000, d = 100, b = 1024;
-  const std::vector<double> freq = harmonic(n, 1e7);
-  const auto tree = xs::runtime_tree<>::huffman(freq, 2);
-  using head_type = xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, xs::serial, xs::sigmoid_nodes>;
-  std::mt19937_64 g(7);
-  std::normal_distribution<float> nd(0.f, 0.3f);
-  std::vector<float> h(b * d), gh(b * d), w(tree.num_rows() / 2 * d);
-  for (auto& x : h) x = nd(g);
-  std::discrete_distribution<xs::index_t> zipf(freq.begin(), freq.end());
-  std::vector<xs::index_t> t(b);
-  for (auto& x : t) x = zipf(g);
-  for (auto& x : w) x = 0.1f * nd(g);
+  huffman_fixture f;
+  constexpr xs::index_t d = huffman_fixture::d, b = huffman_fixture::b;
+  const auto& tree = f.tree;
+  auto &h = f.h, &gh = f.gh, &w = f.w;
+  const auto& t = f.t;
+  using head_type = huffman_head;
   head_type head(tree, xs::matrix_view<float>(w.data(), tree.num_rows() / 2, d));
   double s = 0;
   const auto tv = tree.view();
@@ -158,19 +170,12 @@ template <class T> std::uint64_t fnv(const T* v, std::size_t n, std::uint64_t h 
   return h;
 }
 void hash_outputs() {
-  const xs::index_t n = 100000, d = 100, b = 1024;
-  const std::vector<double> freq = harmonic(n, 1e7);
-  const auto tree = xs::runtime_tree<>::huffman(freq, 2);
-  using head_type = xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, xs::serial, xs::sigmoid_nodes>;
-  std::mt19937_64 g(7);
-  std::normal_distribution<float> nd(0.f, 0.3f);
-  std::vector<float> h(b * d), gh(b * d), w(tree.num_rows() / 2 * d), per(b);
-  for (auto& x : h) x = nd(g);
-  std::discrete_distribution<xs::index_t> zipf(freq.begin(), freq.end());
-  std::vector<xs::index_t> t(b);
-  for (auto& x : t) x = zipf(g);
-  for (auto& x : w) x = 0.1f * nd(g);
-  head_type head(tree, xs::matrix_view<float>(w.data(), tree.num_rows() / 2, d));
+  huffman_fixture f;
+  constexpr xs::index_t d = huffman_fixture::d, b = huffman_fixture::b;
+  auto &h = f.h, &gh = f.gh, &w = f.w;
+  const auto& t = f.t;
+  using head_type = huffman_head;
+  head_type head(f.tree, xs::matrix_view<float>(w.data(), f.tree.num_rows() / 2, d));
   head_type::gradient_type gw;
   std::uint64_t train = 1469598103934665603ull;
   for (int i = 0; i < 3; ++i) {
