@@ -2,14 +2,49 @@
 #pragma once
 // The comparison of a sharded head's results with the unsharded head's, shared by the MPI tests.
 
+#include <xsoftmax/types.hpp>
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
 namespace xsoftmax_test {
+
+/// The unsharded layer every rank builds identically: weights (classes x dim, N(0, 0.5)) then
+/// bias (N(0, 0.05)), from one seeded stream.
+struct seeded_layer {
+  std::vector<float> w, b;
+  seeded_layer(xsoftmax::index_t classes, xsoftmax::index_t dim, unsigned seed)
+      : w(static_cast<std::size_t>(classes * dim)), b(static_cast<std::size_t>(classes)) {
+    std::mt19937 g(seed);
+    std::normal_distribution<float> nd(0.f, 0.5f);
+    for (auto& x : w) x = nd(g);
+    for (auto& x : b) x = 0.1f * nd(g);
+  }
+};
+
+/// A rank's batch: hidden rows (rows x dim, row-major) and targets.
+struct row_batch {
+  std::vector<float> h;
+  std::vector<xsoftmax::index_t> t;
+  xsoftmax::index_t rows = 0;
+};
+
+/// The loss options every sharded head is compared under: plain mean; sum with label smoothing and
+/// z-loss; none (with z-loss `none_z_loss`).
+inline std::vector<xsoftmax::loss_options> sharded_option_sets(float none_z_loss = 0.f) {
+  xsoftmax::loss_options plain, smooth, none;
+  smooth.reduce = xsoftmax::reduction::sum;
+  smooth.label_smoothing = 0.1f;
+  smooth.z_loss = 1e-3f;
+  none.reduce = xsoftmax::reduction::none;
+  none.z_loss = none_z_loss;
+  return {plain, smooth, none};
+}
 
 /// Norm-wise relative error ||a - b|| / max(||b||, floor) <= tol (the cancellations of a softmax
 /// gradient make element-wise relative errors meaningless for entries near 0), and every element

@@ -30,24 +30,13 @@ using sharding = xs::class_sharding<xs::mpi_communicator>;
 
 constexpr index_t classes = 1003, dim = 16, ignore = -100;
 
-/// The unsharded layer every rank builds identically: weights (classes x dim) and bias.
-struct layer {
-  std::vector<float> w, b;
-  layer() : w(static_cast<std::size_t>(classes * dim)), b(static_cast<std::size_t>(classes)) {
-    std::mt19937 g(7);
-    std::normal_distribution<float> nd(0.f, 0.5f);
-    for (auto& x : w) x = nd(g);
-    for (auto& x : b) x = 0.1f * nd(g);
-  }
+struct layer : xsoftmax_test::seeded_layer {
+  layer() : seeded_layer(classes, dim, 7) {}
 };
 
 /// Rank q's batch: 6 + 3q rows, every fifth target ignored; rank 1's targets all ignored when
 /// `rank1_idle` (a rank with no row that counts still takes part in every collective).
-struct batch {
-  std::vector<float> h;
-  std::vector<index_t> t;
-  index_t rows = 0;
-};
+using batch = xsoftmax_test::row_batch;
 batch batch_of(int q, bool rank1_idle = false) {
   batch b;
   b.rows = 6 + 3 * q;
@@ -96,14 +85,7 @@ struct fixture {
   }
 };
 
-std::vector<xs::loss_options> option_sets() {
-  xs::loss_options plain, smooth, none;
-  smooth.reduce = xs::reduction::sum;
-  smooth.label_smoothing = 0.1f;
-  smooth.z_loss = 1e-3f;
-  none.reduce = xs::reduction::none;
-  return {plain, smooth, none};
-}
+std::vector<xs::loss_options> option_sets() { return xsoftmax_test::sharded_option_sets(); }
 
 }  // namespace
 

@@ -33,24 +33,13 @@ using xsoftmax_test::check_close;
 
 constexpr index_t classes = 1003, dim = 16, ignore = -100;
 
-/// The unsharded layer every rank builds identically.
-struct layer {
-  std::vector<float> w, b;
-  layer() : w(static_cast<std::size_t>(classes * dim)), b(static_cast<std::size_t>(classes)) {
-    std::mt19937 g(11);
-    std::normal_distribution<float> nd(0.f, 0.5f);
-    for (auto& x : w) x = nd(g);
-    for (auto& x : b) x = 0.1f * nd(g);
-  }
+struct layer : xsoftmax_test::seeded_layer {
+  layer() : seeded_layer(classes, dim, 11) {}
 };
 
 /// Rank q's batch: 5 + 2q rows, every fourth target ignored, targets in [0, span); rank 1's targets
 /// all ignored when `rank1_idle`.
-struct batch {
-  std::vector<float> h;
-  std::vector<index_t> t;
-  index_t rows = 0;
-};
+using batch = xsoftmax_test::row_batch;
 batch batch_of(int q, bool rank1_idle = false, index_t span = classes) {
   batch b;
   b.rows = 5 + 2 * q;
@@ -103,15 +92,7 @@ xs::explicit_candidates shared_candidates() {
   return c;
 }
 
-std::vector<xs::loss_options> option_sets() {
-  xs::loss_options plain, smooth, none;
-  smooth.reduce = xs::reduction::sum;
-  smooth.label_smoothing = 0.1f;
-  smooth.z_loss = 1e-3f;
-  none.reduce = xs::reduction::none;
-  none.z_loss = 2e-3f;
-  return {plain, smooth, none};
-}
+std::vector<xs::loss_options> option_sets() { return xsoftmax_test::sharded_option_sets(2e-3f); }
 
 /// The sharded head's verbs against the unsharded `ref` on the concatenated batch. `all`: the
 /// batches of the layout; this rank's is all[own] (own = 0 when replicated).
