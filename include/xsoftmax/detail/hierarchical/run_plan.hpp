@@ -181,8 +181,6 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
     ops::copy(ex.res, counts.data(), raw(run_count), runs);
     ops::copy(ex.res, sizes.data(), raw(run_size), runs);
     index_t begin = 0, scratch = 0;
-    const std::size_t need = plan.runs.size() + static_cast<std::size_t>(runs);
-    if (need > plan.runs.capacity()) plan.runs.reserve(std::max(need, 2 * plan.runs.capacity()));
     for (index_t i = 0; i < runs; ++i) {
       if (keys[i] >= 0) {
         node_run run{l, begin, begin + counts[i], keys[i], sizes[i], plan.grad_rows, scratch};

@@ -19,6 +19,7 @@
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
@@ -282,25 +283,6 @@ index_t widest_block(const View& tv) {
   return widest;
 }
 
-/// A scratch buffer of `n` elements that the search writes before it reads them: on a host
-/// backend left uninitialised (value-initialising a backend_vector of tile x capacity entries
-/// cost more than the searches of a top-1 call), elsewhere a backend_vector.
-template <class B, class T>
-class search_scratch {
- public:
-  explicit search_scratch(std::size_t n) {
-    if constexpr (is_host_backend<B>) host_.reset(new T[n]);
-    else device_.resize(n);
-  }
-  [[nodiscard]] T* data() {
-    if constexpr (is_host_backend<B>) return host_.get();
-    else return raw(device_);
-  }
-
- private:
-  std::unique_ptr<T[]> host_;
-  backend_vector<B, T> device_;
-};
 
 /// Memory for one call's open lists and node log-probabilities; rows are processed in tiles.
 inline constexpr std::size_t tree_search_budget_bytes = std::size_t(256) << 20;
@@ -321,8 +303,8 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
                                 static_cast<std::size_t>(max_block + k) * sizeof(float) + sizeof(int);
     const index_t tile =
         std::clamp<index_t>(static_cast<index_t>(tree_search_budget_bytes / per_row), 1, rows);
-    search_scratch<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity));
-    search_scratch<B, float> child_lp(static_cast<std::size_t>(tile * max_block)), leaf_lp(static_cast<std::size_t>(tile * k));
+    scratch_buffer<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity));
+    scratch_buffer<B, float> child_lp(static_cast<std::size_t>(tile * max_block)), leaf_lp(static_cast<std::size_t>(tile * k));
     backend_vector<B, int> overflow(static_cast<std::size_t>(tile));
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {

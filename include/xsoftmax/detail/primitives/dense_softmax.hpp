@@ -15,6 +15,7 @@
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -125,12 +126,14 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
       kept_floats += next, ++kept;
     }
   }
-  fvector cache(static_cast<std::size_t>(kept_floats));
-  fvector scores(kept < chunks ? static_cast<std::size_t>(rows * chunk) : 0), scratch, gathered, gathered_bias;
+  // Written by pass 1's GEMMs (beta = 0) before anything reads them: no value-initialisation.
+  scratch_buffer<typename execution_type::backend, float> cache(static_cast<std::size_t>(kept_floats));
+  scratch_buffer<typename execution_type::backend, float> scores(kept < chunks ? static_cast<std::size_t>(rows * chunk) : 0);
+  fvector scratch, gathered, gathered_bias;
   // Where chunk c0's scores live: kept chunk k at rows * chunk * k in the cache (all but the last
   // chunk are full, and a kept last chunk is last in the cache), the others in the work buffer.
   auto chunk_scores = [&](index_t c0) {
-    return c0 / chunk < kept ? raw(cache) + rows * c0 : raw(scores);
+    return c0 / chunk < kept ? cache.data() + rows * c0 : scores.data();
   };
 
   // A margin scores the normalised rows (normalised once here) against each chunk's weight rows,

@@ -74,6 +74,7 @@ void exact_knn_rows(const Ex& ex_in, matrix_view<const T> w, index_t k, bool cos
   using float_vector = typename execution_type::template vector<float>;
   const auto policy = ex.policy();
   const index_t n = w.rows, d = w.cols, last = count < 0 ? n : first + count;
+  if (count == 0) return;  // no rows (a rank with no class): not even one query tile to score
   const index_t tq = std::min(query_tile, n), tc = std::min(class_tile, n);
   float_vector inv_norm(static_cast<std::size_t>(cosine ? n : 0)), query(static_cast<std::size_t>(tq * d)),
       scores(static_cast<std::size_t>(tq * tc)), class_scratch;

@@ -123,13 +123,7 @@ gathered_batch<B, Comm> start_gather(const execution<B>& ex, const class_shardin
     return gathered_access::make(std::move(st));
   }
   Comm& comm = sh.communicator();
-  const std::vector<index_t> ones(static_cast<std::size_t>(size), 1);
-  st->counts.resize(static_cast<std::size_t>(size));
-  index_t own_count = hidden.rows;
-  host_in_comm_memory<Comm>(ex, &own_count, 1, false, [&](const index_t* send) {
-    host_in_comm_memory<Comm>(ex, st->counts.data(), size, true,
-                              [&](index_t* recv) { comm.all_gather(send, 1, recv, ones.data()); });
-  });
+  st->counts = gather_counts(ex, sh, hidden.rows);
   const index_t d = hidden.cols, n = hidden.rows * d;
   std::vector<index_t> elements(st->counts);
   index_t total = 0;
@@ -143,6 +137,7 @@ gathered_batch<B, Comm> start_gather(const execution<B>& ex, const class_shardin
     } else {  // a device backend's rows through host buffers that live as long as the gather
       st->host_send.resize(static_cast<std::size_t>(n));
       st->host_recv.resize(static_cast<std::size_t>(total));
+      backend_ops<B>::synchronize(ex.res);  // pack_rows wrote `own` on the head's stream
       thrust::copy(st->own.begin(), st->own.end(), st->host_send.begin());
       st->pending.emplace(comm.start_all_gather(st->host_send.data(), n, st->host_recv.data(), elements.data()));
     }

@@ -114,6 +114,20 @@ struct sharded_rows {
   index_t own_offset = 0;            ///< first row of this rank's own rows in `all`
 };
 
+/// Every rank's `mine` (one count each), in rank order: one all_gather of one index per rank.
+template <class B, class Comm>
+std::vector<index_t> gather_counts(const execution<B>& ex, const class_sharding<Comm>& sh, index_t mine) {
+  const int size = sh.size();
+  const std::vector<index_t> ones(static_cast<std::size_t>(size), 1);
+  std::vector<index_t> counts(static_cast<std::size_t>(size));
+  host_in_comm_memory<Comm>(ex, &mine, 1, false, [&](const index_t* send) {
+    host_in_comm_memory<Comm>(ex, counts.data(), size, true, [&](index_t* recv) {
+      sh.communicator().all_gather(send, 1, recv, ones.data());
+    });
+  });
+  return counts;
+}
+
 /// Gathers `own` (this rank's packed rows) and its `upstream` gradients (may be null) from every
 /// rank; in the replicated layout `own` already is the batch and is moved in.
 template <class B, class Comm>
@@ -128,13 +142,7 @@ sharded_rows<B> gather_rows(const execution<B>& ex, const class_sharding<Comm>& 
     return out;
   }
   Comm& comm = sh.communicator();
-  std::vector<index_t> ones(static_cast<std::size_t>(size), 1);
-  out.counts.resize(static_cast<std::size_t>(size));
-  index_t own_count = own.rows;
-  host_in_comm_memory<Comm>(ex, &own_count, 1, false, [&](const index_t* send) {
-    host_in_comm_memory<Comm>(ex, out.counts.data(), size, true,
-                              [&](index_t* recv) { comm.all_gather(send, 1, recv, ones.data()); });
-  });
+  out.counts = gather_counts(ex, sh, own.rows);
   index_t total = 0;
   for (int q = 0; q < size; ++q) {
     if (q == sh.rank()) out.own_offset = total;

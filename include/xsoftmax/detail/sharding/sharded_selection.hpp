@@ -28,11 +28,7 @@ index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, c
   if (sh.layout() == hidden_layout::replicated) return own_batch_rows;
   Comm& comm = sh.communicator();
   const int size = sh.size();
-  std::vector<index_t> ones(static_cast<std::size_t>(size), 1), batch(static_cast<std::size_t>(size));
-  host_in_comm_memory<Comm>(ex, &own_batch_rows, 1, false, [&](const index_t* send) {
-    host_in_comm_memory<Comm>(ex, batch.data(), size, true,
-                              [&](index_t* recv) { comm.all_gather(send, 1, recv, ones.data()); });
-  });
+  const std::vector<index_t> batch = gather_counts(ex, sh, own_batch_rows);
   index_t first = 0, total = 0;
   for (int q = 0; q < size; ++q) {
     if (q == sh.rank()) first = total;
