@@ -120,12 +120,15 @@ def _dispatch_mode():
 
 
 def _scaled(values, scale):
-    return values if _is_one(scale) else values * scale
+    """values * scale; scale None means exactly 1 (decided once per backward by _is_one: reading a
+    CUDA tensor's value synchronises, so it is read once, not once per gradient)."""
+    return values if scale is None else values * scale
 
 
 def _weight_gradients(grad_rows, grad_values, grad_bias, scale, weight_shape, weight_dtype, has_bias, sparse_grad,
                       need_weight, need_bias):
-    """The weight and bias gradients from the operator's (rows, values, bias) and the upstream scale."""
+    """The weight and bias gradients from the operator's (rows, values, bias) and the upstream scale
+    (None: exactly 1, nothing to multiply)."""
     grad_weight = grad_b = None
     if need_weight:
         values = _scaled(grad_values, scale)
@@ -161,8 +164,9 @@ def _fused_backward(ctx, grad_loss, *unused):
     grad_hidden, grad_rows, grad_values, grad_bias = ctx.saved_tensors
     hidden_dtype, weight_shape, weight_dtype, has_bias, sparse_grad = ctx.info
     need = ctx.needs_input_grad
-    gh = _scaled(grad_hidden, grad_loss).to(hidden_dtype) if need[0] else None
-    gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, grad_loss, weight_shape, weight_dtype, has_bias,
+    scale = None if _is_one(grad_loss) else grad_loss
+    gh = _scaled(grad_hidden, scale).to(hidden_dtype) if need[0] else None
+    gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, scale, weight_shape, weight_dtype, has_bias,
                                sparse_grad, need[1], need[2])
     return gh, gw, gb, None, None, None, None, None, None
 
@@ -182,7 +186,7 @@ def _loss_backward(ctx, grad_loss):
     grad_hidden, grad_rows, grad_values, grad_bias = _ops.backward(
         hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, grad_loss)
     gh = grad_hidden.to(hidden_dtype) if need[0] else None
-    gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, 1.0, weight_shape, weight_dtype, has_bias,
+    gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, None, weight_shape, weight_dtype, has_bias,
                                sparse_grad, need[1], need[2])
     return gh, gw, gb, None, None, None, None, None, None
 
