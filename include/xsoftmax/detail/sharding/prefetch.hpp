@@ -163,47 +163,39 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
   st.complete();
   const int size = sh.size();
   const index_t d = st.dim;
-  // Every row's target (in rank order), and the rows of each rank (one segment when replicated).
+  // Every row's target (in rank order, in the execution's memory), and the rows of each rank (one
+  // segment when replicated).
   const std::vector<index_t> segments = st.replicated ? std::vector<index_t>{st.rows} : st.counts;
   index_t total = 0;
   for (index_t c : segments) total += c;
-  std::vector<index_t> all_targets(static_cast<std::size_t>(total), 0);
-  if (targets.size != 0) {
-    if (st.replicated) {
-      on_host(ex, targets.data, total, false, [&](const index_t* t) { std::copy(t, t + total, all_targets.begin()); });
-    } else {
-      backend_vector<B, index_t> gathered(static_cast<std::size_t>(total));
-      all_gather_into(ex, sh.communicator(), targets.data, st.rows, gathered, st.counts.data());
-      thrust::copy(gathered.begin(), gathered.end(), all_targets.begin());
+  backend_vector<B, index_t> gathered;
+  vector_view<const index_t> all_targets;  // empty for topk: every row is kept
+  if (targets.size != 0 && st.replicated) {
+    all_targets = targets;
+  } else if (targets.size != 0) {
+    gathered.resize(static_cast<std::size_t>(total));
+    all_gather_into(ex, sh.communicator(), targets.data, st.rows, gathered, st.counts.data());
+    all_targets = vector_view<const index_t>(raw(gathered), total);
+  }
+  // The kept rows, as the blocking verb's pack_rows packs them (then gathers them).
+  backend_vector<B, float>& source = st.replicated ? st.own : st.all;
+  sharded_rows<B> out;
+  out.all = pack_rows(ex, matrix_view<const float>(raw(source), total, d), all_targets, ignore_index);
+  const index_t rows = out.all.rows;
+  std::vector<index_t> kept_counts(segments.size(), 0);
+  if (rows == total) {
+    kept_counts = segments;
+  } else {  // each rank's kept rows: the packed rows' samples, bucketed by segment
+    std::vector<index_t> kept(static_cast<std::size_t>(rows));
+    thrust::copy(out.all.sample.begin(), out.all.sample.end(), kept.begin());
+    std::size_t q = 0;
+    index_t end = segments[0];
+    for (index_t k : kept) {
+      while (k >= end) end += segments[++q];
+      ++kept_counts[q];
     }
   }
-  std::vector<index_t> kept, kept_targets, kept_counts(segments.size(), 0);
-  index_t at = 0;
-  for (std::size_t q = 0; q < segments.size(); ++q)
-    for (index_t i = 0; i < segments[q]; ++i, ++at)
-      if (targets.size == 0 || all_targets[static_cast<std::size_t>(at)] != ignore_index) {
-        kept.push_back(at), kept_targets.push_back(all_targets[static_cast<std::size_t>(at)]);
-        ++kept_counts[q];
-      }
-
-  sharded_rows<B> out;
-  const index_t rows = static_cast<index_t>(kept.size());
-  backend_vector<B, float>& source = st.replicated ? st.own : st.all;
-  out.all.dim = d;
-  out.all.rows = rows;
-  out.all.target = backend_vector<B, index_t>(kept_targets.begin(), kept_targets.end());
-  if (rows == total) {
-    out.all.hidden = std::move(source);
-  } else {  // drop the ignored rows: a copy of the kept ones, in order
-    const backend_vector<B, index_t> index(kept.begin(), kept.end());
-    out.all.hidden.resize(static_cast<std::size_t>(rows * d));
-    const index_t* k = raw(index);
-    const float* in = raw(source);
-    float* o = raw(out.all.hidden);
-    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
-      for (index_t j = 0; j < d; ++j) o[r * d + j] = in[k[r] * d + j];
-    });
-  }
+  out.all.sample = backend_vector<B, index_t>();
   source = backend_vector<B, float>();
   if (st.replicated) {
     out.counts.assign(static_cast<std::size_t>(size), rows);
