@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -213,3 +214,103 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
 }
 
 }  // namespace xsoftmax::detail
+
+// ---------------------------------------------------------------------------------------------
+// The sharded hierarchical softmax's prefetch: the routing of a micro-batch's rows to the owners
+// of their targets' subtrees, started ahead of the verb (see sharded_hierarchical_softmax.hpp).
+
+namespace xsoftmax::detail {
+
+/// Whether `Comm` offers `start_all_to_all(const T* send, const index_t* send_counts, T* recv,
+/// const index_t* recv_counts)`: `all_to_all` started and returned as a request whose `wait()`
+/// completes it, with `start_all_gather`'s contract (class_sharding.hpp). Optional: without it
+/// the routing runs at once, blocking.
+template <class Comm, class T, class = void>
+inline constexpr bool has_start_all_to_all = false;
+template <class Comm, class T>
+inline constexpr bool has_start_all_to_all<
+    Comm, T,
+    std::void_t<decltype(std::declval<Comm&>().start_all_to_all(std::declval<const T*>(), std::declval<const index_t*>(),
+                                                                std::declval<T*>(), std::declval<const index_t*>())
+                             .wait())>> = true;
+
+/// `start_all_to_all`'s request type of `Comm` for T buffers (a placeholder when it has none).
+template <class Comm, class T, bool = has_start_all_to_all<Comm, T>>
+struct exchange_request_of {
+  struct type {
+    void wait() {}
+  };
+};
+template <class Comm, class T>
+struct exchange_request_of<Comm, T, true> {
+  using type = decltype(std::declval<Comm&>().start_all_to_all(std::declval<const T*>(), std::declval<const index_t*>(),
+                                                               std::declval<T*>(), std::declval<const index_t*>()));
+};
+
+/// One micro-batch routed by the sharded hierarchical softmax (host memory): this rank's rows and
+/// targets, the rows sent to each rank (`order`, grouped by destination) and the rows received.
+template <class Comm>
+struct hs_routed_state {
+  const void* owner = nullptr;  ///< the head that routed the rows
+  index_t rows = 0, dim = 0;    ///< this rank's batch
+  bool used = false;
+  std::vector<float> own;             ///< this rank's rows (rows x dim), prefetch only
+  std::vector<index_t> targets;       ///< this rank's targets, prefetch only
+  std::vector<index_t> order;         ///< this rank's routed rows, by destination rank then row
+  std::vector<index_t> send_rows, recv_rows;  ///< routed rows to / from each rank
+  std::vector<float> send_hidden, recv_hidden;  ///< their hidden rows, out and in
+  /// The running exchange of the hidden rows. Declared last: destroyed (which waits for it) before
+  /// the buffers it uses.
+  std::optional<typename exchange_request_of<Comm, float>::type> pending;
+
+  /// Waits for the exchange (if still running): `recv_hidden` then holds the received rows.
+  void complete() {
+    if (!pending) return;
+    pending->wait();
+    pending.reset();
+  }
+};
+
+}  // namespace xsoftmax::detail
+
+namespace xsoftmax {
+
+namespace detail {
+struct routed_access;
+}
+
+/// One micro-batch's hidden rows, routed to the owners of their targets' subtrees ahead of the verb
+/// that scores them: returned by `sharded_hierarchical_softmax::route_rows_async(hidden, targets)`
+/// and passed, once, to that head's `forward`, `forward_backward` or `log_prob` in place of
+/// `hidden` and `targets`. Owns copies of this rank's rows and targets, the routed rows, and the
+/// exchange while it runs: destroying it unused waits for the exchange. Move-only.
+template <class Communicator>
+class routed_batch {
+ public:
+  routed_batch() = default;
+  /// This rank's batch rows: the verb's outputs have this many rows.
+  [[nodiscard]] index_t rows() const { return state_ ? state_->rows : 0; }
+  [[nodiscard]] index_t dim() const { return state_ ? state_->dim : 0; }
+  /// False when default-constructed or moved from, or once a verb has used it.
+  [[nodiscard]] bool usable() const { return state_ && !state_->used; }
+
+ private:
+  friend struct detail::routed_access;
+  std::unique_ptr<detail::hs_routed_state<Communicator>> state_;
+};
+
+namespace detail {
+/// The head's access to a `routed_batch`'s state.
+struct routed_access {
+  template <class C>
+  static routed_batch<C> make(std::unique_ptr<hs_routed_state<C>> s) {
+    routed_batch<C> g;
+    g.state_ = std::move(s);
+    return g;
+  }
+  template <class C>
+  static hs_routed_state<C>* state(const routed_batch<C>& g) { return g.state_.get(); }
+};
+}  // namespace detail
+
+}  // namespace xsoftmax
