@@ -7,8 +7,9 @@
 ///
 /// A step, on every rank (the loss factorises at the frontier: see hs_shard_plan.hpp):
 ///  1. the top tree's head runs on the rank's own rows (targets mapped to their top leaves);
-///  2. each row whose target lies below the frontier goes, with its upstream gradient, to the owner
-///     of its subtree (`all_to_all`);
+///  2. each row whose target lies below the frontier goes to the owner of its subtree
+///     (`all_to_all`; started one micro-batch ahead by `route_rows_async`), then its class in the
+///     subtree and its upstream gradient (two small `all_to_all`s);
 ///  3. the owner runs each of its subtrees' heads on the rows it received for it (reduction none);
 ///  4. the per-row losses and hidden gradients go back (the reverse `all_to_all`) and are added to
 ///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
@@ -18,6 +19,7 @@
 /// same way; `topk` is an exact search in two routed rounds (see its documentation).
 ///
 /// Traffic per step: each routed row's hidden vector and upstream gradient out (plus two indices),
+/// in four all-to-alls (row counts, hidden rows, indices, upstream gradients),
 /// its loss and hidden gradient back, and an all-reduce over the union of the ranks' touched top
 /// rows (`mpi_communicator` sums in rank order: S times the data, see mpi_communicator.hpp).
 ///
