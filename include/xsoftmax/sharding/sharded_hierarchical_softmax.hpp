@@ -203,6 +203,7 @@ class sharded_hierarchical_softmax {
   head_type top_;
   std::vector<head_type> subs_;      ///< this rank's subtrees' heads, in plan_.subtrees_of(rank_) order
   std::vector<index_t> slot_;        ///< subtree -> index in subs_ (-1 when another rank owns it)
+  mutable detail::float_buffer_pool pool_;  ///< the routing's row buffers, reused step to step
 };
 
 }  // namespace xsoftmax

@@ -247,6 +247,33 @@ struct exchange_request_of<Comm, T, true> {
                                                                std::declval<T*>(), std::declval<const index_t*>()));
 };
 
+/// Host float buffers kept from one step to the next: a fresh allocation of megabytes per step
+/// costs its page faults again whenever the allocator has returned the memory to the system
+/// (measured: bench/RESULTS.md, the sharded HS's prefetch).
+struct float_buffer_pool {
+  std::vector<std::vector<float>> free;
+  /// A buffer of `n` elements (their values unspecified): the smallest kept one that holds them
+  /// without growing, else the largest kept one, else a new one.
+  std::vector<float> take(std::size_t n) {
+    std::size_t best = free.size();
+    for (std::size_t i = 0; i < free.size(); ++i) {
+      const std::size_t c = free[i].capacity();
+      const bool fits = c >= n;
+      if (best == free.size()) { best = i; continue; }
+      const std::size_t b = free[best].capacity();
+      if (fits ? (b < n || c < b) : (b < n && c > b)) best = i;
+    }
+    std::vector<float> v;
+    if (best < free.size()) v = std::move(free[best]), free.erase(free.begin() + static_cast<std::ptrdiff_t>(best));
+    v.resize(n);
+    return v;
+  }
+  /// Keeps `v` for a later `take` (at most 8 buffers).
+  void give(std::vector<float>&& v) {
+    if (v.capacity() > 0 && free.size() < 8) free.push_back(std::move(v));
+  }
+};
+
 /// One micro-batch routed by the sharded hierarchical softmax (host memory): this rank's rows and
 /// targets, the rows sent to each rank (`order`, grouped by destination) and the rows received.
 template <class Comm>

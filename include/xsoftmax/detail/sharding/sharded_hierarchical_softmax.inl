@@ -149,14 +149,14 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::route_(detail::hs_routed_state
     st.send_rows[static_cast<size_t>(q)] = static_cast<index_t>(to[static_cast<size_t>(q)].size());
     st.order.insert(st.order.end(), to[static_cast<size_t>(q)].begin(), to[static_cast<size_t>(q)].end());
   }
-  st.send_hidden.resize(st.order.size() * static_cast<size_t>(d));
+  st.send_hidden = pool_.take(st.order.size() * static_cast<size_t>(d));
   for (size_t p = 0; p < st.order.size(); ++p)
     std::copy(hidden.row(st.order[p]), hidden.row(st.order[p]) + d,
               st.send_hidden.begin() + static_cast<std::ptrdiff_t>(p * static_cast<size_t>(d)));
   comm_.all_to_all(st.send_rows.data(), ones.data(), st.recv_rows.data(), ones.data());
   index_t received = 0;
   for (index_t r : st.recv_rows) received += r;
-  st.recv_hidden.resize(static_cast<size_t>(received * d));
+  st.recv_hidden = pool_.take(static_cast<size_t>(received * d));
   const std::vector<index_t> out = detail::element_counts(st.send_rows, d), in = detail::element_counts(st.recv_rows, d);
   if constexpr (detail::has_start_all_to_all<C, float>) {
     if (start) {
@@ -341,7 +341,11 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
     grad_top->bias_values.assign(bias_values.begin(), bias_values.end());
   }
 
-  // 7. Per-sample values and the reduced loss (in row order, in double).
+  // 7. The routing's buffers back to the pool (`hidden` is the prefetched batch's `own`: no longer
+  //    read); per-sample values and the reduced loss (in row order, in double).
+  pool_.give(std::move(st.send_hidden));
+  pool_.give(std::move(st.recv_hidden));
+  if (pre) pool_.give(std::move(st.own));
   if (per_sample.size != 0) std::copy(part.begin(), part.end(), per_sample.data);
   double total = 0;
   for (float x : part) total += x;

@@ -24,7 +24,7 @@ auto sharded_hierarchical_softmax<C, F, P, B, D>::route_rows_async(matrix_view<c
                                ": targets has ", targets.size, " entries but hidden has ", hidden.rows, " rows");
   auto st = std::make_unique<detail::hs_routed_state<C>>();
   st->owner = this, st->rows = hidden.rows, st->dim = hidden.cols;
-  st->own.resize(static_cast<std::size_t>(hidden.rows * hidden.cols));
+  st->own = pool_.take(static_cast<std::size_t>(hidden.rows * hidden.cols));
   for (index_t i = 0; i < hidden.rows; ++i)
     std::copy(hidden.row(i), hidden.row(i) + hidden.cols, st->own.begin() + i * hidden.cols);
   st->targets.assign(targets.data, targets.data + targets.size);
