@@ -244,6 +244,24 @@ class head_verbs {
  protected:
   head_verbs() = default;
 
+  /// The loss verbs' checks of a batch of `rows` rows, in order; `check_hidden(execution)` checks
+  /// the hidden rows in their place (a prefetching head passes a no-op: checked at the prefetch).
+  template <class CheckHidden>
+  void check_loss_rows(const char* w, index_t rows, CheckHidden check_hidden, vector_view<const index_t> targets,
+                       const loss_options& options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+                       bool backward, vector_view<const float> grad_output) const {
+    const detail::execution<Backend> ex = checked_execution();
+    detail::check_reduction(w, options.reduce);
+    detail::check_loss_terms(w, options, Head::supports_loss_terms, Head::head_name);
+    detail::check_margin(w, options.margin, Head::supports_loss_terms, Head::head_name, self().bias() != nullptr);
+    check_hidden(ex);
+    detail::check_targets(ex, w, targets, rows, self().num_classes(), options.ignore_index);
+    if ((options.reduce == reduction::none && !backward) || per_sample.size != 0)  // backward has no per_sample
+      detail::check_output(w, "per_sample", per_sample, rows);
+    if (grad_hidden) detail::check_output(w, "grad_hidden", *grad_hidden, rows, self().dim());
+    if (backward) detail::check_grad_output_shape(w, options.reduce, grad_output, rows);
+  }
+
  private:
   [[nodiscard]] const Head& self() const { return static_cast<const Head&>(*this); }
   [[nodiscard]] static std::string where(const char* verb) { return detail::verb_where(Head::head_name, verb); }
@@ -267,16 +285,9 @@ class head_verbs {
   void check_loss_inputs(const char* w, matrix_view<const H> hidden, vector_view<const index_t> targets,
                          const loss_options& options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                          bool backward, vector_view<const float> grad_output) const {
-    const detail::execution<Backend> ex = checked_execution();
-    detail::check_reduction(w, options.reduce);
-    detail::check_loss_terms(w, options, Head::supports_loss_terms, Head::head_name);
-    detail::check_margin(w, options.margin, Head::supports_loss_terms, Head::head_name, self().bias() != nullptr);
-    detail::check_hidden(ex, w, hidden, self().dim());
-    detail::check_targets(ex, w, targets, hidden.rows, self().num_classes(), options.ignore_index);
-    if ((options.reduce == reduction::none && !backward) || per_sample.size != 0)  // backward has no per_sample
-      detail::check_output(w, "per_sample", per_sample, hidden.rows);
-    if (grad_hidden) detail::check_output(w, "grad_hidden", *grad_hidden, hidden.rows, self().dim());
-    if (backward) detail::check_grad_output_shape(w, options.reduce, grad_output, hidden.rows);
+    check_loss_rows(w, hidden.rows, [&](const detail::execution<Backend>& ex) {
+      detail::check_hidden(ex, w, hidden, self().dim());
+    }, targets, options, per_sample, grad_hidden, backward, grad_output);
   }
 
   /// log_prob ignores nothing: every target must be a class (even one equal to some ignore_index).

@@ -43,16 +43,8 @@ void full_softmax<P, B, S>::check_prefetched_loss_(const char* w, const gathered
                                                    vector_view<const index_t> targets, const loss_options& options,
                                                    vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                    bool backward, vector_view<const float> grad_output) const {
-  const index_t rows = usable_(w, g).rows;
-  const detail::execution<B> ex{resources_};
-  detail::check_reduction(w, options.reduce);
-  detail::check_loss_terms(w, options, supports_loss_terms, head_name);
-  detail::check_margin(w, options.margin, supports_loss_terms, head_name, bias() != nullptr);
-  detail::check_targets(ex, w, targets, rows, num_classes(), options.ignore_index);
-  if ((options.reduce == reduction::none && !backward) || per_sample.size != 0)
-    detail::check_output(w, "per_sample", per_sample, rows);
-  if (grad_hidden) detail::check_output(w, "grad_hidden", *grad_hidden, rows, dim());
-  if (backward) detail::check_grad_output_shape(w, options.reduce, grad_output, rows);
+  verbs::check_loss_rows(w, usable_(w, g).rows, [](const detail::execution<B>&) {}, targets, options, per_sample,
+                         grad_hidden, backward, grad_output);
 }
 
 // As run_sharded_into_, with the rows from the prefetch: this rank's sample map and upstream

@@ -131,6 +131,24 @@ class mpi_communicator {
     return r;
   }
 
+  /// `all_to_all`, started (`MPI_Ialltoallv`) and returned pending, as `start_all_gather` (the
+  /// same request type; it keeps the four count arrays MPI reads until completion).
+  template <class T>
+  [[nodiscard]] gather_request start_all_to_all(const T* send, const index_t* send_counts, T* recv,
+                                                const index_t* recv_counts) {
+    gather_request r;
+    const std::size_t n = static_cast<std::size_t>(size_);
+    std::vector<int> sc(n), so(n), rc(n), ro(n);
+    layout(send_counts, sc, so);
+    layout(recv_counts, rc, ro);
+    r.c_ = sc, r.c_.insert(r.c_.end(), rc.begin(), rc.end());
+    r.off_ = so, r.off_.insert(r.off_.end(), ro.begin(), ro.end());
+    check(MPI_Ialltoallv(send, r.c_.data(), r.off_.data(), type<T>(), recv, r.c_.data() + n, r.off_.data() + n,
+                         type<T>(), comm_, &r.request_),
+          "MPI_Ialltoallv");
+    return r;
+  }
+
   /// Rank q gets `send_counts[q]` elements of `send` (blocks in rank order); `recv` gets
   /// `recv_counts[q]` elements from each rank q, in rank order (`MPI_Alltoallv`).
   template <class T>

@@ -7,8 +7,9 @@
 ///
 /// A step, on every rank (the loss factorises at the frontier: see hs_shard_plan.hpp):
 ///  1. the top tree's head runs on the rank's own rows (targets mapped to their top leaves);
-///  2. each row whose target lies below the frontier goes, with its upstream gradient, to the owner
-///     of its subtree (`all_to_all`);
+///  2. each row whose target lies below the frontier goes to the owner of its subtree
+///     (`all_to_all`; started one micro-batch ahead by `route_rows_async`), then its class in the
+///     subtree and its upstream gradient (two small `all_to_all`s);
 ///  3. the owner runs each of its subtrees' heads on the rows it received for it (reduction none);
 ///  4. the per-row losses and hidden gradients go back (the reverse `all_to_all`) and are added to
 ///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
@@ -18,6 +19,7 @@
 /// same way; `topk` is an exact search in two routed rounds (see its documentation).
 ///
 /// Traffic per step: each routed row's hidden vector and upstream gradient out (plus two indices),
+/// in four all-to-alls (row counts, hidden rows, indices, upstream gradients),
 /// its loss and hidden gradient back, and an all-reduce over the union of the ranks' touched top
 /// rows (`mpi_communicator` sums in rank order: S times the data, see mpi_communicator.hpp).
 ///
@@ -27,6 +29,7 @@
 /// transport through host memory, so only host backends (serial, omp) are offered.
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/sharding/prefetch.hpp>
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>
 #include <xsoftmax/sharding/class_sharding.hpp>
@@ -67,7 +70,7 @@ using hs_topk_candidates = std::vector<std::vector<std::pair<float, index_t>>>;
 /// rank) and `grad_local` (local rows, from every rank's rows routed here).
 ///
 /// Not offered yet: `backward` alone, `log_distribution`, the replicated hidden layout, the
-/// `_async` verbs, hidden rows other than fp32, device backends.
+/// `_async` verbs, `topk` of prefetched rows, hidden rows other than fp32, device backends.
 template <class Communicator, class NodeForm = softmax_nodes, class Precision = fp32, class Backend = serial,
           int MaxDepth = 64>
 class sharded_hierarchical_softmax {
@@ -117,7 +120,8 @@ class sharded_hierarchical_softmax {
   /// leaves the others waiting in it, as for every sharded head (see class_sharding.hpp).
   float forward(matrix_view<const float> hidden, vector_view<const index_t> targets, loss_options options = {},
                 vector_view<float> per_sample = {}) const {
-    return run_(detail::hs_route_mode::forward, hidden, targets, options, per_sample, nullptr, nullptr, nullptr, {});
+    return run_(detail::hs_route_mode::forward, hidden, targets, options, per_sample, nullptr, nullptr, nullptr, {},
+                nullptr);
   }
 
   /// `forward` with the gradients: `grad_hidden` (B x dim, this rank's rows) is overwritten;
@@ -129,12 +133,39 @@ class sharded_hierarchical_softmax {
                          loss_options options = {}, vector_view<float> per_sample = {},
                          vector_view<const float> grad_output = {}) const {
     return run_(detail::hs_route_mode::train, hidden, targets, options, per_sample, &grad_hidden, &grad_top,
-                &grad_local, grad_output);
+                &grad_local, grad_output, nullptr);
   }
 
   /// log p(targets[i] | hidden[i]) of this rank's rows into `out` (B entries); every target must
   /// be a class. Collective.
   void log_prob(matrix_view<const float> hidden, vector_view<const index_t> targets, vector_view<float> out) const;
+
+  /// \name Prefetch: the next micro-batch's routing while this one computes (issue 14)
+  /// `auto next = head.route_rows_async(hidden_next, targets_next);` sends `hidden_next`'s rows to
+  /// the owners of their targets' subtrees (the row counts blocking, the rows with the
+  /// communicator's `start_all_to_all` when it has one: MPI `MPI_Ialltoallv`; else at once) and
+  /// returns with a `routed_batch`; the current batch's verbs run meanwhile; then
+  /// `head.forward_backward(next, grad_hidden, grad_top, grad_local, ...)` (or `forward`,
+  /// `log_prob`) scores the routed rows: the arguments of the verb taking `hidden` and `targets`
+  /// less those two, the same results bit for bit. The rows are routed before the verb's
+  /// `ignore_index` is known, so every row whose target is a class below the frontier travels;
+  /// the verb sends, blocking, each routed row's class (or "ignored") and upstream gradient (a few
+  /// bytes a row). Collective, as every verb: every rank routes and uses its batches in the same
+  /// order. `route_rows_async` checks `hidden`'s shape and values and `targets`' size; a target
+  /// out of range is reported by the verb (as by the verb taking `targets`), which also throws
+  /// `invalid_argument` for a batch routed by another head, used already, moved from or
+  /// default-constructed, and `shape_error` for an output without `next.rows()` rows. As for the
+  /// full softmax's `gather_rows_async`, the overlap is the transport's: OpenMPI progresses a
+  /// started exchange only inside MPI calls (bench/RESULTS.md, the sharded HS's prefetch).
+  /// @{
+  using routed_batch = xsoftmax::routed_batch<Communicator>;
+  [[nodiscard]] routed_batch route_rows_async(matrix_view<const float> hidden, vector_view<const index_t> targets) const;
+  float forward(routed_batch& rows, loss_options options = {}, vector_view<float> per_sample = {}) const;
+  float forward_backward(routed_batch& rows, matrix_view<float> grad_hidden, gradient_type& grad_top,
+                         gradient_type& grad_local, loss_options options = {}, vector_view<float> per_sample = {},
+                         vector_view<const float> grad_output = {}) const;
+  void log_prob(routed_batch& rows, vector_view<float> out) const;
+  /// @}
 
   /// weights -= lr * gradient for the replicated top tree (`grad_top`, identical on every rank,
   /// so the replicas stay equal) and this rank's local rows (`grad_local`), as the two gradients
@@ -155,7 +186,12 @@ class sharded_hierarchical_softmax {
  private:
   float run_(detail::hs_route_mode mode, matrix_view<const float> hidden, vector_view<const index_t> targets,
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-             gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output) const;
+             gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output,
+             detail::hs_routed_state<Communicator>* pre) const;
+  void route_(detail::hs_routed_state<Communicator>& st, matrix_view<const float> hidden,
+              vector_view<const index_t> targets, bool can_ignore, index_t ignore_index, bool start) const;
+  /// The state of `rows` when this head may use it (see the prefetch verbs), marked used.
+  detail::hs_routed_state<Communicator>& take_(const char* where, routed_batch& rows) const;
   /// Sends each request's row to its subtree's owner, which searches the subtree's best k classes;
   /// adds them (base + log p_sub) to the row's candidates. Collective (every rank calls it).
   void explore_(matrix_view<const float> hidden, index_t k, const std::vector<detail::hs_topk_request>& requests,
@@ -167,9 +203,11 @@ class sharded_hierarchical_softmax {
   head_type top_;
   std::vector<head_type> subs_;      ///< this rank's subtrees' heads, in plan_.subtrees_of(rank_) order
   std::vector<index_t> slot_;        ///< subtree -> index in subs_ (-1 when another rank owns it)
+  mutable detail::float_buffer_pool pool_;  ///< the routing's row buffers, reused step to step
 };
 
 }  // namespace xsoftmax
 
 #include <xsoftmax/detail/sharding/sharded_hierarchical_softmax.inl>
 #include <xsoftmax/detail/sharding/sharded_hierarchical_softmax_topk.inl>
+#include <xsoftmax/detail/sharding/sharded_hierarchical_softmax_prefetch.inl>

@@ -38,6 +38,13 @@ class solo_communicator {
     all_gather(send, count, recv, counts);
     return {};
   }
+  /// `all_to_all`, already complete (a copy).
+  template <class T>
+  [[nodiscard]] gather_request start_all_to_all(const T* send, const index_t* send_counts, T* recv,
+                                                const index_t* recv_counts) {
+    all_to_all(send, send_counts, recv, recv_counts);
+    return {};
+  }
   template <class T>
   void reduce_scatter(const T* send, T* recv, const index_t* counts) {
     std::copy(send, send + counts[0], recv);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -163,47 +164,39 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
   st.complete();
   const int size = sh.size();
   const index_t d = st.dim;
-  // Every row's target (in rank order), and the rows of each rank (one segment when replicated).
+  // Every row's target (in rank order, in the execution's memory), and the rows of each rank (one
+  // segment when replicated).
   const std::vector<index_t> segments = st.replicated ? std::vector<index_t>{st.rows} : st.counts;
   index_t total = 0;
   for (index_t c : segments) total += c;
-  std::vector<index_t> all_targets(static_cast<std::size_t>(total), 0);
-  if (targets.size != 0) {
-    if (st.replicated) {
-      on_host(ex, targets.data, total, false, [&](const index_t* t) { std::copy(t, t + total, all_targets.begin()); });
-    } else {
-      backend_vector<B, index_t> gathered(static_cast<std::size_t>(total));
-      all_gather_into(ex, sh.communicator(), targets.data, st.rows, gathered, st.counts.data());
-      thrust::copy(gathered.begin(), gathered.end(), all_targets.begin());
+  backend_vector<B, index_t> gathered;
+  vector_view<const index_t> all_targets;  // empty for topk: every row is kept
+  if (targets.size != 0 && st.replicated) {
+    all_targets = targets;
+  } else if (targets.size != 0) {
+    gathered.resize(static_cast<std::size_t>(total));
+    all_gather_into(ex, sh.communicator(), targets.data, st.rows, gathered, st.counts.data());
+    all_targets = vector_view<const index_t>(raw(gathered), total);
+  }
+  // The kept rows, as the blocking verb's pack_rows packs them (then gathers them).
+  backend_vector<B, float>& source = st.replicated ? st.own : st.all;
+  sharded_rows<B> out;
+  out.all = pack_rows(ex, matrix_view<const float>(raw(source), total, d), all_targets, ignore_index);
+  const index_t rows = out.all.rows;
+  std::vector<index_t> kept_counts(segments.size(), 0);
+  if (rows == total) {
+    kept_counts = segments;
+  } else {  // each rank's kept rows: the packed rows' samples, bucketed by segment
+    std::vector<index_t> kept(static_cast<std::size_t>(rows));
+    thrust::copy(out.all.sample.begin(), out.all.sample.end(), kept.begin());
+    std::size_t q = 0;
+    index_t end = segments[0];
+    for (index_t k : kept) {
+      while (k >= end) end += segments[++q];
+      ++kept_counts[q];
     }
   }
-  std::vector<index_t> kept, kept_targets, kept_counts(segments.size(), 0);
-  index_t at = 0;
-  for (std::size_t q = 0; q < segments.size(); ++q)
-    for (index_t i = 0; i < segments[q]; ++i, ++at)
-      if (targets.size == 0 || all_targets[static_cast<std::size_t>(at)] != ignore_index) {
-        kept.push_back(at), kept_targets.push_back(all_targets[static_cast<std::size_t>(at)]);
-        ++kept_counts[q];
-      }
-
-  sharded_rows<B> out;
-  const index_t rows = static_cast<index_t>(kept.size());
-  backend_vector<B, float>& source = st.replicated ? st.own : st.all;
-  out.all.dim = d;
-  out.all.rows = rows;
-  out.all.target = backend_vector<B, index_t>(kept_targets.begin(), kept_targets.end());
-  if (rows == total) {
-    out.all.hidden = std::move(source);
-  } else {  // drop the ignored rows: a copy of the kept ones, in order
-    const backend_vector<B, index_t> index(kept.begin(), kept.end());
-    out.all.hidden.resize(static_cast<std::size_t>(rows * d));
-    const index_t* k = raw(index);
-    const float* in = raw(source);
-    float* o = raw(out.all.hidden);
-    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
-      for (index_t j = 0; j < d; ++j) o[r * d + j] = in[k[r] * d + j];
-    });
-  }
+  out.all.sample = backend_vector<B, index_t>();
   source = backend_vector<B, float>();
   if (st.replicated) {
     out.counts.assign(static_cast<std::size_t>(size), rows);
@@ -221,3 +214,130 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
 }
 
 }  // namespace xsoftmax::detail
+
+// ---------------------------------------------------------------------------------------------
+// The sharded hierarchical softmax's prefetch: the routing of a micro-batch's rows to the owners
+// of their targets' subtrees, started ahead of the verb (see sharded_hierarchical_softmax.hpp).
+
+namespace xsoftmax::detail {
+
+/// Whether `Comm` offers `start_all_to_all(const T* send, const index_t* send_counts, T* recv,
+/// const index_t* recv_counts)`: `all_to_all` started and returned as a request whose `wait()`
+/// completes it, with `start_all_gather`'s contract (class_sharding.hpp). Optional: without it
+/// the routing runs at once, blocking.
+template <class Comm, class T, class = void>
+inline constexpr bool has_start_all_to_all = false;
+template <class Comm, class T>
+inline constexpr bool has_start_all_to_all<
+    Comm, T,
+    std::void_t<decltype(std::declval<Comm&>().start_all_to_all(std::declval<const T*>(), std::declval<const index_t*>(),
+                                                                std::declval<T*>(), std::declval<const index_t*>())
+                             .wait())>> = true;
+
+/// `start_all_to_all`'s request type of `Comm` for T buffers (a placeholder when it has none).
+template <class Comm, class T, bool = has_start_all_to_all<Comm, T>>
+struct exchange_request_of {
+  struct type {
+    void wait() {}
+  };
+};
+template <class Comm, class T>
+struct exchange_request_of<Comm, T, true> {
+  using type = decltype(std::declval<Comm&>().start_all_to_all(std::declval<const T*>(), std::declval<const index_t*>(),
+                                                               std::declval<T*>(), std::declval<const index_t*>()));
+};
+
+/// Host float buffers kept from one step to the next: a fresh allocation of megabytes per step
+/// costs its page faults again whenever the allocator has returned the memory to the system
+/// (measured: bench/RESULTS.md, the sharded HS's prefetch).
+struct float_buffer_pool {
+  std::vector<std::vector<float>> free;
+  /// A buffer of `n` elements (their values unspecified): the smallest kept one that holds them
+  /// without growing, else the largest kept one, else a new one.
+  std::vector<float> take(std::size_t n) {
+    std::size_t best = free.size();
+    for (std::size_t i = 0; i < free.size(); ++i) {
+      const std::size_t c = free[i].capacity();
+      const bool fits = c >= n;
+      if (best == free.size()) { best = i; continue; }
+      const std::size_t b = free[best].capacity();
+      if (fits ? (b < n || c < b) : (b < n && c > b)) best = i;
+    }
+    std::vector<float> v;
+    if (best < free.size()) v = std::move(free[best]), free.erase(free.begin() + static_cast<std::ptrdiff_t>(best));
+    v.resize(n);
+    return v;
+  }
+  /// Keeps `v` for a later `take` (at most 8 buffers).
+  void give(std::vector<float>&& v) {
+    if (v.capacity() > 0 && free.size() < 8) free.push_back(std::move(v));
+  }
+};
+
+/// One micro-batch routed by the sharded hierarchical softmax (host memory): this rank's rows and
+/// targets, the rows sent to each rank (`order`, grouped by destination) and the rows received.
+template <class Comm>
+struct hs_routed_state {
+  const void* owner = nullptr;  ///< the head that routed the rows
+  index_t rows = 0, dim = 0;    ///< this rank's batch
+  bool used = false;
+  std::vector<float> own;             ///< this rank's rows (rows x dim), prefetch only
+  std::vector<index_t> targets;       ///< this rank's targets, prefetch only
+  std::vector<index_t> order;         ///< this rank's routed rows, by destination rank then row
+  std::vector<index_t> send_rows, recv_rows;  ///< routed rows to / from each rank
+  std::vector<float> send_hidden, recv_hidden;  ///< their hidden rows, out and in
+  /// The running exchange of the hidden rows. Declared last: destroyed (which waits for it) before
+  /// the buffers it uses.
+  std::optional<typename exchange_request_of<Comm, float>::type> pending;
+
+  /// Waits for the exchange (if still running): `recv_hidden` then holds the received rows.
+  void complete() {
+    if (!pending) return;
+    pending->wait();
+    pending.reset();
+  }
+};
+
+}  // namespace xsoftmax::detail
+
+namespace xsoftmax {
+
+namespace detail {
+struct routed_access;
+}
+
+/// One micro-batch's hidden rows, routed to the owners of their targets' subtrees ahead of the verb
+/// that scores them: returned by `sharded_hierarchical_softmax::route_rows_async(hidden, targets)`
+/// and passed, once, to that head's `forward`, `forward_backward` or `log_prob` in place of
+/// `hidden` and `targets`. Owns copies of this rank's rows and targets, the routed rows, and the
+/// exchange while it runs: destroying it unused waits for the exchange. Move-only.
+template <class Communicator>
+class routed_batch {
+ public:
+  routed_batch() = default;
+  /// This rank's batch rows: the verb's outputs have this many rows.
+  [[nodiscard]] index_t rows() const { return state_ ? state_->rows : 0; }
+  [[nodiscard]] index_t dim() const { return state_ ? state_->dim : 0; }
+  /// False when default-constructed or moved from, or once a verb has used it.
+  [[nodiscard]] bool usable() const { return state_ && !state_->used; }
+
+ private:
+  friend struct detail::routed_access;
+  std::unique_ptr<detail::hs_routed_state<Communicator>> state_;
+};
+
+namespace detail {
+/// The head's access to a `routed_batch`'s state.
+struct routed_access {
+  template <class C>
+  static routed_batch<C> make(std::unique_ptr<hs_routed_state<C>> s) {
+    routed_batch<C> g;
+    g.state_ = std::move(s);
+    return g;
+  }
+  template <class C>
+  static hs_routed_state<C>* state(const routed_batch<C>& g) { return g.state_.get(); }
+};
+}  // namespace detail
+
+}  // namespace xsoftmax

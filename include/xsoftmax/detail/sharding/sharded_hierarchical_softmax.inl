@@ -72,7 +72,8 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::log_prob(matrix_view<const flo
   detail::expects<shape_error>(out.size == hidden.rows && (out.data != nullptr || hidden.rows == 0),
                                detail::verb_where(head_name, "log_prob"), ": out has ", out.size, " entries but hidden has ",
                                hidden.rows, " rows");
-  run_(detail::hs_route_mode::log_prob, hidden, targets, detail::log_prob_options(), out, nullptr, nullptr, nullptr, {});
+  run_(detail::hs_route_mode::log_prob, hidden, targets, detail::log_prob_options(), out, nullptr, nullptr, nullptr, {},
+       nullptr);
 }
 
 template <class C, class F, class P, class B, int D>
@@ -123,6 +124,49 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type&
   }
 }
 
+// Routes this rank's rows whose target is a class below the frontier (less the ignored ones when
+// `can_ignore`) to their subtree's owner: the row counts (blocking), then the hidden rows, started
+// (`start_all_to_all`) when `start` and the communicator has it, else at once. Collective.
+template <class C, class F, class P, class B, int D>
+void sharded_hierarchical_softmax<C, F, P, B, D>::route_(detail::hs_routed_state<C>& st,
+                                                         matrix_view<const float> hidden,
+                                                         vector_view<const index_t> targets, bool can_ignore,
+                                                         index_t ignore_index, bool start) const {
+  using std::size_t;
+  const index_t d = dim(), n = num_classes();
+  const int ranks = size();
+  std::vector<std::vector<index_t>> to(static_cast<size_t>(ranks));
+  for (index_t i = 0; i < hidden.rows; ++i) {
+    const index_t t = targets[i];
+    if ((can_ignore && t == ignore_index) || t < 0 || t >= n || plan_.subtree_of(t) < 0) continue;
+    to[static_cast<size_t>(plan_.owner(plan_.subtree_of(t)))].push_back(i);
+  }
+  st.order.clear();
+  st.send_rows.assign(static_cast<size_t>(ranks), 0);
+  st.recv_rows.assign(static_cast<size_t>(ranks), 0);
+  const std::vector<index_t> ones(static_cast<size_t>(ranks), 1);
+  for (int q = 0; q < ranks; ++q) {
+    st.send_rows[static_cast<size_t>(q)] = static_cast<index_t>(to[static_cast<size_t>(q)].size());
+    st.order.insert(st.order.end(), to[static_cast<size_t>(q)].begin(), to[static_cast<size_t>(q)].end());
+  }
+  st.send_hidden = pool_.take(st.order.size() * static_cast<size_t>(d));
+  for (size_t p = 0; p < st.order.size(); ++p)
+    std::copy(hidden.row(st.order[p]), hidden.row(st.order[p]) + d,
+              st.send_hidden.begin() + static_cast<std::ptrdiff_t>(p * static_cast<size_t>(d)));
+  comm_.all_to_all(st.send_rows.data(), ones.data(), st.recv_rows.data(), ones.data());
+  index_t received = 0;
+  for (index_t r : st.recv_rows) received += r;
+  st.recv_hidden = pool_.take(static_cast<size_t>(received * d));
+  const std::vector<index_t> out = detail::element_counts(st.send_rows, d), in = detail::element_counts(st.recv_rows, d);
+  if constexpr (detail::has_start_all_to_all<C, float>) {
+    if (start) {
+      st.pending.emplace(comm_.start_all_to_all(st.send_hidden.data(), out.data(), st.recv_hidden.data(), in.data()));
+      return;
+    }
+  }
+  comm_.all_to_all(st.send_hidden.data(), out.data(), st.recv_hidden.data(), in.data());
+}
+
 // The routed step (see the header). Every check that can differ between ranks (shapes, targets,
 // hidden values: the top head's own checks) runs before the first collective.
 template <class C, class F, class P, class B, int D>
@@ -130,7 +174,8 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
                                                         vector_view<const index_t> targets, loss_options options,
                                                         vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                         gradient_type* grad_top, gradient_type* grad_local,
-                                                        vector_view<const float> grad_output) const {
+                                                        vector_view<const float> grad_output,
+                                                        detail::hs_routed_state<C>* pre) const {
   using std::size_t;
   using mode_t = detail::hs_route_mode;
   const std::string where = detail::verb_where(
@@ -170,47 +215,44 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   else if (mode == mode_t::forward) top_.forward(hidden, top_view, top_options, part_view);
   else top_.log_prob(hidden, top_view, part_view);
 
-  // 3. Rows below the frontier to their subtree's owner: hidden row (+ upstream gradient), and
-  //    (subtree, class in the subtree). The upstream gradient is the unsharded head's.
+  // 3. Rows below the frontier to their subtree's owner (routed already when prefetched): the
+  //    hidden rows; then, per routed row, (subtree, class in the subtree, or -1 for a row this verb
+  //    ignores) and, when training, the unsharded head's upstream gradient.
   float scale = 1.f;
   if (mode == mode_t::train) {
     if (options.reduce != reduction::none && grad_output.size == 1) scale = grad_output[0];
     if (options.reduce == reduction::mean && valid > 0) scale /= static_cast<float>(valid);
   }
   const bool per_row_upstream = mode == mode_t::train && options.reduce == reduction::none && grad_output.size != 0;
-  std::vector<std::vector<index_t>> to(static_cast<size_t>(ranks));
-  for (index_t i = 0; i < rows; ++i)
-    if (!ignored(i) && plan_.subtree_of(targets[i]) >= 0)
-      to[static_cast<size_t>(plan_.owner(plan_.subtree_of(targets[i])))].push_back(i);
-  std::vector<index_t> order, send_rows(static_cast<size_t>(ranks)), recv_rows(send_rows.size()),
-      ones(send_rows.size(), 1);
-  for (int q = 0; q < ranks; ++q) {
-    send_rows[static_cast<size_t>(q)] = static_cast<index_t>(to[static_cast<size_t>(q)].size());
-    order.insert(order.end(), to[static_cast<size_t>(q)].begin(), to[static_cast<size_t>(q)].end());
-  }
-  const index_t fw = d + (mode == mode_t::train ? 1 : 0);
-  std::vector<float> send_f(order.size() * static_cast<size_t>(fw));
+  detail::hs_routed_state<C> blocking;
+  detail::hs_routed_state<C>& st = pre ? *pre : blocking;
+  if (!pre) route_(st, hidden, targets, can_ignore, options.ignore_index, false);
+  const std::vector<index_t>& order = st.order;
   std::vector<index_t> send_i(order.size() * 2);
+  std::vector<float> send_up(mode == mode_t::train ? order.size() : 0);
   for (size_t p = 0; p < order.size(); ++p) {
     const index_t i = order[p], t = targets[i];
-    std::copy(hidden.row(i), hidden.row(i) + d, send_f.begin() + static_cast<std::ptrdiff_t>(p * static_cast<size_t>(fw)));
-    if (mode == mode_t::train) send_f[p * static_cast<size_t>(fw) + static_cast<size_t>(d)] = per_row_upstream ? grad_output[i] : scale;
     send_i[2 * p] = plan_.subtree_of(t);
-    send_i[2 * p + 1] = plan_.local_class(t);
+    send_i[2 * p + 1] = ignored(i) ? -1 : plan_.local_class(t);
+    if (mode == mode_t::train) send_up[p] = per_row_upstream ? grad_output[i] : scale;
   }
-  comm_.all_to_all(send_rows.data(), ones.data(), recv_rows.data(), ones.data());
+  const std::vector<index_t>&send_rows = st.send_rows, &recv_rows = st.recv_rows;
   index_t received = 0;
   for (index_t r : recv_rows) received += r;
-  std::vector<float> recv_f(static_cast<size_t>(received * fw));
   std::vector<index_t> recv_i(static_cast<size_t>(received * 2));
-  comm_.all_to_all(send_f.data(), detail::element_counts(send_rows, fw).data(), recv_f.data(), detail::element_counts(recv_rows, fw).data());
+  std::vector<float> recv_up(mode == mode_t::train ? static_cast<size_t>(received) : 0);
   comm_.all_to_all(send_i.data(), detail::element_counts(send_rows, 2).data(), recv_i.data(), detail::element_counts(recv_rows, 2).data());
+  if (mode == mode_t::train) comm_.all_to_all(send_up.data(), send_rows.data(), recv_up.data(), recv_rows.data());
+  st.complete();
+  const std::vector<float>& recv_h = st.recv_hidden;
 
   // 4. Each of this rank's subtrees on the rows it received (reduction none, upstream per row).
   const index_t rw = 1 + (mode == mode_t::train ? d : 0);
   std::vector<float> reply(static_cast<size_t>(received * rw), 0.f);
   std::vector<std::vector<index_t>> by_slot(subs_.size());
-  for (index_t r = 0; r < received; ++r) by_slot[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(2 * r)])])].push_back(r);
+  for (index_t r = 0; r < received; ++r)
+    if (recv_i[static_cast<size_t>(2 * r + 1)] >= 0)
+      by_slot[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(2 * r)])])].push_back(r);
   if (mode == mode_t::train) {
     grad_local->dim = d;
     grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
@@ -227,10 +269,9 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
     std::vector<index_t> t(static_cast<size_t>(m));
     for (index_t j = 0; j < m; ++j) {
       const size_t r = static_cast<size_t>(mine[static_cast<size_t>(j)]);
-      std::copy(recv_f.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(fw)),
-                recv_f.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(fw) + static_cast<size_t>(d)),
-                h.begin() + j * d);
-      if (mode == mode_t::train) up[static_cast<size_t>(j)] = recv_f[r * static_cast<size_t>(fw) + static_cast<size_t>(d)];
+      std::copy(recv_h.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(d)),
+                recv_h.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(d)), h.begin() + j * d);
+      if (mode == mode_t::train) up[static_cast<size_t>(j)] = recv_up[r];
       t[static_cast<size_t>(j)] = recv_i[2 * r + 1];
     }
     const matrix_view<const float> hv(h.data(), m, d);
@@ -263,6 +304,7 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   comm_.all_to_all(reply.data(), detail::element_counts(recv_rows, rw).data(), back.data(), detail::element_counts(send_rows, rw).data());
   for (size_t p = 0; p < order.size(); ++p) {
     const index_t i = order[p];
+    if (ignored(i)) continue;  // routed by a prefetch, not scored
     part[static_cast<size_t>(i)] += back[p * static_cast<size_t>(rw)];
     if (mode == mode_t::train) {
       float* g = grad_hidden->row(i);
@@ -273,7 +315,8 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
 
   // 6. The top tree's gradient: the union of every rank's touched rows, summed in rank order.
   if (mode == mode_t::train) {
-    std::vector<index_t> mine_count{own_top.num_rows()}, counts(static_cast<size_t>(ranks));
+    std::vector<index_t> mine_count{own_top.num_rows()}, counts(static_cast<size_t>(ranks)),
+        ones(static_cast<size_t>(ranks), 1);
     comm_.all_gather(mine_count.data(), 1, counts.data(), ones.data());
     index_t all = 0;
     for (index_t c : counts) all += c;
@@ -298,7 +341,11 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
     grad_top->bias_values.assign(bias_values.begin(), bias_values.end());
   }
 
-  // 7. Per-sample values and the reduced loss (in row order, in double).
+  // 7. The routing's buffers back to the pool (`hidden` is the prefetched batch's `own`: no longer
+  //    read); per-sample values and the reduced loss (in row order, in double).
+  pool_.give(std::move(st.send_hidden));
+  pool_.give(std::move(st.recv_hidden));
+  if (pre) pool_.give(std::move(st.own));
   if (per_sample.size != 0) std::copy(part.begin(), part.end(), per_sample.data);
   double total = 0;
   for (float x : part) total += x;
