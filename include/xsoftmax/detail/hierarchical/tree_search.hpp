@@ -36,24 +36,52 @@
 
 namespace xsoftmax::detail {
 
+/// A sigmoid node's score: h . w_node (+ bias_node), the fp32 row `h`, in `dot_row8`'s order.
+template <class T>
+XSOFTMAX_HD float sigmoid_node_score(const float* h, matrix_view<const T> w, const T* bias, index_t node) {
+  const float dot = dot_row8(h, w.row(node), w.cols);
+  return bias ? dot + to_float(bias[node]) : dot;
+}
+
 /// log p(child j | node) for the node whose block is [block_begin, block_begin + block_size), of
 /// the fp32 row `h`, into out[0, block_size) (two entries for sigmoid nodes).
 template <bool Sigmoid, class T>
 XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T* bias, index_t block_begin,
                                  index_t block_size, float* out) {
   if constexpr (Sigmoid) {
-    const index_t node = block_begin / 2;
-    const float dot = dot_row8(h, w.row(node), w.cols);
-    const float s = bias ? dot + to_float(bias[node]) : dot;
     // softplus(-s) and softplus(s) share log1p(exp(-|s|)) (see `softplus_pair`): one exp and one
     // log1p per node instead of two each, bitwise the same values.
-    softplus_pair(s, out[0], out[1]);
+    softplus_pair(sigmoid_node_score(h, w, bias, block_begin / 2), out[0], out[1]);
     out[0] = -out[0];
     out[1] = -out[1];
   } else {
     gather_dot(h, w, bias, block_begin, block_size, out);
     const float lse = row_logsumexp(out, block_size);
     for (index_t j = 0; j < block_size; ++j) out[j] -= lse;
+  }
+}
+
+/// `child_log_probs<true>`'s values for up to G rows at once, bitwise: row j < m (when live[j]) is
+/// the hidden row h + j d at the node of block block_begin[j], into out[j stride, j stride + 2).
+/// In two loops: the m scores, then their softplus pairs, 8 lanes at a time when G allows
+/// (`softplus_pair8`, lane for lane `softplus_pair`): independent chains side by side in the core
+/// instead of one dot-exp-log1p chain at a time.
+template <class T, index_t G>
+XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix_view<const T> w, const T* bias,
+                                               const index_t* block_begin, const bool* live, index_t m, float* out,
+                                               index_t stride) {
+  static_assert(G < node_lanes || G % node_lanes == 0);
+  constexpr index_t L = G < node_lanes ? node_lanes : G;
+  float sc[L] = {}, minus[L], plus[L];
+  for (index_t j = 0; j < m; ++j)
+    if (live[j]) sc[j] = sigmoid_node_score(h + j * d, w, bias, block_begin[j] / 2);
+  if constexpr (G % node_lanes == 0)
+    for (index_t j = 0; j < G; j += node_lanes) softplus_pair8(sc + j, minus + j, plus + j);
+  else
+    for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
+  for (index_t j = 0; j < m; ++j) {
+    out[j * stride] = -minus[j];
+    out[j * stride + 1] = -plus[j];
   }
 }
 
@@ -186,24 +214,8 @@ struct topk_search_step {
       first = false;
       if (!any) break;
       if constexpr (Sigmoid) {
-        // child_log_probs' values, in two loops: the round's dot products, then their softplus
-        // pairs (independent chains side by side instead of one dot-exp-log1p chain at a time).
-        static_assert(G < node_lanes || G % node_lanes == 0);
-        constexpr index_t L = G < node_lanes ? node_lanes : G;
-        float sc[L] = {}, minus[L], plus[L];
-        for (index_t j = 0; j < m; ++j) {
-          const index_t nd = node[j] / 2;
-          const float dot = live[j] ? dot_row8(h + (row0 + i0 + j) * d, w.row(nd), w.cols) : 0.f;
-          sc[j] = bias ? dot + to_float(bias[nd]) : dot;
-        }
-        if constexpr (G % node_lanes == 0)
-          for (index_t j = 0; j < G; j += node_lanes) softplus_pair8(sc + j, minus + j, plus + j);
-        else
-          for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
-        for (index_t j = 0; j < m; ++j) {
-          child_lp[(i0 + j) * max_block] = -minus[j];
-          child_lp[(i0 + j) * max_block + 1] = -plus[j];
-        }
+        sigmoid_child_log_probs_group<T, G>(h + (row0 + i0) * d, d, w, bias, node, live, m, child_lp + i0 * max_block,
+                                            max_block);
       } else {
         for (index_t j = 0; j < m; ++j)
           if (live[j])
