@@ -61,27 +61,26 @@ XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T
   }
 }
 
-/// `child_log_probs<true>`'s values for up to G rows at once, bitwise: row j < m (when live[j]) is
-/// the hidden row h + j d at the node of block block_begin[j], into out[j stride, j stride + 2).
+/// `child_log_probs<true>`'s values for m <= G rows at once, bitwise: the a-th is hidden row
+/// h + slot[a] d at the node of block block_begin[slot[a]], into out[slot[a] stride, + 2).
 /// In two loops: the m scores, then their softplus pairs, 8 lanes at a time when G allows
 /// (`softplus_pair8`, lane for lane `softplus_pair`): independent chains side by side in the core
 /// instead of one dot-exp-log1p chain at a time.
 template <class T, index_t G>
 XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix_view<const T> w, const T* bias,
-                                               const index_t* block_begin, const bool* live, index_t m, float* out,
+                                               const index_t* slot, const index_t* block_begin, index_t m, float* out,
                                                index_t stride) {
   static_assert(G < node_lanes || G % node_lanes == 0);
   constexpr index_t L = G < node_lanes ? node_lanes : G;
   float sc[L] = {}, minus[L], plus[L];
-  for (index_t j = 0; j < m; ++j)
-    if (live[j]) sc[j] = sigmoid_node_score(h + j * d, w, bias, block_begin[j] / 2);
+  for (index_t a = 0; a < m; ++a) sc[a] = sigmoid_node_score(h + slot[a] * d, w, bias, block_begin[slot[a]] / 2);
   if constexpr (G % node_lanes == 0)
-    for (index_t j = 0; j < G; j += node_lanes) softplus_pair8(sc + j, minus + j, plus + j);
+    for (index_t a = 0; a < m; a += node_lanes) softplus_pair8(sc + a, minus + a, plus + a);
   else
-    for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
-  for (index_t j = 0; j < m; ++j) {
-    out[j * stride] = -minus[j];
-    out[j * stride + 1] = -plus[j];
+    for (index_t a = 0; a < m; ++a) softplus_pair(sc[a], minus[a], plus[a]);
+  for (index_t a = 0; a < m; ++a) {
+    out[slot[a] * stride] = -minus[a];
+    out[slot[a] * stride + 1] = -plus[a];
   }
 }
 
@@ -191,7 +190,9 @@ struct topk_search_step {
     open_heap heap[G];
     index_t found[G], node[G], size[G], leaves[G];
     float base[G];
-    bool live[G];  // still searching (and not overflowed)
+    // The rows still searching (and not overflowed), as a list: a round's loops visit only those
+    // (the searches' lengths vary a lot, so most rounds have finished rows).
+    index_t live[G], nlive = m;
     for (index_t j = 0; j < m; ++j) {
       heap[j] = open_heap{open_key + (i0 + j) * capacity, 0, capacity};
       found[j] = 0;
@@ -199,37 +200,39 @@ struct topk_search_step {
       node[j] = 0;
       size[j] = tv.root_block_size();
       base[j] = 0.f;
-      live[j] = true;
+      live[j] = j;
       overflow[i0 + j] = 0;
     }
-    bool first = true;
-    for (;;) {
+    for (bool first = true;; first = false) {
       // Each live row's next node to expand (the root in the first round).
-      bool any = false;
-      for (index_t j = 0; j < m; ++j) {
-        if (!live[j]) continue;
-        if (!first) live[j] = next_node(heap[j], row0 + i0 + j, found[j], node[j], size[j], base[j]);
-        any = any || live[j];
+      if (!first) {
+        index_t q = 0;
+        for (index_t a = 0; a < nlive; ++a) {
+          const index_t j = live[a];
+          if (next_node(heap[j], row0 + i0 + j, found[j], node[j], size[j], base[j])) live[q++] = j;
+        }
+        nlive = q;
       }
-      first = false;
-      if (!any) break;
+      if (nlive == 0) break;
       if constexpr (Sigmoid) {
-        sigmoid_child_log_probs_group<T, G>(h + (row0 + i0) * d, d, w, bias, node, live, m, child_lp + i0 * max_block,
-                                            max_block);
+        sigmoid_child_log_probs_group<T, G>(h + (row0 + i0) * d, d, w, bias, live, node, nlive,
+                                            child_lp + i0 * max_block, max_block);
       } else {
-        for (index_t j = 0; j < m; ++j)
-          if (live[j])
-            child_log_probs<Sigmoid>(h + (row0 + i0 + j) * d, w, bias, node[j], size[j],
-                                     child_lp + (i0 + j) * max_block);
-      }
-      for (index_t j = 0; j < m; ++j) {
-        if (!live[j]) continue;
-        if (!push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j],
-                           leaf_lp + (i0 + j) * k, leaves[j])) {
-          live[j] = false;
-          overflow[i0 + j] = 1;
+        for (index_t a = 0; a < nlive; ++a) {
+          const index_t j = live[a];
+          child_log_probs<Sigmoid>(h + (row0 + i0 + j) * d, w, bias, node[j], size[j], child_lp + (i0 + j) * max_block);
         }
       }
+      index_t q = 0;
+      for (index_t a = 0; a < nlive; ++a) {
+        const index_t j = live[a];
+        if (push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j], leaf_lp + (i0 + j) * k,
+                          leaves[j]))
+          live[q++] = j;
+        else
+          overflow[i0 + j] = 1;
+      }
+      nlive = q;
     }
     for (index_t j = 0; j < m; ++j)
       for (index_t f = found[j]; f < k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
