@@ -270,19 +270,23 @@ struct topk_search_step {
   /// unpruned search's, entry for entry, with a smaller heap.
   XSOFTMAX_HD bool push_children(open_heap& heap, const float* lp, index_t block_begin, index_t block_size,
                                  float base, float* best, index_t& leaves) const {
-    for (index_t j = 0; j < block_size; ++j) {
+    const index_t children = Sigmoid ? 2 : block_size;  // known: the compiler unrolls a sigmoid node's pair
+    if (beam > 0) {
+      for (index_t j = 0; j < children; ++j)
+        if (!heap.push(base + lp[j], block_begin + j)) return false;
+      if (heap.size > beam) heap.keep_best(beam);
+      return true;
+    }
+    for (index_t j = 0; j < children; ++j) {
       const float v = base + lp[j];
-      if (beam == 0) {
-        if (leaves == k && v < best[k - 1]) continue;
-        if (tv.child(block_begin + j).is_leaf) {
-          index_t i = leaves < k ? leaves++ : k - 1;
-          for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];
-          best[i] = v;
-        }
+      if (leaves == k && v < best[k - 1]) continue;
+      if (tv.child(block_begin + j).is_leaf) {
+        index_t i = leaves < k ? leaves++ : k - 1;
+        for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];
+        best[i] = v;
       }
       if (!heap.push(v, block_begin + j)) return false;
     }
-    if (beam > 0 && heap.size > beam) heap.keep_best(beam);
     return true;
   }
 };
