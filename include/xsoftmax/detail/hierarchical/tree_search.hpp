@@ -19,6 +19,7 @@
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
+#include <xsoftmax/detail/primitives/dot_rows.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
@@ -36,11 +37,16 @@
 
 namespace xsoftmax::detail {
 
+/// A sigmoid node's score from its dot product h . w_node: + bias_node when there is a bias.
+template <class T>
+XSOFTMAX_HD float sigmoid_score_of_dot(float dot, const T* bias, index_t node) {
+  return bias ? dot + to_float(bias[node]) : dot;
+}
+
 /// A sigmoid node's score: h . w_node (+ bias_node), the fp32 row `h`, in `dot_row8`'s order.
 template <class T>
 XSOFTMAX_HD float sigmoid_node_score(const float* h, matrix_view<const T> w, const T* bias, index_t node) {
-  const float dot = dot_row8(h, w.row(node), w.cols);
-  return bias ? dot + to_float(bias[node]) : dot;
+  return sigmoid_score_of_dot(dot_row8(h, w.row(node), w.cols), bias, node);
 }
 
 /// log p(child j | node) for the node whose block is [block_begin, block_begin + block_size), of
@@ -73,12 +79,23 @@ XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix
   static_assert(G < node_lanes || G % node_lanes == 0);
   constexpr index_t L = G < node_lanes ? node_lanes : G;
   float sc[L] = {}, minus[L], plus[L];
-  for (index_t a = 0; a < m; ++a) sc[a] = sigmoid_node_score(h + slot[a] * d, w, bias, block_begin[slot[a]] / 2);
+  index_t a = 0;
+  for (; a + 4 <= m; a += 4) {  // four dots per pass (`dot_rows8`: each bitwise dot_row8's)
+    const float* hr[4];
+    const T* wr[4];
+    for (int r = 0; r < 4; ++r) {
+      hr[r] = h + slot[a + r] * d;
+      wr[r] = w.row(block_begin[slot[a + r]] / 2);
+    }
+    dot_rows8<4>(hr, wr, w.cols, sc + a);
+    for (int r = 0; r < 4; ++r) sc[a + r] = sigmoid_score_of_dot(sc[a + r], bias, block_begin[slot[a + r]] / 2);
+  }
+  for (; a < m; ++a) sc[a] = sigmoid_node_score(h + slot[a] * d, w, bias, block_begin[slot[a]] / 2);
   if constexpr (G % node_lanes == 0)
-    for (index_t a = 0; a < m; a += node_lanes) softplus_pair8(sc + a, minus + a, plus + a);
+    for (a = 0; a < m; a += node_lanes) softplus_pair8(sc + a, minus + a, plus + a);
   else
-    for (index_t a = 0; a < m; ++a) softplus_pair(sc[a], minus[a], plus[a]);
-  for (index_t a = 0; a < m; ++a) {
+    for (a = 0; a < m; ++a) softplus_pair(sc[a], minus[a], plus[a]);
+  for (a = 0; a < m; ++a) {
     out[slot[a] * stride] = -minus[a];
     out[slot[a] * stride + 1] = -plus[a];
   }
