@@ -112,12 +112,16 @@ struct open_heap {
 
   XSOFTMAX_HD static std::uint64_t pack(float lp, index_t row) {
     const std::uint32_t b = static_cast<std::uint32_t>(bits_of_float(lp + 0.f));  // + 0.f: -0 -> +0
-    const std::uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    // Negative: all bits flipped; else the sign bit set. Without a branch: the xor mask is all
+    // ones or the sign bit alone, from b's sign (an arithmetic shift).
+    const std::uint32_t ordered = b ^ (static_cast<std::uint32_t>(static_cast<std::int32_t>(b) >> 31) | 0x80000000u);
     return (static_cast<std::uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<std::uint32_t>(row));
   }
   XSOFTMAX_HD static float lp_of(std::uint64_t k) {
     const std::uint32_t ordered = static_cast<std::uint32_t>(k >> 32);
-    return float_from_bits(static_cast<std::int32_t>((ordered & 0x80000000u) ? (ordered & 0x7FFFFFFFu) : ~ordered));
+    // pack's map backwards: sign bit set (from a non-negative value): clear it; else flip all.
+    return float_from_bits(static_cast<std::int32_t>(
+        ordered ^ (~static_cast<std::uint32_t>(static_cast<std::int32_t>(ordered) >> 31) | 0x80000000u)));
   }
   XSOFTMAX_HD static index_t row_of(std::uint64_t k) {
     return static_cast<index_t>(0xFFFFFFFFu - static_cast<std::uint32_t>(k));
