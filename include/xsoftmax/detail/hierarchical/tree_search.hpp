@@ -187,8 +187,8 @@ inline constexpr index_t search_rows_per_task = is_host_backend<B> ? 2 * node_la
 
 /// The best-first (or beam) searches of rows [G t, G t + G) of a tile, in lockstep: each round
 /// every unfinished row pops its best open entries until it takes a leaf into its output or meets
-/// an internal node, then the round's nodes are scored one after another, then their children
-/// pushed. Each row's search is exactly the one-row search (the same pops, expansions and pushes
+/// an internal node, then the round's nodes are scored together (sigmoid nodes: four dots per
+/// pass), then their children pushed. Each row's search is exactly the one-row search (the same pops, expansions and pushes
 /// in the same order). Sets overflow[i] when an exact search outgrew row i's open list (its
 /// outputs are then rewritten by the retry).
 template <bool Sigmoid, class T, class View, index_t G>
