@@ -19,6 +19,7 @@
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
+#include <xsoftmax/detail/primitives/dot_rows.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
@@ -36,24 +37,67 @@
 
 namespace xsoftmax::detail {
 
+/// A sigmoid node's score from its dot product h . w_node: + bias_node when there is a bias.
+template <class T>
+XSOFTMAX_HD float sigmoid_score_of_dot(float dot, const T* bias, index_t node) {
+  return bias ? dot + to_float(bias[node]) : dot;
+}
+
+/// A sigmoid node's score: h . w_node (+ bias_node), the fp32 row `h`, in `dot_row8`'s order.
+template <class T>
+XSOFTMAX_HD float sigmoid_node_score(const float* h, matrix_view<const T> w, const T* bias, index_t node) {
+  return sigmoid_score_of_dot(dot_row8(h, w.row(node), w.cols), bias, node);
+}
+
 /// log p(child j | node) for the node whose block is [block_begin, block_begin + block_size), of
 /// the fp32 row `h`, into out[0, block_size) (two entries for sigmoid nodes).
 template <bool Sigmoid, class T>
 XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T* bias, index_t block_begin,
                                  index_t block_size, float* out) {
   if constexpr (Sigmoid) {
-    const index_t node = block_begin / 2;
-    const float dot = dot_row8(h, w.row(node), w.cols);
-    const float s = bias ? dot + to_float(bias[node]) : dot;
     // softplus(-s) and softplus(s) share log1p(exp(-|s|)) (see `softplus_pair`): one exp and one
     // log1p per node instead of two each, bitwise the same values.
-    softplus_pair(s, out[0], out[1]);
+    softplus_pair(sigmoid_node_score(h, w, bias, block_begin / 2), out[0], out[1]);
     out[0] = -out[0];
     out[1] = -out[1];
   } else {
     gather_dot(h, w, bias, block_begin, block_size, out);
     const float lse = row_logsumexp(out, block_size);
     for (index_t j = 0; j < block_size; ++j) out[j] -= lse;
+  }
+}
+
+/// `child_log_probs<true>`'s values for m <= G rows at once, bitwise: the a-th is hidden row
+/// h + slot[a] d at the node of block block_begin[slot[a]], into out[slot[a] stride, + 2).
+/// In two loops: the m scores, then their softplus pairs, 8 lanes at a time when G allows
+/// (`softplus_pair8`, lane for lane `softplus_pair`): independent chains side by side in the core
+/// instead of one dot-exp-log1p chain at a time.
+template <class T, index_t G>
+XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix_view<const T> w, const T* bias,
+                                               const index_t* slot, const index_t* block_begin, index_t m, float* out,
+                                               index_t stride) {
+  static_assert(G < node_lanes || G % node_lanes == 0);
+  constexpr index_t L = G < node_lanes ? node_lanes : G;
+  float sc[L] = {}, minus[L], plus[L];
+  index_t a = 0;
+  for (; a + 4 <= m; a += 4) {  // four dots per pass (`dot_rows8`: each bitwise dot_row8's)
+    const float* hr[4];
+    const T* wr[4];
+    for (int r = 0; r < 4; ++r) {
+      hr[r] = h + slot[a + r] * d;
+      wr[r] = w.row(block_begin[slot[a + r]] / 2);
+    }
+    dot_rows8<4>(hr, wr, w.cols, sc + a);
+    for (int r = 0; r < 4; ++r) sc[a + r] = sigmoid_score_of_dot(sc[a + r], bias, block_begin[slot[a + r]] / 2);
+  }
+  for (; a < m; ++a) sc[a] = sigmoid_node_score(h + slot[a] * d, w, bias, block_begin[slot[a]] / 2);
+  if constexpr (G % node_lanes == 0)
+    for (a = 0; a < m; a += node_lanes) softplus_pair8(sc + a, minus + a, plus + a);
+  else
+    for (a = 0; a < m; ++a) softplus_pair(sc[a], minus[a], plus[a]);
+  for (a = 0; a < m; ++a) {
+    out[slot[a] * stride] = -minus[a];
+    out[slot[a] * stride + 1] = -plus[a];
   }
 }
 
@@ -68,12 +112,16 @@ struct open_heap {
 
   XSOFTMAX_HD static std::uint64_t pack(float lp, index_t row) {
     const std::uint32_t b = static_cast<std::uint32_t>(bits_of_float(lp + 0.f));  // + 0.f: -0 -> +0
-    const std::uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    // Negative: all bits flipped; else the sign bit set. Without a branch: the xor mask is all
+    // ones or the sign bit alone, from b's sign (an arithmetic shift).
+    const std::uint32_t ordered = b ^ (static_cast<std::uint32_t>(static_cast<std::int32_t>(b) >> 31) | 0x80000000u);
     return (static_cast<std::uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<std::uint32_t>(row));
   }
   XSOFTMAX_HD static float lp_of(std::uint64_t k) {
     const std::uint32_t ordered = static_cast<std::uint32_t>(k >> 32);
-    return float_from_bits(static_cast<std::int32_t>((ordered & 0x80000000u) ? (ordered & 0x7FFFFFFFu) : ~ordered));
+    // pack's map backwards: sign bit set (from a non-negative value): clear it; else flip all.
+    return float_from_bits(static_cast<std::int32_t>(
+        ordered ^ (~static_cast<std::uint32_t>(static_cast<std::int32_t>(ordered) >> 31) | 0x80000000u)));
   }
   XSOFTMAX_HD static index_t row_of(std::uint64_t k) {
     return static_cast<index_t>(0xFFFFFFFFu - static_cast<std::uint32_t>(k));
@@ -139,8 +187,8 @@ inline constexpr index_t search_rows_per_task = is_host_backend<B> ? 2 * node_la
 
 /// The best-first (or beam) searches of rows [G t, G t + G) of a tile, in lockstep: each round
 /// every unfinished row pops its best open entries until it takes a leaf into its output or meets
-/// an internal node, then the round's nodes are scored one after another, then their children
-/// pushed. Each row's search is exactly the one-row search (the same pops, expansions and pushes
+/// an internal node, then the round's nodes are scored together (sigmoid nodes: four dots per
+/// pass), then their children pushed. Each row's search is exactly the one-row search (the same pops, expansions and pushes
 /// in the same order). Sets overflow[i] when an exact search outgrew row i's open list (its
 /// outputs are then rewritten by the retry).
 template <bool Sigmoid, class T, class View, index_t G>
@@ -163,7 +211,9 @@ struct topk_search_step {
     open_heap heap[G];
     index_t found[G], node[G], size[G], leaves[G];
     float base[G];
-    bool live[G];  // still searching (and not overflowed)
+    // The rows still searching (and not overflowed), as a list: a round's loops visit only those
+    // (the searches' lengths vary a lot, so most rounds have finished rows).
+    index_t live[G], nlive = m;
     for (index_t j = 0; j < m; ++j) {
       heap[j] = open_heap{open_key + (i0 + j) * capacity, 0, capacity};
       found[j] = 0;
@@ -171,53 +221,39 @@ struct topk_search_step {
       node[j] = 0;
       size[j] = tv.root_block_size();
       base[j] = 0.f;
-      live[j] = true;
+      live[j] = j;
       overflow[i0 + j] = 0;
     }
-    bool first = true;
-    for (;;) {
+    for (bool first = true;; first = false) {
       // Each live row's next node to expand (the root in the first round).
-      bool any = false;
-      for (index_t j = 0; j < m; ++j) {
-        if (!live[j]) continue;
-        if (!first) live[j] = next_node(heap[j], row0 + i0 + j, found[j], node[j], size[j], base[j]);
-        any = any || live[j];
+      if (!first) {
+        index_t q = 0;
+        for (index_t a = 0; a < nlive; ++a) {
+          const index_t j = live[a];
+          if (next_node(heap[j], row0 + i0 + j, found[j], node[j], size[j], base[j])) live[q++] = j;
+        }
+        nlive = q;
       }
-      first = false;
-      if (!any) break;
+      if (nlive == 0) break;
       if constexpr (Sigmoid) {
-        // child_log_probs' values, in two loops: the round's dot products, then their softplus
-        // pairs (independent chains side by side instead of one dot-exp-log1p chain at a time).
-        static_assert(G < node_lanes || G % node_lanes == 0);
-        constexpr index_t L = G < node_lanes ? node_lanes : G;
-        float sc[L] = {}, minus[L], plus[L];
-        for (index_t j = 0; j < m; ++j) {
-          const index_t nd = node[j] / 2;
-          const float dot = live[j] ? dot_row8(h + (row0 + i0 + j) * d, w.row(nd), w.cols) : 0.f;
-          sc[j] = bias ? dot + to_float(bias[nd]) : dot;
-        }
-        if constexpr (G % node_lanes == 0)
-          for (index_t j = 0; j < G; j += node_lanes) softplus_pair8(sc + j, minus + j, plus + j);
-        else
-          for (index_t j = 0; j < m; ++j) softplus_pair(sc[j], minus[j], plus[j]);
-        for (index_t j = 0; j < m; ++j) {
-          child_lp[(i0 + j) * max_block] = -minus[j];
-          child_lp[(i0 + j) * max_block + 1] = -plus[j];
-        }
+        sigmoid_child_log_probs_group<T, G>(h + (row0 + i0) * d, d, w, bias, live, node, nlive,
+                                            child_lp + i0 * max_block, max_block);
       } else {
-        for (index_t j = 0; j < m; ++j)
-          if (live[j])
-            child_log_probs<Sigmoid>(h + (row0 + i0 + j) * d, w, bias, node[j], size[j],
-                                     child_lp + (i0 + j) * max_block);
-      }
-      for (index_t j = 0; j < m; ++j) {
-        if (!live[j]) continue;
-        if (!push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j],
-                           leaf_lp + (i0 + j) * k, leaves[j])) {
-          live[j] = false;
-          overflow[i0 + j] = 1;
+        for (index_t a = 0; a < nlive; ++a) {
+          const index_t j = live[a];
+          child_log_probs<Sigmoid>(h + (row0 + i0 + j) * d, w, bias, node[j], size[j], child_lp + (i0 + j) * max_block);
         }
       }
+      index_t q = 0;
+      for (index_t a = 0; a < nlive; ++a) {
+        const index_t j = live[a];
+        if (push_children(heap[j], child_lp + (i0 + j) * max_block, node[j], size[j], base[j], leaf_lp + (i0 + j) * k,
+                          leaves[j]))
+          live[q++] = j;
+        else
+          overflow[i0 + j] = 1;
+      }
+      nlive = q;
     }
     for (index_t j = 0; j < m; ++j)
       for (index_t f = found[j]; f < k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
@@ -255,19 +291,23 @@ struct topk_search_step {
   /// unpruned search's, entry for entry, with a smaller heap.
   XSOFTMAX_HD bool push_children(open_heap& heap, const float* lp, index_t block_begin, index_t block_size,
                                  float base, float* best, index_t& leaves) const {
-    for (index_t j = 0; j < block_size; ++j) {
+    const index_t children = Sigmoid ? 2 : block_size;  // known: the compiler unrolls a sigmoid node's pair
+    if (beam > 0) {
+      for (index_t j = 0; j < children; ++j)
+        if (!heap.push(base + lp[j], block_begin + j)) return false;
+      if (heap.size > beam) heap.keep_best(beam);
+      return true;
+    }
+    for (index_t j = 0; j < children; ++j) {
       const float v = base + lp[j];
-      if (beam == 0) {
-        if (leaves == k && v < best[k - 1]) continue;
-        if (tv.child(block_begin + j).is_leaf) {
-          index_t i = leaves < k ? leaves++ : k - 1;
-          for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];
-          best[i] = v;
-        }
+      if (leaves == k && v < best[k - 1]) continue;
+      if (tv.child(block_begin + j).is_leaf) {
+        index_t i = leaves < k ? leaves++ : k - 1;
+        for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];
+        best[i] = v;
       }
       if (!heap.push(v, block_begin + j)) return false;
     }
-    if (beam > 0 && heap.size > beam) heap.keep_best(beam);
     return true;
   }
 };
