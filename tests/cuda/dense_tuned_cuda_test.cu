@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The tuned parts of the CUDA dense softmax (detail/cuda/dense_tuned.cuh) against their oracles, the
-// generic versions on the same backend: the bf16/fp16 tensor-core GEMMs (dense_softmax against
+// generic versions on the same backend: the bf16/fp16 tensor-core kernels (dense_softmax against
 // dense_softmax_generic: loss, grad_h, grad_w and grad_b, over several chunks, with and without bias
 // and score cache, within the storage type's tolerance, support.cuh), and the block-per-row online
 // log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores).
@@ -59,7 +59,7 @@ void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, boo
     const matrix_view<const T> wv(thrust::raw_pointer_cast(dw.data()), n, d);
     const T* bias = with_bias ? thrust::raw_pointer_cast(db.data()) : nullptr;
     if (tuned) {
-      REQUIRE(xs::detail::dense_softmax_gemms<xs::cuda, T>::applies(a));
+      REQUIRE(xs::detail::dense_softmax_tuning<xs::cuda, T>::applies(a));
       xs::detail::dense_softmax(ex, wv, bias, a);
     } else {
       xs::detail::dense_softmax_generic(ex, wv, bias, a);
@@ -78,8 +78,8 @@ void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, boo
 }  // namespace
 
 TEST_CASE("cuda dense_softmax: the tuned bf16/fp16 path equals the generic primitive (its oracle)") {
-  static_assert(xs::detail::dense_softmax_gemms<xs::cuda, __nv_bfloat16>::available);
-  static_assert(!xs::detail::dense_softmax_gemms<xs::cuda, float>::available);
+  static_assert(xs::detail::dense_softmax_tuning<xs::cuda, __nv_bfloat16>::available);
+  static_assert(!xs::detail::dense_softmax_tuning<xs::cuda, float>::available);
   tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 1);
   tuned_equals_generic<__nv_bfloat16>(7, 513, 130, 100, false, 2);
   tuned_equals_generic<__half>(33, 1000, 40, 256, true, 3);

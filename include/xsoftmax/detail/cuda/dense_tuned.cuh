@@ -3,12 +3,14 @@
 /// \file
 /// The cuda backend's tuned parts of the dense softmax, each a specialisation of a hook of a generic
 /// primitive whose generic version stays its oracle (tests/cuda/dense_tuned_cuda_test.cu compares
-/// the two); the chunk loop, log-sum-exp, loss and gradient formulas stay the generic algorithm's:
-///  * `dense_softmax_gemms<cuda, T>`, bf16/fp16 weights: the packed rows are rounded to the storage
+/// the two); the chunk loop, score cache, log-sum-exp, loss and bias gradient stay the generic
+/// algorithm's:
+///  * `dense_softmax_tuning<cuda, T>`, bf16/fp16 weights: the packed rows are rounded to the storage
 ///    type once and every GEMM reads the weights in place on the tensor cores (fp32 accumulation),
-///    instead of the generic per-chunk widening of the weight rows to fp32 (TF32 GEMMs). It serves
-///    blocks without gathered columns, logit offsets, loss terms, margins or row combination (the
-///    full softmax's plain loss, the hierarchical softmax's dense runs).
+///    instead of the generic per-chunk widening of the weight rows to fp32 (TF32 GEMMs); the bias
+///    and the gradient G (rounded to T for the GEMMs in the same pass) one thread per element. It
+///    serves blocks without gathered columns, logit offsets, loss terms, margins or row combination
+///    (the full softmax's plain loss, the hierarchical softmax's dense runs).
 ///  * `online_lse_tuning<cuda>`: one thread block per row (coalesced reads, CUB block reductions)
 ///    instead of one thread per row.
 
@@ -47,6 +49,35 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
+/// s[r * cn + j] += b[j], one thread per element.
+template <class T>
+struct add_bias {
+  float* s;
+  const T* b;
+  index_t cn;
+  XSOFTMAX_HD void operator()(index_t e) const { s[e] += to_float(b[e % cn]); }
+};
+
+/// The dense softmax's plain-loss gradient of element e of a chunk (rows x cn, columns from c0) of
+/// biased scores, in place, and its copy in T times `scale` for the tensor-core GEMMs.
+template <class T>
+struct softmax_gradient {
+  float* s;
+  T* g;
+  index_t cn, c0;
+  const float* lse;
+  const float* upstream;
+  const index_t* target;
+  float scale;
+  XSOFTMAX_HD void operator()(index_t e) const {
+    const index_t r = e / cn;
+    float v = expf(s[e] - lse[r]) * upstream[r];
+    if (target[r] - c0 == e - r * cn) v -= upstream[r];
+    s[e] = v;
+    g[e] = from_float<T>(v * scale);
+  }
+};
+
 }  // namespace gpu
 
 template <>
@@ -64,7 +95,7 @@ struct online_lse_tuning<::xsoftmax::cuda> {
 };
 
 template <class T>
-struct dense_softmax_gemms<::xsoftmax::cuda, T> {
+struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   static constexpr bool available = !std::is_same_v<T, float>;
 
   [[nodiscard]] static bool applies(const dense_softmax_args& a) {
@@ -74,8 +105,8 @@ struct dense_softmax_gemms<::xsoftmax::cuda, T> {
 
   /// Rounds the rows to T (in the workspace, with G's chunk when backward); for fp16, the scale
   /// of G (`gradient_scale`).
-  dense_softmax_gemms(const execution<::xsoftmax::cuda>& ex, const dense_softmax_args& a, index_t chunk)
-      : ex_(ex), scratch_(ex.res.workspace()), rows_(a.h.rows), d_(a.h.cols) {
+  dense_softmax_tuning(const execution<::xsoftmax::cuda>& ex, const dense_softmax_args& a, index_t chunk)
+      : ex_(ex), a_(a), scratch_(ex.res.workspace()), rows_(a.h.rows), d_(a.h.cols) {
     h_ = scratch_.take<T>(rows_ * d_);
     rows_to_storage(ex_, a.h, h_);
     if (!a.upstream) return;
@@ -83,25 +114,30 @@ struct dense_softmax_gemms<::xsoftmax::cuda, T> {
     if constexpr (gpu::scales_gradient<T>) scale_ = gpu::gradient_scale(ex.res, a.upstream, rows_);
   }
 
-  /// s (rows x cn) = H W[first : first + cn]^T.
-  void scores(matrix_view<const T> w, index_t first, index_t cn, float* s) const {
+  /// s (rows x cn) = H W[first : first + cn]^T + bias[first : first + cn].
+  void scores(matrix_view<const T> w, const T* bias, index_t first, index_t cn, float* s) const {
     gpu::gemm<T>(ex_.res.cublas(), gpu::op::none, gpu::op::transpose, rows_, cn, d_, 1.f, h_, d_, w.row(first),
                  w.stride, 0.f, s, cn);
+    if (bias) parallel_for(ex_, rows_ * cn, gpu::add_bias<T>{s, bias + first, cn});
   }
 
-  /// grad_h += G W[first : first + cn]; grad_w (cn x d) = G^T H, reading G (rows x cn) rounded to T
-  /// after scaling by `scale_`, scaled back exactly through alpha (a power of two).
-  void backward(matrix_view<const T> w, index_t first, index_t cn, const float* g, float* grad_h, float* grad_w) {
-    rows_to_storage(ex_, matrix_view<const float>(g, rows_, cn), g_, scale_);
-    const float alpha = 1.f / scale_;
+  /// Chunk c0's scores s (rows x cn) -> G = (softmax - onehot) * upstream in place, and its copy
+  /// in T times `scale_` (one thread per element); then grad_h += G W_chunk and
+  /// grad_w[c0 : c0 + cn] = G^T H, reading that copy, scaled back exactly through alpha.
+  void backward(matrix_view<const T> w, index_t c0, index_t cn, float* s, const float* lse) {
+    parallel_for(ex_, rows_ * cn, gpu::softmax_gradient<T>{s, g_, cn, c0, lse, a_.upstream, a_.target, scale_});
+    const float alpha = 1.f / scale_;  // exact: a power of two
     cublasHandle_t h = ex_.res.cublas();
-    gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cn, alpha, g_, cn, w.row(first), w.stride, 1.f, grad_h,
+    const T* w_chunk = w.row(a_.first + c0);
+    gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cn, alpha, g_, cn, w_chunk, w.stride, 1.f, a_.grad_h,
                  d_);
-    gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, 0.f, grad_w, d_);
+    gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, 0.f,
+                 a_.grad_w + c0 * d_, d_);
   }
 
  private:
   execution<::xsoftmax::cuda> ex_;
+  const dense_softmax_args& a_;
   gpu::arena scratch_;
   index_t rows_, d_;
   T* h_ = nullptr;

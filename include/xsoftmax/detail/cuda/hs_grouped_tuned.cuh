@@ -46,7 +46,7 @@ struct grouped_run {
 };
 
 /// One block per row of a grouped batch (runs' rows in order, `rows` in all): the dense softmax's
-/// arithmetic for a block that fits one chunk (online_lse_kernel's reductions): adds the bias to the
+/// arithmetic for a block that fits one chunk (block_max_sum's reductions): adds the bias to the
 /// row's scores in place, loss[r] += lse - s[child]; and when `want_grad`, turns the row into
 /// G = (softmax - onehot) * upstream in place, with a storage-type copy scaled by `grad_scale` when
 /// `g_storage` is given.

@@ -34,13 +34,12 @@ matrix_view<const float> rows_as_float(const Ex& ex, matrix_view<const T> src, i
   }
 }
 
-/// The reverse, for GEMMs that read the storage type: `src` times `scale` rounded to T into `out`
-/// (dense, src.rows x src.cols), by the execution's threads.
+/// The reverse, for GEMMs that read the storage type: `src` rounded to T into `out` (dense,
+/// src.rows x src.cols), by the execution's threads.
 template <class Ex, class T>
-void rows_to_storage(const Ex& ex, matrix_view<const float> src, T* out, float scale = 1.f) {
+void rows_to_storage(const Ex& ex, matrix_view<const float> src, T* out) {
   const index_t d = src.cols;
-  parallel_for(ex, src.rows * d,
-               [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<T>(src(e / d, e % d) * scale); });
+  parallel_for(ex, src.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<T>(src(e / d, e % d)); });
 }
 
 }  // namespace xsoftmax::detail

@@ -21,15 +21,6 @@ void gemm(const Ex& ex, const host::gemm_args& g) {
   ops::gemm(e.res, g);
 }
 
-/// s[r * lds + j] += b[j] for rows r < rows and columns j < n; nothing when `b` is null.
-template <class Ex, class T>
-void add_bias(const Ex& ex, float* s, index_t rows, index_t n, index_t lds, const T* b) {
-  if (!b) return;
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
-    for (index_t j = 0; j < n; ++j) s[r * lds + j] += to_float(b[j]);
-  });
-}
-
 /// Returns the fp32 view of the weight rows it used, so a backward pass can reuse it. `scratch` is a
 /// vector of float in the execution's memory.
 template <class Ex, class T, class Scratch>
@@ -50,7 +41,12 @@ matrix_view<const float> dense_scores(const Ex& ex, matrix_view<const float> h, 
   g.ldc = lds;
   g.low_precision_inputs = !std::is_same_v<std::remove_cv_t<T>, float>;
   gemm(ex, g);
-  add_bias(ex, s, h.rows, n, lds, bias ? bias + first : nullptr);
+  if (bias) {
+    const T* b = bias + first;
+    parallel_for(ex, h.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      for (index_t j = 0; j < n; ++j) s[r * lds + j] += to_float(b[j]);
+    });
+  }
   return wf;
 }
 

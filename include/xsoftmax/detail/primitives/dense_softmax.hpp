@@ -78,32 +78,33 @@ struct dense_softmax_args {
   return std::clamp<index_t>((index_t(8) << 20) / std::max<index_t>(rows, 1), 256, 16384);
 }
 
-/// A backend's tuned GEMMs of the dense softmax for storage type T, when it has them: specialised
-/// with `available = true`, `applies(args)` (the problems they serve; every chunk must be read in
-/// place: no gathered columns, no margin) and, per call, an object built by `(ex, args, chunk)` with
-///   void scores(w, first, cn, float* s);  // s (rows x cn) = H * W[first : first + cn]^T (no bias)
-///   void backward(w, first, cn, const float* g, float* grad_w);  // grad_h += G W[...]; grad_w = G^T H
-/// Everything else (chunking, score cache, log-sum-exp, loss, G, bias gradient) stays the generic
-/// algorithm's. The generic GEMMs (weight rows widened to fp32, the backend's fp32 GEMM) are their
+/// A backend's tuned kernels of the dense softmax for storage type T, when it has them: specialised
+/// with `available = true`, `applies(args)` (the problems they serve: at most plain loss without
+/// gathered columns, margin or offsets) and, per call, an object built by `(ex, args, chunk)` with
+///   void scores(w, bias, first, cn, float* s);  // s (rows x cn) = H W[first : first + cn]^T + bias
+///   void backward(w, c0, cn, float* s, const float* lse);  // chunk c0's scores -> G in place;
+///                                     // grad_h += G W_chunk, grad_w[c0 : c0 + cn] = G^T H (args')
+/// Everything else (chunking, score cache, log-sum-exp, loss, bias gradient) stays the generic
+/// algorithm's. The generic kernels (weight rows widened to fp32, the backend's fp32 GEMM) are their
 /// oracle: `dense_softmax_generic` never uses the tuned ones.
 template <class Backend, class T>
-struct dense_softmax_gemms {
+struct dense_softmax_tuning {
   static constexpr bool available = false;
 };
 
 /// The dense softmax: solves `a` (see `dense_softmax_args`) on `ex` (an execution, or a Thrust host
 /// policy); every pointer of `a` is in the execution's memory. `w`/`bias` hold the weights in
-/// storage type `T`. With `Tuned`, the backend's tuned GEMMs when it has them for T and `a`.
+/// storage type `T`. With `Tuned`, the backend's tuned kernels when it has them for T and `a`.
 template <bool Tuned, class Ex, class T>
 void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a);
 
-/// Solves `a` with the backend's tuned GEMMs when it has them for T and this problem.
+/// Solves `a` with the backend's tuned kernels when it has them for T and this problem.
 template <class Ex, class T>
 void dense_softmax(const Ex& ex, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
   dense_softmax_solve<true>(ex, w, bias, a);
 }
 
-/// Solves `a` with the generic GEMMs only (the tuned ones' oracle).
+/// Solves `a` with the generic kernels only (the tuned ones' oracle).
 template <class Ex, class T>
 void dense_softmax_generic(const Ex& ex, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
   dense_softmax_solve<false>(ex, w, bias, a);
@@ -119,35 +120,13 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
   if (rows == 0 || (a.n == 0 && !a.combine_rows)) return;
   const index_t chunk = std::min(a.chunk, a.n);
 
-  // The backend's tuned GEMMs when it has them for this problem (see `dense_softmax_gemms`); their
-  // two calls return false when there are none and the generic GEMMs run.
-  using tuned_gemms = dense_softmax_gemms<typename execution_type::backend, T>;
-  constexpr bool has_tuned = Tuned && tuned_gemms::available;
-  std::optional<tuned_gemms> tg;
+  // The backend's tuned kernels when it has them for this problem (see `dense_softmax_tuning`).
+  using tuning = dense_softmax_tuning<typename execution_type::backend, T>;
+  constexpr bool has_tuned = Tuned && tuning::available;
+  std::optional<tuning> tg;
   if constexpr (has_tuned) {
-    if (tuned_gemms::applies(a)) tg.emplace(ex, a, chunk);
+    if (tuning::applies(a)) tg.emplace(ex, a, chunk);
   }
-  auto tuned_scores = [&](index_t first_row, index_t cn, float* s) {
-    if constexpr (has_tuned) {
-      if (tg) {  // the weight rows are read in place: no fp32 rows for the backward (nor needed)
-        if (s) {
-          tg->scores(w, first_row, cn, s);
-          add_bias(ex, s, rows, cn, cn, bias ? bias + first_row : nullptr);
-        }
-        return true;
-      }
-    }
-    return false;
-  };
-  auto tuned_backward = [&](index_t c0, index_t cn, const float* g) {
-    if constexpr (has_tuned) {
-      if (tg) {
-        tg->backward(w, a.first + c0, cn, g, a.grad_h, a.grad_w + c0 * d);
-        return true;
-      }
-    }
-    return false;
-  };
 
   // The score cache: the first chunks (in order) whose scores fit the budget, pass 1 writing them in
   // place; the work buffer holds every other chunk, and is not needed when all are kept.
@@ -193,8 +172,10 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     // A contiguous block of rows is read in place (the columns are strictly ascending, so the chunk is
     // contiguous when its last id is its first + cn - 1).
     const index_t first_row = col ? execution_type::ops::read(ex.res, col + c0) : a.first + c0;
-    if (tuned_scores(first_row, cn, s)) {
-      // scored (a tuned problem has no gathered columns); `wf` stays empty
+    if (tg) {  // the tuned kernels read the weight rows in place: `wf` stays empty
+      if constexpr (has_tuned) {
+        if (s) tg->scores(w, bias, first_row, cn, s);
+      }
     } else if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
       wf = s ? dense_scores(ex, hv, w, bias, first_row, cn, s, cn, scratch)
              : rows_as_float(ex, w, first_row, cn, scratch);
@@ -292,7 +273,9 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     const matrix_view<const float> wf = score_chunk(c0, cn, c0 / chunk < kept ? nullptr : s);
     const float* u = a.upstream;
     const index_t* t = a.target;
-    if (a.plain_loss()) {
+    if (tg) {  // G in place and both gradient GEMMs
+      if constexpr (has_tuned) tg->backward(w, c0, cn, s, l);
+    } else if (a.plain_loss()) {
       parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
         float* sr = s + r * cn;
         const float lr = l[r], ur = u[r];
@@ -319,7 +302,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
         if (tj >= 0 && tj < cn) sr[tj] *= ml.target_slope(tcos[r]) / ml.scale;
       });
     }
-    if (!tuned_backward(c0, cn, s)) {
+    if (!tg) {
       host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)  (with a margin: dloss/dh^ += ...)
       dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
       dh.beta = 1.f, dh.c = margin ? raw(grad_unit_h) : a.grad_h, dh.ldc = d;
