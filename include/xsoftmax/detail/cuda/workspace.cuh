@@ -67,7 +67,7 @@ class workspace {
   workspace(const workspace&) = delete;
   workspace& operator=(const workspace&) = delete;
   ~workspace() {
-    reset();
+    for (void* p : extra_) cache_.give_back(p);
     cache_.give_back(block_);
   }
 
