@@ -67,10 +67,11 @@ class grouped_gemm {
   /// The pointer arrays (column-major A's, B's, then C's) to copy to the device for `run`, appended
   /// to `out`. Nothing is appended when the problems run one by one.
   void pointers(std::vector<const void*>& out) const {
-    if (!grouped_gemm_native<T>()) return;
-    for (const colmajor_call& x : calls_) out.push_back(x.a);
-    for (const colmajor_call& x : calls_) out.push_back(x.b);
-    for (const colmajor_call& x : calls_) out.push_back(x.c);
+    if constexpr (grouped_gemm_native<T>()) {
+      for (const colmajor_call& x : calls_) out.push_back(x.a);
+      for (const colmajor_call& x : calls_) out.push_back(x.b);
+      for (const colmajor_call& x : calls_) out.push_back(x.c);
+    }
   }
 
   /// Runs every problem on the handle's stream. `device_pointers`: the `pointers` entries in
