@@ -17,10 +17,11 @@
 ///    on the head's stream and synchronises it before returning.
 ///  * `backend_ops<cuda>` (cuBLAS fp32 GEMM, one-value reads, stream waits): what the generic
 ///    algorithms need besides Thrust. `full_softmax` runs its one generic algorithm (the same code
-///    the host backends run) on the GPU, with one tuned kernel set: for bf16/fp16 weights its dense
-///    softmax rounds the rows to the storage type once and runs every GEMM on the tensor cores with
-///    the weights read in place (detail/cuda/dense_tuned.cuh; the generic primitive is its oracle
-///    in the tests). Its `_async` verbs queue that work without the final wait,
+///    the host backends run) on the GPU, with two tuned hooks of its dense softmax
+///    (detail/cuda/dense_tuned.cuh; the generic versions are their oracles in the tests): for
+///    bf16/fp16 weights its GEMMs read the rows rounded to the storage type once and the weights in
+///    place, on the tensor cores; and the online log-sum-exp gives one block to each row (every
+///    head's). Its `_async` verbs queue that work without the final wait,
 ///    but still wait for sizes (the packed row count) and data checks, whose errors they throw from
 ///    the call.
 ///  * `selective_softmax` (every selector) and `knn_softmax` run their one generic algorithm too:

@@ -328,3 +328,21 @@ TEST_CASE("cuda heads reject bad input with the serial backend's exceptions and 
 }
 
 }  // namespace
+
+TEST_CASE("cuda_resources: the workspace keeps what a call needed; reserve_workspace sizes it up front") {
+  rng g(21);
+  weights<__nv_bfloat16> w(g, 500, 24, true);
+  const device_batch db(make_batch(g, 40, 24, 500, 0.0));
+  xs::full_softmax<xs::bf16, xs::cuda> head(w.device_view(), w.device_bias());
+  head.set_chunk_size(128);
+  const xs::cuda_resources& res = head.resources();
+  CHECK(res.workspace_bytes() == 0);
+  const float first = head.forward(db.view(), db.target_view());  // the tuned bf16 path takes its rows from it
+  const std::size_t after_first = res.workspace_bytes();
+  CHECK(after_first >= std::size_t(40 * 24 * 2));
+  CHECK(head.forward(db.view(), db.target_view()) == first);
+  CHECK(res.workspace_bytes() == after_first);  // the same call takes nothing more
+  res.reserve_workspace(after_first + 5000);
+  CHECK(res.workspace_bytes() >= after_first + 5000);
+  CHECK(head.forward(db.view(), db.target_view()) == first);
+}

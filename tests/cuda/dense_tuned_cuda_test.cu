@@ -1,11 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// The tuned CUDA dense softmax (detail/cuda/dense_tuned.cuh, bf16/fp16 tensor cores) against its
-// oracle, the generic primitive on the same backend: loss, grad_h, grad_w and grad_b, over several
-// chunks, with and without bias, within the storage type's tolerance (support.cuh).
+// The tuned parts of the CUDA dense softmax (detail/cuda/dense_tuned.cuh) against their oracles, the
+// generic versions on the same backend: the bf16/fp16 tensor-core kernels (dense_softmax against
+// dense_softmax_generic: loss, grad_h, grad_w and grad_b, over several chunks, with and without bias
+// and score cache, within the storage type's tolerance, support.cuh), and the block-per-row online
+// log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores).
 
 #include "support.cuh"
 
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
+#include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
 
 namespace xs = xsoftmax;
 
@@ -14,7 +21,8 @@ namespace {
 using namespace xsoftmax_cuda_test;
 
 template <class T>
-void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, bool with_bias, unsigned seed) {
+void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, bool with_bias, unsigned seed,
+                          index_t score_cache_bytes = 0) {
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> h(static_cast<std::size_t>(rows * d)), up(static_cast<std::size_t>(rows));
@@ -42,6 +50,7 @@ void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, boo
     a.target = thrust::raw_pointer_cast(dt.data());
     a.n = n;
     a.chunk = chunk;
+    a.score_cache_bytes = score_cache_bytes;
     a.loss = thrust::raw_pointer_cast(loss.data());
     a.upstream = thrust::raw_pointer_cast(dup.data());
     a.grad_h = thrust::raw_pointer_cast(gh.data());
@@ -75,4 +84,41 @@ TEST_CASE("cuda dense_softmax: the tuned bf16/fp16 path equals the generic primi
   tuned_equals_generic<__nv_bfloat16>(7, 513, 130, 100, false, 2);
   tuned_equals_generic<__half>(33, 1000, 40, 256, true, 3);
   tuned_equals_generic<__half>(64, 2049, 17, 512, false, 4);
+  tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 5, 33 * 512 * 4);  // 2 of 4 chunks kept
+}
+
+TEST_CASE("cuda online_lse_update: the block-per-row kernel equals the generic loop (its oracle)") {
+  static_assert(xs::detail::online_lse_tuning<xs::cuda>::available);
+  const index_t rows = 37, cols = 700, lds = 713, chunk = 300;
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<float> s(static_cast<std::size_t>(rows * lds));
+  for (auto& x : s) x = nd(g);
+  for (index_t j = 0; j < cols; ++j) s[static_cast<std::size_t>(3 * lds + j)] = -INFINITY;  // fully masked row
+  for (index_t j = 0; j < chunk; ++j) s[static_cast<std::size_t>(5 * lds + j)] = -INFINITY;  // masked 1st chunk
+  std::vector<index_t> t(static_cast<std::size_t>(rows));
+  for (auto& x : t) x = static_cast<index_t>(g() % cols);
+  const auto ds = to_device(s);
+  const auto dt = to_device(t);
+  const xs::cuda_resources res;
+  const xs::detail::execution<xs::cuda> ex{res};
+  const auto fold = [&](bool tuned) {
+    xs::detail::basic_online_lse_state<xs::cuda> st(rows);
+    for (index_t c0 = 0; c0 < cols; c0 += chunk) {
+      const float* sp = thrust::raw_pointer_cast(ds.data()) + c0;
+      const index_t cn = std::min(chunk, cols - c0);
+      if (tuned) xs::detail::online_lse_update(ex, sp, rows, cn, lds, c0, thrust::raw_pointer_cast(dt.data()), st);
+      else xs::detail::online_lse_update_generic(ex, sp, rows, cn, lds, c0, thrust::raw_pointer_cast(dt.data()), st);
+    }
+    thrust::device_vector<float> lse(static_cast<std::size_t>(rows));
+    xs::detail::online_lse_finish(ex, st, rows, thrust::raw_pointer_cast(lse.data()));
+    res.synchronize();
+    return std::make_pair(to_host(lse), to_host(st.target_logit));
+  };
+  auto tuned = fold(true), generic = fold(false);
+  CHECK(std::isinf(tuned.first[3]));
+  CHECK(std::isinf(generic.first[3]));
+  tuned.first[3] = generic.first[3] = 0.f;
+  CHECK(relative_gap(tuned.first, generic.first) < 1e-5);
+  CHECK(tuned.second == generic.second);  // the target's score, copied
 }

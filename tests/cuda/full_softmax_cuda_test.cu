@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // full_softmax on the cuda backend against the serial backend: every verb, fp32 / bf16 / fp16,
-// with and without bias, ignore_index, several chunk sizes; apply_sgd; the workspace size query.
+// with and without bias, ignore_index, several chunk sizes; apply_sgd (the workspace: cuda_specific_test.cu).
 
 #include "support.cuh"
 

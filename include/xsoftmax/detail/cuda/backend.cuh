@@ -26,7 +26,7 @@ struct backend_traits<cuda> {
   /// return a value, such as `find_if` or `copy_if`'s end iterator, still wait for that value.)
   /// Temporary storage comes from the resources' caching allocator, so that algorithms needing it
   /// (sort, reduce_by_key, copy_if, ...) do not cudaMalloc / cudaFree (which synchronises the
-  /// device) on every call; see `detail::gpu::caching_allocator` for why reuse is stream-safe.
+  /// device) on every call; see detail/cuda/workspace.cuh for why reuse is stream-safe.
   [[nodiscard]] static auto policy(const resources& r) {
     return thrust::cuda::par_nosync(r.thrust_allocator()).on(r.stream());
   }

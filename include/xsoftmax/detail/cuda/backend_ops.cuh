@@ -28,8 +28,7 @@ struct backend_ops<::xsoftmax::cuda> {
   template <class T>
   [[nodiscard]] static T read(const cuda_resources& res, const T* p) {
     T v;
-    XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(&v, p, sizeof(T), cudaMemcpyDefault, res.stream()));
-    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(res.stream()));
+    copy(res, &v, p, 1);
     return v;
   }
   /// `n` elements from `src` to `dst`, each host, device or managed memory (the runtime tells them

@@ -12,68 +12,58 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <string>
+#include <type_traits>
 
 namespace xsoftmax::detail::gpu {
 
-/// cuBLAS's own description of a status (the numeric status goes into messages as well).
-[[nodiscard]] inline const char* cublas_status_string(cublasStatus_t s) { return cublasGetStatusString(s); }
+[[nodiscard]] inline bool failed(cudaError_t e) { return e != cudaSuccess; }
+[[nodiscard]] inline bool failed(cublasStatus_t s) { return s != CUBLAS_STATUS_SUCCESS; }
 
-[[noreturn]] inline void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line) {
+/// The library's own description of a status.
+[[nodiscard]] inline std::string describe(cudaError_t e) {
+  return message(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+[[nodiscard]] inline std::string describe(cublasStatus_t s) {
+  return message("cuBLAS status ", static_cast<int>(s), " (", cublasGetStatusString(s), ")");
+}
+
+template <class Status>
+[[noreturn]] void throw_error(Status s, const char* call, const char* file, int line) {
   // Clear the runtime's last-error state: a non-sticky error (an allocation that failed) would
   // otherwise be reported again by the next launch check. Sticky errors stay, as they must.
-  (void)cudaGetLastError();
-  throw cuda_error(message(file, ":", line, ": ", call, " failed: ", cudaGetErrorName(e), " (",
-                           cudaGetErrorString(e), ")"));
+  if constexpr (std::is_same_v<Status, cudaError_t>) (void)cudaGetLastError();
+  throw cuda_error(message(file, ":", line, ": ", call, " failed: ", describe(s)));
 }
 
-[[noreturn]] inline void throw_cublas_error(cublasStatus_t s, const char* call, const char* file, int line) {
-  throw cuda_error(message(file, ":", line, ": ", call, " failed: cuBLAS status ", static_cast<int>(s), " (",
-                           cublas_status_string(s), ")"));
-}
-
-inline void report_cuda_error(cudaError_t e, const char* call, const char* file, int line) noexcept {
-  std::fprintf(stderr, "xsoftmax: %s:%d: %s failed: %s (%s) [ignored in a destructor]\n", file, line, call,
-               cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
-inline void report_cublas_error(cublasStatus_t s, const char* call, const char* file, int line) noexcept {
-  std::fprintf(stderr, "xsoftmax: %s:%d: %s failed: cuBLAS status %d (%s) [ignored in a destructor]\n", file,
-               line, call, static_cast<int>(s), cublas_status_string(s));
+template <class Status>
+void report_error(Status s, const char* call, const char* file, int line) noexcept {
+  try {
+    std::fprintf(stderr, "xsoftmax: %s:%d: %s failed: %s [ignored in a destructor]\n", file, line, call,
+                 describe(s).c_str());
+  } catch (...) {  // no memory for the message: nothing more to report
+  }
 }
 
 }  // namespace xsoftmax::detail::gpu
 
-/// Evaluates a CUDA runtime call; throws `xsoftmax::cuda_error` unless it returns cudaSuccess.
-#define XSOFTMAX_CUDA_TRY(call)                                                        \
-  do {                                                                                 \
-    const cudaError_t xsoftmax_cuda_status_ = (call);                                  \
-    if (xsoftmax_cuda_status_ != cudaSuccess)                                          \
-      ::xsoftmax::detail::gpu::throw_cuda_error(xsoftmax_cuda_status_, #call, __FILE__, __LINE__); \
+/// Evaluates a CUDA runtime or cuBLAS call; throws `xsoftmax::cuda_error` unless it succeeded.
+#define XSOFTMAX_CUDA_TRY(call)                                                               \
+  do {                                                                                        \
+    const auto xsoftmax_status_ = (call);                                                     \
+    if (::xsoftmax::detail::gpu::failed(xsoftmax_status_))                                    \
+      ::xsoftmax::detail::gpu::throw_error(xsoftmax_status_, #call, __FILE__, __LINE__);      \
   } while (0)
-
-/// Evaluates a cuBLAS call; throws `xsoftmax::cuda_error` unless it returns CUBLAS_STATUS_SUCCESS.
-#define XSOFTMAX_CUBLAS_TRY(call)                                                      \
-  do {                                                                                 \
-    const cublasStatus_t xsoftmax_cublas_status_ = (call);                             \
-    if (xsoftmax_cublas_status_ != CUBLAS_STATUS_SUCCESS)                              \
-      ::xsoftmax::detail::gpu::throw_cublas_error(xsoftmax_cublas_status_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define XSOFTMAX_CUBLAS_TRY(call) XSOFTMAX_CUDA_TRY(call)
 
 /// As XSOFTMAX_CUDA_TRY but never throws (destructors): a failure is printed to stderr.
-#define XSOFTMAX_CUDA_TRY_NOTHROW(call)                                                \
-  do {                                                                                 \
-    const cudaError_t xsoftmax_cuda_status_ = (call);                                  \
-    if (xsoftmax_cuda_status_ != cudaSuccess)                                          \
-      ::xsoftmax::detail::gpu::report_cuda_error(xsoftmax_cuda_status_, #call, __FILE__, __LINE__); \
+#define XSOFTMAX_CUDA_TRY_NOTHROW(call)                                                       \
+  do {                                                                                        \
+    const auto xsoftmax_status_ = (call);                                                     \
+    if (::xsoftmax::detail::gpu::failed(xsoftmax_status_))                                    \
+      ::xsoftmax::detail::gpu::report_error(xsoftmax_status_, #call, __FILE__, __LINE__);     \
   } while (0)
-
-/// As XSOFTMAX_CUBLAS_TRY but never throws (destructors): a failure is printed to stderr.
-#define XSOFTMAX_CUBLAS_TRY_NOTHROW(call)                                              \
-  do {                                                                                 \
-    const cublasStatus_t xsoftmax_cublas_status_ = (call);                             \
-    if (xsoftmax_cublas_status_ != CUBLAS_STATUS_SUCCESS)                              \
-      ::xsoftmax::detail::gpu::report_cublas_error(xsoftmax_cublas_status_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define XSOFTMAX_CUBLAS_TRY_NOTHROW(call) XSOFTMAX_CUDA_TRY_NOTHROW(call)
 
 /// Checks the last kernel launch (a launch error such as a bad configuration is reported at once;
 /// faults inside the kernel surface at the next synchronising call).

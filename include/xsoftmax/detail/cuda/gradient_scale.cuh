@@ -7,18 +7,25 @@
 #include <xsoftmax/detail/cuda/backend_ops.cuh>
 #include <xsoftmax/types.hpp>
 
+#include <cuda/functional>
 #include <thrust/transform_reduce.h>
 
 #include <cmath>
+#include <type_traits>
 
 namespace xsoftmax::detail::gpu {
 
-/// |x| and max for thrust::transform_reduce.
+/// Whether the gradient GEMMs of storage type T read G scaled by a power of two (gradient_scale).
+/// fp16 needs it: G = (softmax - onehot) * upstream is often far below fp16's smallest normal
+/// (2^-14), e.g. 1/N times a mean's 1/B. bf16 has fp32's exponent range, so scaling by a power of
+/// two would change no bit of the result: bf16 skips it (and its reduction and host read). fp32
+/// GEMMs read G itself.
+template <class T>
+inline constexpr bool scales_gradient = std::is_same_v<T, __half>;
+
+/// |x|, for thrust::transform_reduce.
 struct abs_value {
   XSOFTMAX_HD float operator()(float x) const { return x < 0 ? -x : x; }
-};
-struct max_value {
-  XSOFTMAX_HD float operator()(float a, float b) const { return a > b ? a : b; }
 };
 
 /// A power of two p such that max|upstream| * p is in [1, 2) (1 when every upstream is 0).
@@ -29,7 +36,7 @@ struct max_value {
 inline float gradient_scale(const cuda_resources& res, const float* upstream, index_t rows) {
   if (rows == 0) return 1.f;
   const float m = thrust::transform_reduce(backend_traits<cuda>::policy(res), upstream, upstream + rows,
-                                           abs_value{}, 0.f, max_value{});
+                                           abs_value{}, 0.f, ::cuda::maximum<float>{});
   if (!(m > 0.f) || !std::isfinite(m)) return 1.f;
   int e = -std::ilogb(m);
   e = e < -100 ? -100 : (e > 100 ? 100 : e);  // 2^+-100 and its inverse stay normal floats

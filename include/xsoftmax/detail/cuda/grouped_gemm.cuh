@@ -56,62 +56,51 @@ struct gemm_problem {
 template <class T>
 class grouped_gemm {
  public:
-  grouped_gemm() = default;
-
   /// Adds a problem; problems with m or n = 0 are dropped (nothing to compute). Throws
   /// `invalid_argument` when a dimension does not fit cuBLAS's int.
   void add(const gemm_problem<T>& p) {
     if (p.m == 0 || p.n == 0) return;
-    const colmajor_call x = rowmajor_to_colmajor(p.op_a, p.op_b, p.m, p.n, p.k, p.a, p.lda, p.b, p.ldb, p.c, p.ldc);
+    calls_.push_back(rowmajor_to_colmajor(p.op_a, p.op_b, p.m, p.n, p.k, p.a, p.lda, p.b, p.ldb, p.c, p.ldc));
     problems_.push_back(p);
-    transa_.push_back(x.transa);
-    transb_.push_back(x.transb);
-    m_.push_back(x.m);
-    n_.push_back(x.n);
-    k_.push_back(x.k);
-    lda_.push_back(x.lda);
-    ldb_.push_back(x.ldb);
-    ldc_.push_back(x.ldc);
-    alpha_.push_back(p.alpha);
-    beta_.push_back(p.beta);
-    a_.push_back(x.a);
-    b_.push_back(x.b);
-    c_.push_back(x.c);
   }
-
-  [[nodiscard]] std::size_t size() const { return problems_.size(); }
-  [[nodiscard]] bool empty() const { return problems_.empty(); }
-
-  /// Device pointer-array entries `run` needs (3 per problem when native, else none).
-  [[nodiscard]] std::size_t pointer_count() const { return grouped_gemm_native<T>() ? 3 * size() : 0; }
 
   /// The pointer arrays (column-major A's, B's, then C's) to copy to the device for `run`, appended
   /// to `out`. Nothing is appended when the problems run one by one.
   void pointers(std::vector<const void*>& out) const {
-    if (!grouped_gemm_native<T>()) return;
-    out.insert(out.end(), a_.begin(), a_.end());
-    out.insert(out.end(), b_.begin(), b_.end());
-    for (float* c : c_) out.push_back(c);
+    if constexpr (grouped_gemm_native<T>()) {
+      for (const colmajor_call& x : calls_) out.push_back(x.a);
+      for (const colmajor_call& x : calls_) out.push_back(x.b);
+      for (const colmajor_call& x : calls_) out.push_back(x.c);
+    }
   }
 
   /// Runs every problem on the handle's stream. `device_pointers`: the `pointers` entries in
   /// device memory (ignored, may be null, when not native). Host arrays are read during the call.
   void run(cublasHandle_t handle, const void* const* device_pointers) const {
-    if (empty()) return;
+    if (problems_.empty()) return;
 #if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
     if constexpr (grouped_gemm_native<T>()) {
       expects(device_pointers != nullptr, "cuda grouped GEMM: the device pointer arrays are missing");
-      const std::size_t count = size();
+      const std::size_t count = calls_.size();
       expects(count <= static_cast<std::size_t>(INT_MAX), "cuda grouped GEMM: ", count,
               " problems exceed cuBLAS's int group count");
-      const std::vector<int> group_size(count, 1);
+      std::vector<cublasOperation_t> ta, tb;
+      std::vector<int> m, n, k, lda, ldb, ldc, group_size(count, 1);
+      std::vector<float> alpha, beta;
+      for (std::size_t i = 0; i < count; ++i) {
+        const colmajor_call& x = calls_[i];
+        ta.push_back(x.transa), tb.push_back(x.transb), m.push_back(x.m), n.push_back(x.n), k.push_back(x.k);
+        lda.push_back(x.lda), ldb.push_back(x.ldb), ldc.push_back(x.ldc);
+        alpha.push_back(problems_[i].alpha), beta.push_back(problems_[i].beta);
+      }
       constexpr cudaDataType_t type = cuda_data_type<T>();
       // cuBLAS takes the C array as `void* const[]`: the third block of the device array.
       void* const* c_array = const_cast<void* const*>(device_pointers + 2 * count);
-      XSOFTMAX_CUBLAS_TRY(cublasGemmGroupedBatchedEx(
-          handle, transa_.data(), transb_.data(), m_.data(), n_.data(), k_.data(), alpha_.data(), device_pointers,
-          type, lda_.data(), device_pointers + count, type, ldb_.data(), beta_.data(), c_array, CUDA_R_32F,
-          ldc_.data(), static_cast<int>(count), group_size.data(), CUBLAS_COMPUTE_32F));
+      XSOFTMAX_CUBLAS_TRY(cublasGemmGroupedBatchedEx(handle, ta.data(), tb.data(), m.data(), n.data(), k.data(),
+                                                     alpha.data(), device_pointers, type, lda.data(),
+                                                     device_pointers + count, type, ldb.data(), beta.data(), c_array,
+                                                     CUDA_R_32F, ldc.data(), static_cast<int>(count),
+                                                     group_size.data(), CUBLAS_COMPUTE_32F));
       return;
     }
 #endif
@@ -122,11 +111,7 @@ class grouped_gemm {
 
  private:
   std::vector<gemm_problem<T>> problems_;
-  std::vector<cublasOperation_t> transa_, transb_;
-  std::vector<int> m_, n_, k_, lda_, ldb_, ldc_;
-  std::vector<float> alpha_, beta_;
-  std::vector<const void*> a_, b_;
-  std::vector<float*> c_;
+  std::vector<colmajor_call> calls_;  ///< problems_ as cuBLAS's column-major calls
 };
 
 }  // namespace xsoftmax::detail::gpu

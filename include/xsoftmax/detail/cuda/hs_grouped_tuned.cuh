@@ -14,13 +14,14 @@
 /// run (grouped_gemm.cuh) and only the kernels are grouped. The other runs take the generic path
 /// (`dense_run`, one dense softmax each), which is also the grouped path's oracle in the tests.
 
-#include <xsoftmax/detail/cuda/dense.cuh>
+#include <xsoftmax/detail/cuda/backend_ops.cuh>
+#include <xsoftmax/detail/cuda/gradient_scale.cuh>
 #include <xsoftmax/detail/cuda/grouped_gemm.cuh>
 #include <xsoftmax/detail/cuda/launch.cuh>
-#include <xsoftmax/detail/cuda/gradient_scale.cuh>
 #include <xsoftmax/detail/cuda/warp.cuh>
 #include <xsoftmax/detail/cuda/workspace.cuh>
 #include <xsoftmax/detail/hierarchical/dense_runs.hpp>
+#include <xsoftmax/detail/primitives/convert.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>
 
 #include <cub/block/block_reduce.cuh>
@@ -44,19 +45,17 @@ struct grouped_run {
   index_t begin, end, block_begin, block_size, grad_offset, row0, s_offset;
 };
 
-/// One block per row of a grouped batch (runs' rows in order, `rows` in all): the same arithmetic
-/// as dense_lse + dense_losses for a block that fits one chunk (lse_chunk_kernel's reductions):
-/// adds the bias to the row's scores in place, loss[r] += lse - s[child]; and when `want_grad`,
-/// turns the row into G = (softmax - onehot) * upstream in place (softmax_grad_kernel's formula),
-/// with a storage-type copy scaled by `grad_scale` when `g_storage` is given.
+/// One block per row of a grouped batch (runs' rows in order, `rows` in all): the dense softmax's
+/// arithmetic for a block that fits one chunk (block_max_sum's reductions): adds the bias to the
+/// row's scores in place, loss[r] += lse - s[child]; and when `want_grad`, turns the row into
+/// G = (softmax - onehot) * upstream in place, with a storage-type copy scaled by `grad_scale` when
+/// `g_storage` is given.
 template <int Threads, class T>
 __global__ void __launch_bounds__(Threads)
     grouped_rows_kernel(const grouped_run* runs, index_t n_runs, index_t rows, float* scores, T* g_storage,
                         const T* bias, const index_t* child, const float* upstream, float* loss, bool want_grad,
                         float grad_scale) {
-  using block_reduce = cub::BlockReduce<float, Threads>;
-  __shared__ typename block_reduce::TempStorage temp;
-  __shared__ float row_max, row_lse;
+  __shared__ typename cub::BlockReduce<float, Threads>::TempStorage temp;
   for (index_t t = blockIdx.x; t < rows; t += gridDim.x) {
     // The run holding t: the last one with row0 <= t (block-uniform).
     index_t lo = 0, hi = n_runs;
@@ -66,49 +65,27 @@ __global__ void __launch_bounds__(Threads)
       else hi = mid;
     }
     const grouped_run run = runs[lo - 1];
-    const index_t i = t - run.row0, r = run.begin + i, bs = run.block_size;
+    const index_t i = t - run.row0, r = run.begin + i, bs = run.block_size, c = child[r];
     float* row = scores + run.s_offset + i * bs;
-    const T* b = bias ? bias + run.block_begin : nullptr;
-    float local_max = -INFINITY;
+    if (bias)  // in place: later passes read biased scores; each thread keeps to its own entries
+      for (index_t j = threadIdx.x; j < bs; j += Threads) row[j] += to_float(bias[run.block_begin + j]);
+    const float2 ms = block_max_sum<Threads>(row, bs, temp);
+    const float lse = ms.x != -INFINITY ? ms.x + logf(ms.y) : -INFINITY;
+    if (threadIdx.x == c % Threads) loss[r] += lse - row[c];  // the thread that owns entry c
+    if (!want_grad) continue;
+    const float u = upstream[r];
+    T* gs = g_storage ? g_storage + run.s_offset + i * bs : nullptr;
     for (index_t j = threadIdx.x; j < bs; j += Threads) {
-      float v = row[j];
-      if (b) {
-        v += to_float(b[j]);
-        row[j] = v;
-      }
-      local_max = v > local_max ? v : local_max;
+      float g = expf(row[j] - lse) * u;
+      if (j == c) g -= u;
+      row[j] = g;
+      if (gs) gs[j] = from_float<T>(g * grad_scale);
     }
-    const float m_reduced = block_reduce(temp).Reduce(local_max, max_op{});  // valid in thread 0
-    if (threadIdx.x == 0) row_max = m_reduced;
-    __syncthreads();  // publishes row_max and the biased row; frees `temp`
-    const float m = row_max;
-    float local_sum = 0.f;
-    if (m != -INFINITY)
-      for (index_t j = threadIdx.x; j < bs; j += Threads) local_sum += expf(row[j] - m);
-    const float sum = block_reduce(temp).Sum(local_sum);  // valid in thread 0
-    const index_t c = child[r];
-    if (threadIdx.x == 0) {
-      const float lse = m != -INFINITY ? m + logf(sum) : -INFINITY;
-      row_lse = lse;
-      loss[r] += lse - row[c];
-    }
-    __syncthreads();  // publishes row_lse; every thread has read what thread 0 reads above
-    if (want_grad) {
-      const float lse = row_lse, u = upstream[r];
-      T* gs = g_storage ? g_storage + run.s_offset + i * bs : nullptr;
-      for (index_t j = threadIdx.x; j < bs; j += Threads) {
-        float g = expf(row[j] - lse) * u;
-        if (j == c) g -= u;
-        row[j] = g;
-        if (gs) gs[j] = from_float<T>(g * grad_scale);
-      }
-    }
-    __syncthreads();  // `temp`, row_max and row_lse are reused by the next row
   }
 }
 
 /// Bias gradient of a grouped batch: block x handles runs x, x + gridDim.x, ...; thread j sums
-/// column j of the run's G over its rows in order (as column_sums_kernel).
+/// column j of the run's G over its rows in order (as the dense softmax's bias gradient).
 template <class Unused = void>
 __global__ void grouped_bias_grad_kernel(const grouped_run* runs, index_t n_runs, const float* g, float* grad_b) {
   for (index_t k = blockIdx.x; k < n_runs; k += gridDim.x) {
@@ -131,14 +108,6 @@ struct grouped_batch {
   index_t rows = 0, values = 0, max_block = 0;
   grouped_gemm<T> scores, grads;
   std::size_t scores_ptrs = 0, grads_ptrs = 0;  ///< offsets in the call's device pointer array
-};
-
-/// Element e of packed fp32 rows, narrowed to storage type T (the type the GEMMs read).
-template <class T>
-struct narrow_rows {
-  const float* src;
-  T* dst;
-  XSOFTMAX_HD void operator()(index_t e) const { dst[e] = from_float<T>(src[e]); }
 };
 
 /// Runs the grouped batches of one level: `runs` are the level's eligible dense runs.
@@ -168,14 +137,14 @@ void run_grouped_level(const execution<::xsoftmax::cuda>& ex, const node_run_dat
     bt.max_block = std::max(bt.max_block, run.block_size);
     grouped_values = std::max(grouped_values, bt.values);
   }
-  arena scratch(res.workspace(), stream);
+  arena scratch(res.workspace());
   float* g_scores = scratch.take<float>(grouped_values);
   T* g_storage = want_grad && !fp32 ? scratch.take<T>(grouped_values) : nullptr;
   // The GEMMs read the rows in the storage type: fp32 rows in place, else narrowed once.
   const T* hs = reinterpret_cast<const T*>(a.h);
   if constexpr (!fp32) {
     T* narrowed = scratch.take<T>((row_hi - row_lo) * d);
-    parallel_for(ex, (row_hi - row_lo) * d, narrow_rows<T>{a.h + row_lo * d, narrowed});
+    rows_to_storage(ex, matrix_view<const float>(a.h + row_lo * d, row_hi - row_lo, d), narrowed);
     hs = narrowed - row_lo * d;  // indexed by sorted row, like a.h
   }
   const float g_scale = want_grad && scales_gradient<T> ? gradient_scale(res, a.upstream + row_lo, row_hi - row_lo)
@@ -207,8 +176,8 @@ void run_grouped_level(const execution<::xsoftmax::cuda>& ex, const node_run_dat
   }
   grouped_run* d_runs = scratch.take<grouped_run>(static_cast<index_t>(grouped.size()));
   const void** d_ptrs = scratch.take<const void*>(static_cast<index_t>(host_ptrs.size()));
-  to_device(d_runs, grouped, stream);
-  to_device(d_ptrs, host_ptrs, stream);
+  backend_ops<::xsoftmax::cuda>::copy(res, d_runs, grouped.data(), static_cast<index_t>(grouped.size()));
+  backend_ops<::xsoftmax::cuda>::copy(res, d_ptrs, host_ptrs.data(), static_cast<index_t>(host_ptrs.size()));
   for (const grouped_batch<T>& bt : batches) {
     const grouped_run* dr = d_runs + bt.first;
     const index_t n = static_cast<index_t>(bt.count);
@@ -219,7 +188,7 @@ void run_grouped_level(const execution<::xsoftmax::cuda>& ex, const node_run_dat
       grouped_rows_kernel<warp_size, T><<<grid_rows(bt.rows), warp_size, 0, stream>>>(
           dr, n, bt.rows, g_scores, gst, a.bias, a.child, a.upstream, a.loss, want_grad, g_scale);
     else
-      grouped_rows_kernel<lse_threads, T><<<grid_rows(bt.rows), lse_threads, 0, stream>>>(
+      grouped_rows_kernel<block_threads, T><<<grid_rows(bt.rows), block_threads, 0, stream>>>(
           dr, n, bt.rows, g_scores, gst, a.bias, a.child, a.upstream, a.loss, want_grad, g_scale);
     XSOFTMAX_CUDA_CHECK_LAUNCH();
     if (!want_grad) continue;

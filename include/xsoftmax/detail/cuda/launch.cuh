@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Launch helpers of the CUDA kernels (block size, grid sizes for grid-stride loops, thread
-/// indices) and small host <-> device copies.
+/// Launch helpers of the CUDA kernels: block size, grid sizes for grid-stride loops, thread indices
+/// (host <-> device copies: `backend_ops<cuda>::copy`).
 ///
 /// Conventions: all pointers are device pointers unless named `host_*`; every kernel runs on the
 /// resources' stream; element offsets are computed in 64-bit `index_t`.
@@ -11,15 +11,7 @@
 #include <xsoftmax/detail/cuda/error.cuh>
 #include <xsoftmax/types.hpp>
 
-#include <climits>
-#include <cstdint>
-#include <vector>
-
 namespace xsoftmax::detail::gpu {
-
-// ------------------------------------------------------------------------------------------------
-// Launch helpers
-// ------------------------------------------------------------------------------------------------
 
 /// Threads per block of the element-wise kernels.
 inline constexpr int block_threads = 256;
@@ -40,35 +32,5 @@ inline constexpr int block_threads = 256;
 
 __device__ inline index_t global_thread() { return static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline index_t grid_threads() { return static_cast<index_t>(gridDim.x) * blockDim.x; }
-
-/// Copies one element from device to host (waits for the stream first, so queued work is done).
-template <class T>
-[[nodiscard]] T read_one(const T* device_ptr, cudaStream_t stream) {
-  T value;
-  XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(&value, device_ptr, sizeof(T), cudaMemcpyDeviceToHost, stream));
-  XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
-  return value;
-}
-
-/// Copies n elements from device to a new host vector.
-template <class T>
-[[nodiscard]] std::vector<T> to_host(const T* device_ptr, index_t n, cudaStream_t stream) {
-  std::vector<T> out(static_cast<std::size_t>(n));
-  if (n > 0)
-    XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(out.data(), device_ptr, static_cast<std::size_t>(n) * sizeof(T),
-                                      cudaMemcpyDeviceToHost, stream));
-  XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
-  return out;
-}
-
-/// Copies a host vector to device memory (n = host.size() elements). Synchronises, so the host
-/// vector may be a temporary.
-template <class T>
-void to_device(T* device_ptr, const std::vector<T>& host, cudaStream_t stream) {
-  if (host.empty()) return;
-  XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(device_ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice,
-                                    stream));
-  XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
-}
 
 }  // namespace xsoftmax::detail::gpu

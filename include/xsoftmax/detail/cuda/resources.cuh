@@ -3,12 +3,10 @@
 /// \file
 /// `xsoftmax::cuda_resources`: what a head on the `cuda` backend holds besides its weights — the
 /// stream every kernel, Thrust algorithm and cuBLAS call runs on, a cuBLAS handle bound to that
-/// stream, a device workspace (a cached buffer reused by every call), a caching allocator for
-/// Thrust's temporaries, and the device status word in which the `_async` verbs record a failed
-/// data check.
+/// stream, a device workspace (a cached buffer reused by every call) and a caching allocator for
+/// Thrust's temporaries, both from one CUB cache of device blocks (detail/cuda/workspace.cuh).
 
 #include <xsoftmax/config.hpp>
-#include <xsoftmax/detail/cuda/caching_allocator.cuh>
 #include <xsoftmax/detail/cuda/error.cuh>
 #include <xsoftmax/detail/cuda/workspace.cuh>
 #include <xsoftmax/error.hpp>
@@ -42,9 +40,9 @@ namespace xsoftmax {
 class cuda_resources {
  public:
   /// Runs on the legacy default stream (stream 0).
-  cuda_resources() : state_(std::make_shared<state>()) {}
+  cuda_resources() : state_(std::make_shared<state>(nullptr)) {}
   /// Runs on `stream` (not owned: it must outlive every head using these resources).
-  explicit cuda_resources(cudaStream_t stream) : stream_(stream), state_(std::make_shared<state>()) {}
+  explicit cuda_resources(cudaStream_t stream) : stream_(stream), state_(std::make_shared<state>(stream)) {}
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
 
@@ -68,14 +66,14 @@ class cuda_resources {
   [[nodiscard]] detail::gpu::workspace& workspace() const { return state_->ws; }
 
   /// Grows the cached workspace to at least `bytes` now, so that calls needing no more do not
-  /// allocate (size query first with e.g. `cuda_workspace_bytes(head, batch_rows)`). Throws
+  /// allocate (e.g. what `workspace_bytes()` reports after a call of the largest batch). Throws
   /// `cuda_error` when the device is out of memory.
-  void reserve_workspace(std::size_t bytes) const { state_->ws.reserve(bytes, stream_); }
+  void reserve_workspace(std::size_t bytes) const { state_->ws.reserve(bytes); }
 
   /// Bytes the cached workspace holds now.
   [[nodiscard]] std::size_t workspace_bytes() const noexcept { return state_->ws.capacity(); }
 
-  /// Thrust's temporary-storage allocator (see `detail::gpu::caching_allocator`).
+  /// Thrust's temporary-storage allocator (see detail/cuda/workspace.cuh).
   [[nodiscard]] detail::gpu::caching_allocator& thrust_allocator() const noexcept { return state_->alloc; }
 
   /// Waits for everything queued on `stream()`. Throws `cuda_error` when the stream reports a CUDA
@@ -90,9 +88,10 @@ class cuda_resources {
   struct state {
     std::mutex mutex;
     cublasHandle_t handle = nullptr;
+    detail::gpu::device_cache cache;  // before its users: destroyed after them
     detail::gpu::workspace ws;
     detail::gpu::caching_allocator alloc;
-    state() = default;
+    explicit state(cudaStream_t stream) : ws(cache, stream), alloc(cache, stream) {}
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {

@@ -1,36 +1,75 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// The device workspace of a `cuda_resources`: one cached buffer the verbs take their scratch from
-/// (`workspace`, `arena` for one call), and `workspace_plan`, the size query over the same takes.
+/// The device memory of a `cuda_resources`, all from one `cub::CachingDeviceAllocator`: Thrust's
+/// temporaries (`caching_allocator`) and the tuned kernels' scratch (`workspace`, `arena` per call).
+///
+/// Why a cache: cudaMalloc is slow and cudaFree synchronises the device; a freed block goes back to
+/// CUB's cache and the next request of its size bin takes it again. Reusing a block at once,
+/// although kernels that used it may still be queued, is safe: CUB ties each block to the stream it
+/// was allocated on, which reuses it at once (stream order queues the next user behind every earlier
+/// one); another stream reuses it only once the block's ready event has completed.
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/cuda/error.cuh>
 
-#include <cuda_runtime_api.h>
+#include <cub/util_allocator.cuh>
 
+#include <algorithm>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax::detail::gpu {
 
-/// Device memory handed out to the verbs in 256-byte aligned pieces, reused from call to call.
-///
-/// Within one call pieces are bumped off the current block; when it is full a new block is
-/// allocated (earlier pieces stay valid: blocks never move). At the end of the call (`reset`) all
-/// pieces are released, and if the call needed more than one block they are replaced by a single
-/// block of their total size, so from then on the same call allocates nothing. A caller that knows
-/// its needs can `reserve` them up front.
-///
+/// CUB's cache with power-of-two bins from 256 B to 2^48 B: every block is cached (CUB's default
+/// caches blocks up to 2 MiB only; score chunks are tens of MiB), at most twice its request, and the
+/// cached total is unbounded (an allocation that fails empties the cache and retries).
+struct device_cache : cub::CachingDeviceAllocator {
+  device_cache() : cub::CachingDeviceAllocator(2, 8, 48) {}
+  /// A block of at least `bytes` bytes used on `stream`. Throws `cuda_error` when out of memory.
+  [[nodiscard]] void* take(std::size_t bytes, cudaStream_t stream) {
+    void* p = nullptr;
+    XSOFTMAX_CUDA_TRY(DeviceAllocate(&p, bytes == 0 ? 1 : bytes, stream));
+    return p;
+  }
+  void give_back(void* p) noexcept {
+    if (p) XSOFTMAX_CUDA_TRY_NOTHROW(DeviceFree(p));
+  }
+};
+
+/// Thrust's temporary storage from the cache, on the resources' stream (what
+/// `backend_traits<cuda>::policy(res)` hands Thrust: `thrust::cuda::par_nosync(allocator).on(stream)`).
+class caching_allocator {
+ public:
+  using value_type = char;
+  caching_allocator(device_cache& cache, cudaStream_t stream) : cache_(&cache), stream_(stream) {}
+  [[nodiscard]] char* allocate(std::ptrdiff_t bytes) {
+    return static_cast<char*>(cache_->take(bytes > 0 ? static_cast<std::size_t>(bytes) : 0, stream_));
+  }
+  void deallocate(char* p, std::size_t) noexcept { cache_->give_back(p); }
+
+ private:
+  device_cache* cache_;
+  cudaStream_t stream_;
+};
+
+/// The tuned kernels' scratch: one block from the cache, handed out in 256-byte aligned pieces and
+/// kept from call to call. A piece that does not fit the block comes from the cache on its own; at
+/// the end of such a call (`reset`) those pieces go back and the block grows to the call's total, so
+/// from then on the same call takes nothing from the cache. `reserve` sizes the block up front.
 /// Not thread-safe: one workspace serves one stream, used by one host thread at a time.
 class workspace {
  public:
   static constexpr std::size_t alignment = 256;
 
-  workspace() = default;
+  workspace(device_cache& cache, cudaStream_t stream) : cache_(cache), stream_(stream) {}
   workspace(const workspace&) = delete;
   workspace& operator=(const workspace&) = delete;
-  ~workspace() { release_blocks(); }
+  ~workspace() {
+    for (void* p : extra_) cache_.give_back(p);
+    cache_.give_back(block_);
+  }
 
   [[nodiscard]] static constexpr std::size_t round_up(std::size_t bytes) {
     return (bytes + alignment - 1) / alignment * alignment;
@@ -39,82 +78,56 @@ class workspace {
   /// A piece of at least `bytes` bytes (a zero-byte request still gets a distinct piece), valid
   /// until the next `reset`. Throws `cuda_error` when the device is out of memory.
   [[nodiscard]] void* allocate(std::size_t bytes) {
-    const std::size_t need = round_up(bytes == 0 ? 1 : bytes);
-    if (!blocks_.empty() && blocks_.back().size - blocks_.back().used >= need) {
-      block& b = blocks_.back();
-      void* p = static_cast<char*>(b.ptr) + b.used;
-      b.used += need;
-      return p;
-    }
-    // Geometric growth so a call that grows piece by piece does O(log) allocations.
-    std::size_t size = need;
-    if (!blocks_.empty() && blocks_.back().size > size) size = blocks_.back().size;
-    if (size < (std::size_t(1) << 20)) size = std::size_t(1) << 20;
-    void* p = nullptr;
-    XSOFTMAX_CUDA_TRY(cudaMalloc(&p, size));
-    blocks_.push_back({p, size, need});
-    return p;
+    const std::size_t need = round_up(std::max<std::size_t>(bytes, 1));
+    used_ += need;
+    if (used_ <= size_) return static_cast<char*>(block_) + (used_ - need);
+    extra_.push_back(cache_.take(need, stream_));
+    return extra_.back();
   }
 
-  /// Ends a call: every piece is released. `stream` is the stream the pieces were used on; when
-  /// blocks are merged, it is synchronised first so that no queued kernel still uses them.
-  void reset(cudaStream_t stream) noexcept {
-    if (blocks_.size() <= 1) {
-      if (!blocks_.empty()) blocks_.front().used = 0;
-      return;
+  /// Ends a call: every piece is released. No wait: the cache keeps stream order.
+  void reset() noexcept {
+    for (void* p : extra_) cache_.give_back(p);
+    extra_.clear();
+    if (used_ > size_) {
+      try {
+        reserve(used_);
+      } catch (...) {  // not fatal: the next call takes its pieces from the cache
+      }
     }
-    std::size_t total = 0;
-    for (const block& b : blocks_) total += b.size;
-    XSOFTMAX_CUDA_TRY_NOTHROW(cudaStreamSynchronize(stream));
-    release_blocks();
-    void* p = nullptr;
-    if (cudaMalloc(&p, total) == cudaSuccess) {
-      blocks_.push_back({p, total, 0});
-    } else {
-      (void)cudaGetLastError();  // not fatal: the next call allocates as it goes
-    }
+    used_ = 0;
   }
 
-  /// Makes sure the next call can take `bytes` bytes without allocating. Call between verbs.
-  void reserve(std::size_t bytes, cudaStream_t stream) {
-    if (capacity() >= bytes && blocks_.size() <= 1) return;
-    XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(stream));
-    release_blocks();
-    void* p = nullptr;
-    XSOFTMAX_CUDA_TRY(cudaMalloc(&p, round_up(bytes)));
-    blocks_.push_back({p, round_up(bytes), 0});
+  /// Makes sure the next call can take `bytes` bytes without taking from the cache. Call between
+  /// verbs. Throws `cuda_error` when the device is out of memory.
+  void reserve(std::size_t bytes) {
+    bytes = round_up(bytes);
+    if (bytes <= size_) return;
+    cache_.give_back(std::exchange(block_, nullptr));
+    size_ = 0;
+    block_ = cache_.take(bytes, stream_);
+    size_ = bytes;
   }
 
-  /// Bytes currently held (what the largest call so far needed, after its `reset`).
-  [[nodiscard]] std::size_t capacity() const noexcept {
-    std::size_t total = 0;
-    for (const block& b : blocks_) total += b.size;
-    return total;
-  }
+  /// Bytes the block holds (what the largest call so far needed, or the reservation).
+  [[nodiscard]] std::size_t capacity() const noexcept { return size_; }
 
  private:
-  struct block {
-    void* ptr;
-    std::size_t size;
-    std::size_t used;
-  };
-
-  void release_blocks() noexcept {
-    for (const block& b : blocks_) XSOFTMAX_CUDA_TRY_NOTHROW(cudaFree(b.ptr));
-    blocks_.clear();
-  }
-
-  std::vector<block> blocks_;
+  device_cache& cache_;
+  cudaStream_t stream_;
+  void* block_ = nullptr;
+  std::size_t size_ = 0, used_ = 0;
+  std::vector<void*> extra_;
 };
 
 /// Typed pieces of a workspace for one call, released when the arena goes out of scope (also when
 /// the call throws). A verb creates exactly one arena.
 class arena {
  public:
-  arena(workspace& ws, cudaStream_t stream) : ws_(ws), stream_(stream) {}
+  explicit arena(workspace& ws) : ws_(ws) {}
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
-  ~arena() { ws_.reset(stream_); }
+  ~arena() { ws_.reset(); }
 
   /// `n` uninitialised elements of type T (n >= 0).
   template <class T>
@@ -124,23 +137,6 @@ class arena {
 
  private:
   workspace& ws_;
-  cudaStream_t stream_;
-};
-
-/// Counts what a sequence of `take` calls would use, without allocating: the size-query half of
-/// "size query, then run" (see `cuda_resources::reserve_workspace`).
-class workspace_plan {
- public:
-  template <class T>
-  T* take(index_t n) {
-    const std::size_t bytes = static_cast<std::size_t>(n < 0 ? 0 : n) * sizeof(T);
-    bytes_ += workspace::round_up(bytes == 0 ? 1 : bytes);  // as workspace::allocate rounds
-    return nullptr;
-  }
-  [[nodiscard]] std::size_t bytes() const { return bytes_; }
-
- private:
-  std::size_t bytes_ = 0;
 };
 
 }  // namespace xsoftmax::detail::gpu

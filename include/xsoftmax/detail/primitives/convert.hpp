@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Widening storage rows to fp32 for an fp32 GEMM. fp32 rows are used in place (no copy).
+/// Widening storage rows to fp32 for an fp32 GEMM (fp32 rows are used in place, no copy), and
+/// rounding fp32 rows to the storage type for a GEMM that reads it.
 
 #include <xsoftmax/detail/primitives/parallel_for.hpp>
 #include <xsoftmax/precision.hpp>
@@ -31,6 +32,14 @@ matrix_view<const float> rows_as_float(const Ex& ex, matrix_view<const T> src, i
     });
     return {out, count, d};
   }
+}
+
+/// The reverse, for GEMMs that read the storage type: `src` rounded to T into `out` (dense,
+/// src.rows x src.cols), by the execution's threads.
+template <class Ex, class T>
+void rows_to_storage(const Ex& ex, matrix_view<const float> src, T* out) {
+  const index_t d = src.cols;
+  parallel_for(ex, src.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<T>(src(e / d, e % d)); });
 }
 
 }  // namespace xsoftmax::detail

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 
 namespace xsoftmax::detail {
 
@@ -61,7 +62,6 @@ struct dense_softmax_args {
   /// order while each fits what is left of the budget (rows x chunk x 4 bytes each); pass 2 takes a
   /// kept chunk's scores instead of recomputing them, with the same GEMM and chunking, so the results
   /// are bitwise those of no cache. When every chunk is kept, no rows x chunk work buffer is needed.
-  /// A backend's tuned kernel may keep less (the cuda one keeps none).
   index_t score_cache_bytes = 0;
   /// Optional (class-sharded heads): called once between the two passes; replaces the block's row
   /// statistics by those of every class (all-reduces over the ranks that hold the other blocks).
@@ -78,34 +78,40 @@ struct dense_softmax_args {
   return std::clamp<index_t>((index_t(8) << 20) / std::max<index_t>(rows, 1), 256, 16384);
 }
 
-/// A backend's tuned version of `dense_softmax` for storage type T, when it has one: specialised
-/// with `available = true`, `applies(args)` (the problems it serves) and `run(ex, w, bias, args)`.
-/// The generic `dense_softmax_generic` stays as its oracle.
+/// A backend's tuned kernels of the dense softmax for storage type T, when it has them: specialised
+/// with `available = true`, `applies(args)` (the problems they serve: at most plain loss without
+/// gathered columns, margin or offsets) and, per call, an object built by `(ex, args, chunk)` with
+///   void scores(w, bias, first, cn, float* s);  // s (rows x cn) = H W[first : first + cn]^T + bias
+///   void backward(w, c0, cn, float* s, const float* lse);  // chunk c0's scores -> G in place;
+///                                     // grad_h += G W_chunk, grad_w[c0 : c0 + cn] = G^T H (args')
+/// Everything else (chunking, score cache, log-sum-exp, loss, bias gradient) stays the generic
+/// algorithm's. The generic kernels (weight rows widened to fp32, the backend's fp32 GEMM) are their
+/// oracle: `dense_softmax_generic` never uses the tuned ones.
 template <class Backend, class T>
 struct dense_softmax_tuning {
   static constexpr bool available = false;
 };
 
-/// The generic dense softmax: solves `a` (see `dense_softmax_args`) on `ex` (an execution, or a
-/// Thrust host policy); every pointer of `a` is in the execution's memory. `w`/`bias` hold the
-/// weights in storage type `T`.
-template <class Ex, class T>
-void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a);
+/// The dense softmax: solves `a` (see `dense_softmax_args`) on `ex` (an execution, or a Thrust host
+/// policy); every pointer of `a` is in the execution's memory. `w`/`bias` hold the weights in
+/// storage type `T`. With `Tuned`, the backend's tuned kernels when it has them for T and `a`.
+template <bool Tuned, class Ex, class T>
+void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a);
 
-/// Solves `a`: the backend's tuned version when it has one for T and this problem, the generic one
-/// otherwise.
+/// Solves `a` with the backend's tuned kernels when it has them for T and this problem.
 template <class Ex, class T>
-void dense_softmax(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
-  const auto& ex = as_execution(ex_in);
-  using tuning = dense_softmax_tuning<typename std::decay_t<decltype(ex)>::backend, T>;
-  if constexpr (tuning::available) {
-    if (tuning::applies(a)) return tuning::run(ex, w, bias, a);
-  }
-  dense_softmax_generic(ex, w, bias, a);
+void dense_softmax(const Ex& ex, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+  dense_softmax_solve<true>(ex, w, bias, a);
 }
 
+/// Solves `a` with the generic kernels only (the tuned ones' oracle).
 template <class Ex, class T>
-void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+void dense_softmax_generic(const Ex& ex, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+  dense_softmax_solve<false>(ex, w, bias, a);
+}
+
+template <bool Tuned, class Ex, class T>
+void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   using fvector = typename execution_type::template vector<float>;
@@ -113,6 +119,14 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
   // An empty block still takes part in `combine_rows` (a rank with no class of a sharded active set).
   if (rows == 0 || (a.n == 0 && !a.combine_rows)) return;
   const index_t chunk = std::min(a.chunk, a.n);
+
+  // The backend's tuned kernels when it has them for this problem (see `dense_softmax_tuning`).
+  using tuning = dense_softmax_tuning<typename execution_type::backend, T>;
+  constexpr bool has_tuned = Tuned && tuning::available;
+  std::optional<tuning> tg;
+  if constexpr (has_tuned) {
+    if (tuning::applies(a)) tg.emplace(ex, a, chunk);
+  }
 
   // The score cache: the first chunks (in order) whose scores fit the budget, pass 1 writing them in
   // place; the work buffer holds every other chunk, and is not needed when all are kept.
@@ -158,7 +172,11 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
     // A contiguous block of rows is read in place (the columns are strictly ascending, so the chunk is
     // contiguous when its last id is its first + cn - 1).
     const index_t first_row = col ? execution_type::ops::read(ex.res, col + c0) : a.first + c0;
-    if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
+    if (tg) {  // the tuned kernels read the weight rows in place: `wf` stays empty
+      if constexpr (has_tuned) {
+        if (s) tg->scores(w, bias, first_row, cn, s);
+      }
+    } else if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
       wf = s ? dense_scores(ex, hv, w, bias, first_row, cn, s, cn, scratch)
              : rows_as_float(ex, w, first_row, cn, scratch);
     } else {  // gather the chunk's rows (widened to fp32) into one block
@@ -255,7 +273,9 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
     const matrix_view<const float> wf = score_chunk(c0, cn, c0 / chunk < kept ? nullptr : s);
     const float* u = a.upstream;
     const index_t* t = a.target;
-    if (a.plain_loss()) {
+    if (tg) {  // G in place and both gradient GEMMs
+      if constexpr (has_tuned) tg->backward(w, c0, cn, s, l);
+    } else if (a.plain_loss()) {
       parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
         float* sr = s + r * cn;
         const float lr = l[r], ur = u[r];
@@ -282,16 +302,18 @@ void dense_softmax_generic(const Ex& ex_in, matrix_view<const T> w, const T* bia
         if (tj >= 0 && tj < cn) sr[tj] *= ml.target_slope(tcos[r]) / ml.scale;
       });
     }
-    host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)  (with a margin: dloss/dh^ += ...)
-    dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
-    dh.beta = 1.f, dh.c = margin ? raw(grad_unit_h) : a.grad_h, dh.ldc = d;
-    dh.low_precision_inputs = !std::is_same_v<T, float>;
-    gemm(ex, dh);
-    host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
-    dw.op_a = host::op::transpose;
-    dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = hv.data, dw.ldb = hv.stride;
-    dw.c = a.grad_w + c0 * d, dw.ldc = d;
-    gemm(ex, dw);
+    if (!tg) {
+      host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)  (with a margin: dloss/dh^ += ...)
+      dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
+      dh.beta = 1.f, dh.c = margin ? raw(grad_unit_h) : a.grad_h, dh.ldc = d;
+      dh.low_precision_inputs = !std::is_same_v<T, float>;
+      gemm(ex, dh);
+      host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
+      dw.op_a = host::op::transpose;
+      dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = hv.data, dw.ldb = hv.stride;
+      dw.c = a.grad_w + c0 * d, dw.ldc = d;
+      gemm(ex, dw);
+    }
     if (margin) project_weight_gradient(ex, wf, winv, a.grad_w + c0 * d);
     if (a.grad_b) {
       float* gb = a.grad_b + c0;

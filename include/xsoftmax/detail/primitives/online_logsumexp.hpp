@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace xsoftmax::detail {
 
@@ -37,12 +38,21 @@ struct basic_online_lse_state {
 /// The state of the host backends (and of host algorithms handed a Thrust host policy).
 using online_lse_state = basic_online_lse_state<serial>;
 
+/// A backend's tuned `online_lse_update`, when it has one: specialised with `available = true` and
+/// `update(ex, s, rows, cols, lds, col_offset, targets, state)` (same arguments and results, up to
+/// rounding). `online_lse_update_generic` stays its oracle.
+template <class Backend>
+struct online_lse_tuning {
+  static constexpr bool available = false;
+};
+
 /// Folds scores `s` (rows x cols, leading dimension `lds`) for classes [col_offset, col_offset + cols)
 /// into `state`. `targets` may be null (no target capture). Scores may be -inf (a masked class
-/// contributes nothing), as long as every row sees one finite score before `lse` is read.
+/// contributes nothing), as long as every row sees one finite score before `lse` is read. The generic
+/// version: one row per iteration of a parallel loop.
 template <class Ex, class State>
-void online_lse_update(const Ex& ex, const float* s, index_t rows, index_t cols, index_t lds, index_t col_offset,
-                       const index_t* targets, State& state) {
+void online_lse_update_generic(const Ex& ex, const float* s, index_t rows, index_t cols, index_t lds,
+                               index_t col_offset, const index_t* targets, State& state) {
   float* mx = thrust::raw_pointer_cast(state.max.data());
   float* sm = thrust::raw_pointer_cast(state.sum.data());
   float* tl = thrust::raw_pointer_cast(state.target_logit.data());
@@ -65,6 +75,15 @@ void online_lse_update(const Ex& ex, const float* s, index_t rows, index_t cols,
       if (t >= 0 && t < cols) tl[r] = row[t];
     }
   });
+}
+
+/// `online_lse_update_generic`'s problem, solved by the backend's tuned version when it has one.
+template <class Ex, class State>
+void online_lse_update(const Ex& ex, const float* s, index_t rows, index_t cols, index_t lds, index_t col_offset,
+                       const index_t* targets, State& state) {
+  using tuning = online_lse_tuning<typename std::decay_t<decltype(as_execution(ex))>::backend>;
+  if constexpr (tuning::available) tuning::update(as_execution(ex), s, rows, cols, lds, col_offset, targets, state);
+  else online_lse_update_generic(ex, s, rows, cols, lds, col_offset, targets, state);
 }
 
 /// out[r] = the log-sum-exp of row r of `state` (rows entries in the execution's memory).
