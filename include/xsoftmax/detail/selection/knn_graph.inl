@@ -11,6 +11,7 @@
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
 #include <xsoftmax/detail/selection/ivf_pair_search.hpp>
+#include <xsoftmax/detail/selection/knn_ring_build.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
@@ -41,6 +42,7 @@ inline knn_graph knn_graph::from_lists(index_t num_classes, index_t dim, index_t
   g.n_ = num_classes;
   g.d_ = dim;
   g.k_ = k;
+  g.held_ = num_classes;
   g.ids_.assign(std::move(ids));
   g.builds_ = 1;
   return g;
@@ -124,16 +126,34 @@ template <class Ex, class T>
 void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, knn_graph& out,
                                  const knn_build_share* share) {
   const char* where = "knn_graph_builder::build";
-  const index_t n = weights.rows, d = weights.cols, k = options_.k;
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  const bool ring = share && share->shift;
+  if (ring) {
+    detail::expects(share->bounds.size() >= 2 && share->rank >= 0 &&
+                        share->rank + 2 <= static_cast<int>(share->bounds.size()) &&
+                        share->first == share->bounds[static_cast<std::size_t>(share->rank)] &&
+                        share->count == weights.rows,
+                    where, ": a ring share of rows [", share->first, ", ", share->first + share->count, ") at rank ",
+                    share->rank, " does not match its bounds or the ", weights.rows, " local weight rows");
+    if (options_.method == knn_build_method::ivf) {  // every vector is needed: the whole matrix
+      const auto all = detail::ring_gather_weights(ex, weights, *share);
+      build_on(ex, matrix_view<const T>(detail::raw(all), share->bounds.back(), weights.cols), out, nullptr);
+      return;
+    }
+  }
+  const index_t n = ring ? share->bounds.back() : weights.rows, d = weights.cols, k = options_.k;
   detail::expects(n >= 1 && d >= 1 && weights.data != nullptr, where, ": weights are ", n, " x ", d,
                   "; need at least one row and one column");
   detail::check_count(where, "k", k, n, "num_classes");
-  const auto& ex = detail::as_execution(ex_in);
-  using execution_type = std::decay_t<decltype(ex)>;
-  typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(n * k));
-  typename execution_type::template vector<float> sims(static_cast<std::size_t>(n * k));
+  const index_t first = ring ? share->first : 0, held = ring ? share->count : n;
+  typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(held * k));
+  typename execution_type::template vector<float> sims(static_cast<std::size_t>(held * k));
   const bool cosine = options_.metric == similarity::cosine;
-  if (options_.method == knn_build_method::exact && share) {  // this share's rows, then every share's
+  if (ring) {  // exact: this process's rows, its block and the others' visiting round the ring
+    detail::exact_knn_ring_rows(ex, weights, *share, k, cosine, options_.query_tile, options_.class_tile,
+                                detail::raw(ids), detail::raw(sims));
+  } else if (options_.method == knn_build_method::exact && share) {  // this share's rows, then every share's
     detail::expects(share->first >= 0 && share->count >= 0 && share->first + share->count <= n, where,
                     ": share rows [", share->first, ", ", share->first + share->count, ") outside [0, ", n, ")");
     typename execution_type::template vector<index_t> own_ids(static_cast<std::size_t>(share->count * k));
@@ -162,10 +182,12 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
   }
   // The graph's public storage is on the host (ids mirrored to a device on use).
   std::vector<index_t>& gids = out.ids_.edit();
-  gids.resize(static_cast<std::size_t>(n * k));
-  out.sims_.resize(static_cast<std::size_t>(n * k));
-  execution_type::ops::copy(ex.res, gids.data(), detail::raw(ids), n * k);
-  execution_type::ops::copy(ex.res, out.sims_.data(), detail::raw(sims), n * k);
+  gids.resize(static_cast<std::size_t>(held * k));
+  out.sims_.resize(static_cast<std::size_t>(held * k));
+  execution_type::ops::copy(ex.res, gids.data(), detail::raw(ids), held * k);
+  execution_type::ops::copy(ex.res, out.sims_.data(), detail::raw(sims), held * k);
+  out.first_ = first;
+  out.held_ = held;
   out.n_ = n;
   out.d_ = d;
   out.k_ = k;
@@ -179,6 +201,9 @@ inline double knn_graph_recall(const knn_graph& approx, const knn_graph& exact) 
                                "knn_graph_recall: the approximate graph has num_classes = ", approx.num_classes(),
                                ", k = ", approx.k(), " but the exact one has num_classes = ", exact.num_classes(),
                                ", k = ", exact.k());
+  detail::expects(approx.held_rows() == approx.num_classes() && exact.held_rows() == exact.num_classes(),
+                  "knn_graph_recall: the graphs hold ", approx.held_rows(), " and ", exact.held_rows(),
+                  " rows of ", exact.num_classes(), "; a ring-built share holds only its process's rows");
   const index_t n = exact.num_classes(), k = exact.k();
   if (n == 0) return 1.0;
   double total = 0;

@@ -90,18 +90,25 @@ void host_in_comm_memory(const execution<B>& ex, T* data, index_t n, bool write_
 }
 
 /// All-gathers `count` elements at `send` (the execution's memory) into `recv` (the execution's
-/// memory, sum(counts) elements), staging through the host only when `Comm` takes host memory and
-/// the backend's memory is not host memory.
+/// memory, `total` = sum(counts) elements), staging through the host only when `Comm` takes host
+/// memory and the backend's memory is not host memory.
+template <class Comm, class B, class T>
+void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t count, T* recv, index_t total,
+                     const index_t* counts) {
+  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+    (void)total;
+    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, recv, counts); });
+  } else {
+    std::vector<T> h(static_cast<std::size_t>(total));
+    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, h.data(), counts); });
+    backend_ops<B>::copy(ex.res, recv, h.data(), total);  // complete on return
+  }
+}
+/// `all_gather_into` a vector of sum(counts) elements.
 template <class Comm, class B, class T>
 void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t count, backend_vector<B, T>& recv,
                      const index_t* counts) {
-  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
-    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, raw(recv), counts); });
-  } else {
-    thrust::host_vector<T> h(recv.size());
-    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, raw(h), counts); });
-    thrust::copy(h.begin(), h.end(), recv.begin());
-  }
+  all_gather_into(ex, comm, send, count, raw(recv), static_cast<index_t>(recv.size()), counts);
 }
 
 /// The rows every rank scores: the gathered batch (every rank's packed rows in rank order, or the

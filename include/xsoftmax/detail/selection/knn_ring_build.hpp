@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The exact KNN build of a class-sharded head over a ring (`knn_build_share` with `shift`): each
+/// process holds its own weight rows; the processes' blocks travel round the ring (S - 1 steps, one
+/// block sent to the next process and one received from the previous per step) and every process
+/// scores its own rows against each visiting block, folding the scores into a running top-k per
+/// own row. Memory per process: its own rows (widened to fp32), the running top-k of its rows and
+/// two visiting blocks, O(N/S x d + N/S x K); never the N x d matrix nor the N x K graph.
+///
+/// The result equals the unsharded exact build's rows (`exact_knn_rows`): the same query tiles and
+/// class tiles, cut at the block and share boundaries (each score is the same dot product), and
+/// the top-k breaks ties by class id, so the order in which blocks arrive does not matter.
+
+#include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/selection/vector_rows.hpp>
+#include <xsoftmax/error.hpp>
+#include <xsoftmax/precision.hpp>
+#include <xsoftmax/selection/selection_types.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/fill.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+
+namespace xsoftmax::detail {
+
+/// A pointer posing as a vector (`.data()`): for a view of some rows of a `basic_row_topk_state`.
+template <class T>
+struct raw_span {
+  T* p;
+  T* data() const { return p; }
+};
+/// Rows [first, first + n) of a top-k state, as a state `row_topk_update` works on.
+struct row_topk_rows {
+  index_t k;
+  raw_span<float> score;
+  raw_span<index_t> index;
+  raw_span<index_t> size;
+};
+template <class State>
+row_topk_rows topk_rows_of(State& st, index_t first) {
+  return {st.k, {raw(st.score) + first * st.k}, {raw(st.index) + first * st.k}, {raw(st.size) + first}};
+}
+
+/// Calls `visit(block, first_class)` for every process's weight block, this process's `local` first,
+/// then the blocks of rank - 1, rank - 2, ... as they arrive round the ring (`share.shift`; blocks
+/// travel as fp32 and are converted back to T: the views are the original values).
+template <class Ex, class T, class Visit>
+void for_each_ring_block(const Ex& ex_in, matrix_view<const T> local, const knn_build_share& share, Visit visit) {
+  const auto& ex = as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  const index_t d = local.cols;
+  const int size = static_cast<int>(share.bounds.size()) - 1;
+  const auto rows_of = [&](int q) {
+    return share.bounds[static_cast<std::size_t>(q) + 1] - share.bounds[static_cast<std::size_t>(q)];
+  };
+  index_t largest = 0;
+  for (int q = 0; q < size; ++q) largest = std::max(largest, rows_of(q));
+  visit(local, share.first);
+  if (size == 1) return;
+  typename execution_type::template vector<float> cur(static_cast<std::size_t>(largest * d)), next(cur.size());
+  typename execution_type::template vector<std::remove_cv_t<T>> block(
+      std::is_same_v<std::remove_cv_t<T>, float> ? 0 : static_cast<std::size_t>(largest * d));
+  float* c = raw(cur);
+  parallel_for(ex, local.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { c[e] = to_float(local(e / d, e % d)); });
+  for (int step = 1; step < size; ++step) {
+    const int sent = (share.rank - step + 1 + size) % size, got = (share.rank - step + size) % size;
+    share.shift(raw(cur), rows_of(sent) * d, raw(next), rows_of(got) * d);
+    std::swap(cur, next);
+    const index_t n = rows_of(got);
+    const T* view = nullptr;
+    if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
+      view = raw(cur);
+    } else {
+      const float* in = raw(cur);
+      auto* out = raw(block);
+      parallel_for(ex, n * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<std::remove_cv_t<T>>(in[e]); });
+      view = raw(block);
+    }
+    visit(matrix_view<const T>(view, n, d), share.bounds[static_cast<std::size_t>(got)]);
+  }
+}
+
+/// The whole N x d matrix assembled from every process's block through the ring (the IVF build
+/// needs every vector: N x d x sizeof(T) bytes on every process while it lives).
+template <class Ex, class T>
+auto ring_gather_weights(const Ex& ex_in, matrix_view<const T> local, const knn_build_share& share) {
+  const auto& ex = as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  const index_t d = local.cols;
+  typename execution_type::template vector<std::remove_cv_t<T>> all(static_cast<std::size_t>(share.bounds.back() * d));
+  for_each_ring_block(ex, local, share, [&](matrix_view<const T> block, index_t first) {
+    thrust::copy(ex.policy(), block.data, block.data + block.rows * d, all.begin() + first * d);
+  });
+  return all;
+}
+
+/// The exact KNN rows (share.count x k ids and similarities, in the execution's memory) of this
+/// process's classes [share.first, share.first + share.count), whose weights are `local`, against
+/// all N = share.bounds.back() classes, through the ring (see the file comment).
+///
+/// Every GEMM is one of the whole build's (`exact_knn_rows`), of the same shape with each row and
+/// column at the same position: a query tile cut by this share, or a class tile cut by a visiting
+/// block, is padded with zero rows to the whole build's tile, and only the real part is offered to
+/// the top-k. So every similarity is bitwise the whole build's whatever the GEMM's blocking.
+template <class Ex, class T>
+void exact_knn_ring_rows(const Ex& ex_in, matrix_view<const T> local, const knn_build_share& share, index_t k,
+                         bool cosine, index_t query_tile, index_t class_tile, index_t* ids, float* sims) {
+  const auto& ex = as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  using float_vector = typename execution_type::template vector<float>;
+  using storage = std::remove_cv_t<T>;
+  const auto policy = ex.policy();
+  const index_t n = share.bounds.back(), d = local.cols, first = share.first, count = local.rows;
+  if (count == 0) return;
+  const index_t tq = std::min(query_tile, n), tc = std::min(class_tile, n);
+  index_t largest = 0;
+  for (std::size_t q = 0; q + 1 < share.bounds.size(); ++q)
+    largest = std::max(largest, share.bounds[q + 1] - share.bounds[q]);
+  // This share's rows at their places in the whole build's query tiles [q_first, q_end), the rest
+  // zero: fp32, unit length under cosine.
+  const index_t q_first = first / tq * tq, q_end = std::min(n, (first + count + tq - 1) / tq * tq);
+  float_vector inv_own(static_cast<std::size_t>(cosine ? count : 0)),
+      query(static_cast<std::size_t>((q_end - q_first) * d), 0.f),
+      inv_block(static_cast<std::size_t>(cosine ? largest : 0)), scores(static_cast<std::size_t>(tq * tc)),
+      class_scratch;
+  typename execution_type::template vector<storage> class_tile_rows(static_cast<std::size_t>(tc * d));
+  if (cosine) inverse_row_norms(ex, local, raw(inv_own));
+  widen_rows(ex, local, 0, count, cosine ? raw(inv_own) : static_cast<const float*>(nullptr),
+             raw(query) + (first - q_first) * d);
+  basic_row_topk_state<typename execution_type::backend> best(count, k);
+  float* s = raw(scores);
+  storage* ct = raw(class_tile_rows);
+  for_each_ring_block(ex, local, share, [&](matrix_view<const T> block, index_t b0) {
+    const index_t b1 = b0 + block.rows;
+    if (cosine) inverse_row_norms(ex, block, raw(inv_block));
+    for (index_t ca = b0 / tc * tc; ca < b1; ca += tc) {
+      const index_t cn_whole = std::min(tc, n - ca), c0 = std::max(ca, b0), cn = std::min(ca + tc, b1) - c0;
+      matrix_view<const T> classes(block.data + (c0 - b0) * d, cn, d);
+      if (cn != cn_whole) {  // cut by the block: padded to the whole build's tile
+        const storage zero = from_float<storage>(0.f);
+        thrust::fill(policy, class_tile_rows.begin(), class_tile_rows.begin() + cn_whole * d, zero);
+        thrust::copy(policy, classes.data, classes.data + cn * d, class_tile_rows.begin() + (c0 - ca) * d);
+        classes = matrix_view<const T>(ct, cn_whole, d);
+      }
+      for (index_t qa = q_first; qa < q_end; qa += tq) {
+        const index_t qn_whole = std::min(tq, n - qa);
+        const index_t r0 = std::max(qa, first), r1 = std::min(qa + tq, first + count);
+        dense_scores(ex, matrix_view<const float>(raw(query) + (qa - q_first) * d, qn_whole, d), classes,
+                     static_cast<const T*>(nullptr), 0, classes.rows, s, classes.rows, class_scratch);
+        // The real part: rows [r0, r1) of the tile, columns [c0, c0 + cn).
+        float* part = s + (r0 - qa) * classes.rows + (classes.rows == cn ? 0 : c0 - ca);
+        if (cosine) scale_columns(ex, part, r1 - r0, cn, classes.rows, raw(inv_block) + (c0 - b0));
+        row_topk_rows rows = topk_rows_of(best, r0 - first);
+        row_topk_update(ex, part, r1 - r0, cn, classes.rows, c0, rows);
+      }
+    }
+  });
+  row_topk_finish(ex, count, best);
+  thrust::copy(policy, best.index.begin(), best.index.end(), ids);
+  thrust::copy(policy, best.score.begin(), best.score.end(), sims);
+}
+
+}  // namespace xsoftmax::detail
