@@ -402,6 +402,27 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
   }
 }
 
+TEST_CASE("sharded knn softmax, bf16 weights: the ring's graph rows are the unsharded head's") {
+  // The blocks travel as fp32 and come back to bf16 exactly: the rows are bitwise the unsharded ones.
+  layer full;
+  std::vector<__nv_bfloat16> w(full.w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = xs::from_float<__nv_bfloat16>(full.w[i]);
+  xs::mpi_communicator comm;
+  const sharding sh(comm, classes);
+  xs::knn_options ko;
+  ko.graph.k = 4;
+  ko.graph.query_tile = 50;
+  ko.graph.class_tile = 70;
+  for (const auto metric : {xs::similarity::cosine, xs::similarity::inner_product}) {
+    ko.graph.metric = metric;
+    const xs::knn_softmax<xs::bf16> ref(xs::matrix_view<__nv_bfloat16>(w.data(), classes, dim), ko);
+    const xs::knn_softmax<xs::bf16, xs::serial, sharding> head(
+        sh, xs::matrix_view<__nv_bfloat16>(w.data() + sh.class_begin() * dim, sh.local_classes(), dim), ko);
+    CAPTURE(static_cast<int>(metric));
+    check_graph(head, ref, true);
+  }
+}
+
 TEST_CASE("sharded selective softmax rejects a rank with no class, a shard of the wrong size, a foreign sampler") {
   xs::mpi_communicator comm;
   CHECK_THROWS_AS(sharding(comm, comm.size() - 1), xs::invalid_argument);

@@ -46,6 +46,18 @@ row_topk_rows topk_rows_of(State& st, index_t first) {
   return {st.k, {raw(st.score) + first * st.k}, {raw(st.index) + first * st.k}, {raw(st.size) + first}};
 }
 
+/// out (rows x d fp32) = `w` widened (the ring's transport type).
+template <class Ex, class T>
+void block_to_float(const Ex& ex, matrix_view<const T> w, float* out) {
+  const index_t d = w.cols;
+  parallel_for(ex, w.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = to_float(w(e / d, e % d)); });
+}
+/// out (n elements of T) = `in` (fp32 that came from T: exact).
+template <class Ex, class T>
+void block_from_float(const Ex& ex, const float* in, index_t n, T* out) {
+  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<T>(in[e]); });
+}
+
 /// Calls `visit(block, first_class)` for every process's weight block, this process's `local` first,
 /// then the blocks of rank - 1, rank - 2, ... as they arrive round the ring (`share.shift`; blocks
 /// travel as fp32 and are converted back to T: the views are the original values).
@@ -65,8 +77,7 @@ void for_each_ring_block(const Ex& ex_in, matrix_view<const T> local, const knn_
   typename execution_type::template vector<float> cur(static_cast<std::size_t>(largest * d)), next(cur.size());
   typename execution_type::template vector<std::remove_cv_t<T>> block(
       std::is_same_v<std::remove_cv_t<T>, float> ? 0 : static_cast<std::size_t>(largest * d));
-  float* c = raw(cur);
-  parallel_for(ex, local.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { c[e] = to_float(local(e / d, e % d)); });
+  block_to_float(ex, local, raw(cur));
   for (int step = 1; step < size; ++step) {
     const int sent = (share.rank - step + 1 + size) % size, got = (share.rank - step + size) % size;
     share.shift(raw(cur), rows_of(sent) * d, raw(next), rows_of(got) * d);
@@ -76,9 +87,7 @@ void for_each_ring_block(const Ex& ex_in, matrix_view<const T> local, const knn_
     if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
       view = raw(cur);
     } else {
-      const float* in = raw(cur);
-      auto* out = raw(block);
-      parallel_for(ex, n * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<std::remove_cv_t<T>>(in[e]); });
+      block_from_float(ex, raw(cur), n * d, raw(block));
       view = raw(block);
     }
     visit(matrix_view<const T>(view, n, d), share.bounds[static_cast<std::size_t>(got)]);
