@@ -238,6 +238,51 @@ backend_vector<B, float> return_row_gradients(const execution<B>& ex, const clas
   }
 }
 
+/// A sharded verb's rows: `own`, this rank's packed rows' sample map (where its results go back:
+/// dim, rows and sample ids, no hidden rows), and `rows`, the rows every rank scores.
+template <class B>
+struct sharded_batch {
+  batch_rows<B> own;
+  sharded_rows<B> rows;
+};
+
+/// The set-up of a sharded loss verb: this rank's rows packed (ignored targets dropped), their
+/// upstream gradients when `with_upstream`, and every rank's rows gathered (moved in when the rows
+/// are replicated). Every rank sees the same options, so every rank throws here alike, before any
+/// collective.
+template <class B, class Comm, class H>
+sharded_batch<B> gather_batch(const execution<B>& ex, const char* where, const class_sharding<Comm>& sh,
+                               matrix_view<const H> hidden, vector_view<const index_t> targets,
+                               const loss_options& options, bool with_upstream, vector_view<const float> grad_output) {
+  batch_rows<B> packed = pack_rows(ex, hidden, targets, options.ignore_index);
+  backend_vector<B, float> upstream;
+  if (with_upstream) upstream = upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
+  sharded_batch<B> out;
+  out.own.dim = packed.dim;
+  out.own.rows = packed.rows;
+  out.own.sample = packed.sample;
+  out.rows = gather_rows(ex, sh, std::move(packed), with_upstream ? &upstream : nullptr);
+  return out;
+}
+
+/// The tear-down of a sharded loss verb: `grad_all` (the gathered `rows`' hidden gradients from
+/// this rank's classes; read only with `grad_hidden`) summed and returned to each row's owner and
+/// scattered into `grad_hidden`; this rank's rows' `losses` (of the gathered rows) scattered into
+/// `per_sample` (when not empty) and reduced into `loss` (when not null). `own`: this rank's sample
+/// map (`sharded_batch::own`).
+template <class B, class Comm>
+void finish_batch(const execution<B>& ex, const class_sharding<Comm>& sh, const sharded_rows<B>& rows,
+                  const batch_rows<B>& own, backend_vector<B, float>& grad_all, const backend_vector<B, float>& losses,
+                  reduction reduce, vector_view<float> per_sample, matrix_view<float>* grad_hidden, float* loss) {
+  if (grad_hidden) {
+    backend_vector<B, float> own_grad = return_row_gradients(ex, sh, rows, grad_all);
+    scatter_rows(ex, own, raw(own_grad), *grad_hidden);
+  }
+  const float* own_losses = raw(losses) + rows.own_offset;
+  if (per_sample.size != 0) scatter_losses(ex, own, own_losses, per_sample);
+  if (loss) reduce_losses_into(ex, own_losses, own.rows, reduce, loss);
+}
+
 /// t[i] - first: global class ids as columns of the block that starts at class `first` (a target
 /// outside the block falls outside [0, block size), which the dense softmax ignores).
 template <class B>
