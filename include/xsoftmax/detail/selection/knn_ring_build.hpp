@@ -58,14 +58,28 @@ void block_from_float(const Ex& ex, const float* in, index_t n, T* out) {
   parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<T>(in[e]); });
 }
 
+/// out (rows x cols, dense) = `w` (rows `stride` apart).
+template <class Ex, class T>
+void dense_copy(const Ex& ex, matrix_view<const T> w, std::remove_cv_t<T>* out) {
+  const index_t d = w.cols;
+  parallel_for(ex, w.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = w(e / d, e % d); });
+}
+
 /// Calls `visit(block, first_class)` for every process's weight block, this process's `local` first,
 /// then the blocks of rank - 1, rank - 2, ... as they arrive round the ring (`share.shift`; blocks
-/// travel as fp32 and are converted back to T: the views are the original values).
+/// travel as fp32 and are converted back to T: the views are the original values). Every block is
+/// dense (rows `cols` apart).
 template <class Ex, class T, class Visit>
 void for_each_ring_block(const Ex& ex_in, matrix_view<const T> local, const knn_build_share& share, Visit visit) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   const index_t d = local.cols;
+  if (local.stride != d) {  // every block visited is dense (rows d apart)
+    typename execution_type::template vector<std::remove_cv_t<T>> dense(static_cast<std::size_t>(local.rows * d));
+    dense_copy(ex, local, raw(dense));
+    for_each_ring_block(ex, matrix_view<const T>(raw(dense), local.rows, d), share, visit);
+    return;
+  }
   const int size = static_cast<int>(share.bounds.size()) - 1;
   const auto rows_of = [&](int q) {
     return share.bounds[static_cast<std::size_t>(q) + 1] - share.bounds[static_cast<std::size_t>(q)];
@@ -74,20 +88,34 @@ void for_each_ring_block(const Ex& ex_in, matrix_view<const T> local, const knn_
   for (int q = 0; q < size; ++q) largest = std::max(largest, rows_of(q));
   visit(local, share.first);
   if (size == 1) return;
-  typename execution_type::template vector<float> cur(static_cast<std::size_t>(largest * d)), next(cur.size());
-  typename execution_type::template vector<std::remove_cv_t<T>> block(
-      std::is_same_v<std::remove_cv_t<T>, float> ? 0 : static_cast<std::size_t>(largest * d));
-  block_to_float(ex, local, raw(cur));
+  // fp32 rows travel as they are; the others as an fp32 copy. Two buffers take
+  // turns receiving (the block just received is the next one sent).
+  using storage = std::remove_cv_t<T>;
+  constexpr bool direct = std::is_same_v<storage, float>;
+  typename execution_type::template vector<float> one(static_cast<std::size_t>(largest * d)),
+      two(static_cast<std::size_t>(direct && size == 2 ? 0 : largest * d));
+  typename execution_type::template vector<storage> block(
+      std::is_same_v<storage, float> ? 0 : static_cast<std::size_t>(largest * d));
+  const float* sending = nullptr;
+  if constexpr (direct) {
+    sending = local.data;
+  } else {
+    block_to_float(ex, local, raw(two));
+    sending = raw(two);
+  }
+  float* receiving = raw(one);
+  float* spare = raw(two);
   for (int step = 1; step < size; ++step) {
     const int sent = (share.rank - step + 1 + size) % size, got = (share.rank - step + size) % size;
-    share.shift(raw(cur), rows_of(sent) * d, raw(next), rows_of(got) * d);
-    std::swap(cur, next);
     const index_t n = rows_of(got);
+    share.shift(sending, rows_of(sent) * d, receiving, n * d);
+    sending = receiving;
+    std::swap(receiving, spare);
     const T* view = nullptr;
-    if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
-      view = raw(cur);
+    if constexpr (std::is_same_v<storage, float>) {
+      view = sending;
     } else {
-      block_from_float(ex, raw(cur), n * d, raw(block));
+      block_from_float(ex, sending, n * d, raw(block));
       view = raw(block);
     }
     visit(matrix_view<const T>(view, n, d), share.bounds[static_cast<std::size_t>(got)]);
@@ -130,41 +158,41 @@ void exact_knn_ring_rows(const Ex& ex_in, matrix_view<const T> local, const knn_
   index_t largest = 0;
   for (std::size_t q = 0; q + 1 < share.bounds.size(); ++q)
     largest = std::max(largest, share.bounds[q + 1] - share.bounds[q]);
-  // This share's rows at their places in the whole build's query tiles [q_first, q_end), the rest
-  // zero: fp32, unit length under cosine.
+  // The whole build's query tiles [q_first, q_end) that hold this share's rows: one at a time, this
+  // share's rows at their places (fp32, unit length under cosine), the rest zero.
   const index_t q_first = first / tq * tq, q_end = std::min(n, (first + count + tq - 1) / tq * tq);
-  float_vector inv_own(static_cast<std::size_t>(cosine ? count : 0)),
-      query(static_cast<std::size_t>((q_end - q_first) * d), 0.f),
+  float_vector inv_own(static_cast<std::size_t>(cosine ? count : 0)), query(static_cast<std::size_t>(tq * d)),
       inv_block(static_cast<std::size_t>(cosine ? largest : 0)), scores(static_cast<std::size_t>(tq * tc)),
       class_scratch;
   typename execution_type::template vector<storage> class_tile_rows(static_cast<std::size_t>(tc * d));
   if (cosine) inverse_row_norms(ex, local, raw(inv_own));
-  widen_rows(ex, local, 0, count, cosine ? raw(inv_own) : static_cast<const float*>(nullptr),
-             raw(query) + (first - q_first) * d);
+  const float* own_scale = cosine ? raw(inv_own) : static_cast<const float*>(nullptr);
   basic_row_topk_state<typename execution_type::backend> best(count, k);
   float* s = raw(scores);
   storage* ct = raw(class_tile_rows);
   for_each_ring_block(ex, local, share, [&](matrix_view<const T> block, index_t b0) {
     const index_t b1 = b0 + block.rows;
     if (cosine) inverse_row_norms(ex, block, raw(inv_block));
-    for (index_t ca = b0 / tc * tc; ca < b1; ca += tc) {
-      const index_t cn_whole = std::min(tc, n - ca), c0 = std::max(ca, b0), cn = std::min(ca + tc, b1) - c0;
-      matrix_view<const T> classes(block.data + (c0 - b0) * d, cn, d);
-      if (cn != cn_whole) {  // cut by the block: padded to the whole build's tile
-        const storage zero = from_float<storage>(0.f);
-        thrust::fill(policy, class_tile_rows.begin(), class_tile_rows.begin() + cn_whole * d, zero);
-        thrust::copy(policy, classes.data, classes.data + cn * d, class_tile_rows.begin() + (c0 - ca) * d);
-        classes = matrix_view<const T>(ct, cn_whole, d);
-      }
-      for (index_t qa = q_first; qa < q_end; qa += tq) {
-        const index_t qn_whole = std::min(tq, n - qa);
-        const index_t r0 = std::max(qa, first), r1 = std::min(qa + tq, first + count);
-        dense_scores(ex, matrix_view<const float>(raw(query) + (qa - q_first) * d, qn_whole, d), classes,
-                     static_cast<const T*>(nullptr), 0, classes.rows, s, classes.rows, class_scratch);
+    for (index_t qa = q_first; qa < q_end; qa += tq) {
+      const index_t qn_whole = std::min(tq, n - qa);
+      const index_t r0 = std::max(qa, first), r1 = std::min(qa + tq, first + count);
+      if (r1 - r0 != qn_whole) thrust::fill(policy, query.begin(), query.begin() + qn_whole * d, 0.f);
+      widen_rows(ex, local, r0 - first, r1 - r0, own_scale, raw(query) + (r0 - qa) * d);
+      row_topk_rows rows = topk_rows_of(best, r0 - first);
+      for (index_t ca = b0 / tc * tc; ca < b1; ca += tc) {
+        const index_t cn_whole = std::min(tc, n - ca), c0 = std::max(ca, b0), cn = std::min(ca + tc, b1) - c0;
+        matrix_view<const T> classes(block.data + (c0 - b0) * d, cn, d);
+        if (cn != cn_whole) {  // cut by the block: padded to the whole build's tile
+          thrust::fill(policy, class_tile_rows.begin(), class_tile_rows.begin() + cn_whole * d,
+                       from_float<storage>(0.f));
+          thrust::copy(policy, classes.data, classes.data + cn * d, class_tile_rows.begin() + (c0 - ca) * d);
+          classes = matrix_view<const T>(ct, cn_whole, d);
+        }
+        dense_scores(ex, matrix_view<const float>(raw(query), qn_whole, d), classes, static_cast<const T*>(nullptr), 0,
+                     classes.rows, s, classes.rows, class_scratch);
         // The real part: rows [r0, r1) of the tile, columns [c0, c0 + cn).
         float* part = s + (r0 - qa) * classes.rows + (classes.rows == cn ? 0 : c0 - ca);
         if (cosine) scale_columns(ex, part, r1 - r0, cn, classes.rows, raw(inv_block) + (c0 - b0));
-        row_topk_rows rows = topk_rows_of(best, r0 - first);
         row_topk_update(ex, part, r1 - r0, cn, classes.rows, c0, rows);
       }
     }
