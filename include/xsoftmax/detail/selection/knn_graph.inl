@@ -65,42 +65,15 @@ namespace detail {
 /// The exact KNN rows of the classes [first, first + count) of `w` (all N when count < 0) against
 /// all N classes (count x k ids and similarities, in the execution's memory): tiles of `query_tile`
 /// classes scored against tiles of `class_tile` classes by the GEMM (scaled by both inverse norms
-/// under cosine), folded into a running top-k per class. A part of the rows is computed in the
-/// whole build's query tiles (the first and last tile whole, the rows outside dropped), so that
-/// every row's GEMM is the whole build's: the parts of a sharded build are bitwise the whole's.
+/// under cosine), folded into a running top-k per class (`exact_knn_rows_of_blocks` with `w` as its
+/// one block). A part's rows are scored in the whole build's query tiles (padded), so the parts of a
+/// sharded build are bitwise the whole's.
 template <class Ex, class T>
-void exact_knn_rows(const Ex& ex_in, matrix_view<const T> w, index_t k, bool cosine, index_t query_tile,
+void exact_knn_rows(const Ex& ex, matrix_view<const T> w, index_t k, bool cosine, index_t query_tile,
                     index_t class_tile, index_t* ids, float* sims, index_t first = 0, index_t count = -1) {
-  const auto& ex = as_execution(ex_in);
-  using execution_type = std::decay_t<decltype(ex)>;
-  using float_vector = typename execution_type::template vector<float>;
-  const auto policy = ex.policy();
-  const index_t n = w.rows, d = w.cols, last = count < 0 ? n : first + count;
-  if (count == 0) return;  // no rows (a rank with no class): not even one query tile to score
-  const index_t tq = std::min(query_tile, n), tc = std::min(class_tile, n);
-  float_vector inv_norm(static_cast<std::size_t>(cosine ? n : 0)), query(static_cast<std::size_t>(tq * d)),
-      scores(static_cast<std::size_t>(tq * tc)), class_scratch;
-  const float* inv = cosine ? raw(inv_norm) : nullptr;
-  if (cosine) inverse_row_norms(ex, w, raw(inv_norm));
-  float* q = raw(query);
-  float* s = raw(scores);
-  basic_row_topk_state<typename execution_type::backend> best(tq, k);
-  for (index_t q0 = first / tq * tq; q0 < last; q0 += tq) {
-    const index_t qn = std::min(tq, n - q0);
-    widen_rows(ex, w, q0, qn, inv, q);  // the query tile as dense fp32 rows, unit length under cosine
-    thrust::fill(policy, best.size.begin(), best.size.end(), index_t(0));
-    for (index_t c0 = 0; c0 < n; c0 += tc) {
-      const index_t cn = std::min(tc, n - c0);
-      dense_scores(ex, matrix_view<const float>(q, qn, d), w, static_cast<const T*>(nullptr), c0, cn, s, cn,
-                   class_scratch);
-      if (inv) scale_columns(ex, s, qn, cn, cn, inv + c0);
-      row_topk_update(ex, s, qn, cn, cn, c0, best);
-    }
-    row_topk_finish(ex, qn, best);
-    const index_t r0 = std::max(q0, first), r1 = std::min(q0 + qn, last);  // the tile's rows kept
-    thrust::copy(policy, best.index.begin() + (r0 - q0) * k, best.index.begin() + (r1 - q0) * k, ids + (r0 - first) * k);
-    thrust::copy(policy, best.score.begin() + (r0 - q0) * k, best.score.begin() + (r1 - q0) * k, sims + (r0 - first) * k);
-  }
+  const index_t n = w.rows, last = count < 0 ? n : first + count;
+  exact_knn_rows_of_blocks(ex, matrix_view<const T>(w.row(first), last - first, w.cols, w.stride), first, n, n, k,
+                           cosine, query_tile, class_tile, ids, sims, [&](auto visit) { visit(w, index_t(0)); });
 }
 
 /// The IVF list probes: each list's own list first, then the nprobe - 1 lists whose centroids

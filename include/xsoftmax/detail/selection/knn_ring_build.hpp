@@ -8,9 +8,8 @@
 /// own row. Memory per process: its own rows (widened to fp32), the running top-k of its rows and
 /// two visiting blocks, O(N/S x d + N/S x K); never the N x d matrix nor the N x K graph.
 ///
-/// The result equals the unsharded exact build's rows (`exact_knn_rows`): the same query tiles and
-/// class tiles, cut at the block and share boundaries (each score is the same dot product), and
-/// the top-k breaks ties by class id, so the order in which blocks arrive does not matter.
+/// The result equals the unsharded exact build's rows bitwise: both are `exact_knn_rows_of_blocks`
+/// (one block, or the blocks of the ring), whose GEMMs are the whole build's whatever the blocks.
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
@@ -136,57 +135,59 @@ auto ring_gather_weights(const Ex& ex_in, matrix_view<const T> local, const knn_
   return all;
 }
 
-/// The exact KNN rows (share.count x k ids and similarities, in the execution's memory) of this
-/// process's classes [share.first, share.first + share.count), whose weights are `local`, against
-/// all N = share.bounds.back() classes, through the ring (see the file comment).
+/// The exact KNN rows (own.rows x k ids and similarities, in the execution's memory) of the classes
+/// [first, first + own.rows), whose weights are `own`, against all `n` classes, which
+/// `for_each_block(visit)` hands over as blocks: `visit(block, first_class)` for blocks (of at most
+/// `largest` rows) that together cover [0, n) once. One algorithm for the whole build (one block),
+/// a part of it, and the ring.
 ///
-/// Every GEMM is one of the whole build's (`exact_knn_rows`), of the same shape with each row and
-/// column at the same position: a query tile cut by this share, or a class tile cut by a visiting
-/// block, is padded with zero rows to the whole build's tile, and only the real part is offered to
-/// the top-k. So every similarity is bitwise the whole build's whatever the GEMM's blocking.
-template <class Ex, class T>
-void exact_knn_ring_rows(const Ex& ex_in, matrix_view<const T> local, const knn_build_share& share, index_t k,
-                         bool cosine, index_t query_tile, index_t class_tile, index_t* ids, float* sims) {
+/// Every GEMM is one of the whole build's, of the same shape with each row and column at the same
+/// place: tiles of `query_tile` x `class_tile` classes at multiples of the tile sizes; a query tile
+/// cut by [first, first + own.rows), or a class tile cut by a block, is padded with zero rows to the
+/// whole build's tile and only its real part is offered to the top-k. So every similarity is
+/// bitwise the whole build's whatever the GEMM's blocking, and the top-k (ties broken by class id)
+/// does not depend on the order of the blocks.
+template <class Ex, class T, class ForEachBlock>
+void exact_knn_rows_of_blocks(const Ex& ex_in, matrix_view<const T> own, index_t first, index_t n, index_t largest,
+                              index_t k, bool cosine, index_t query_tile, index_t class_tile, index_t* ids,
+                              float* sims, ForEachBlock for_each_block) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   using float_vector = typename execution_type::template vector<float>;
   using storage = std::remove_cv_t<T>;
   const auto policy = ex.policy();
-  const index_t n = share.bounds.back(), d = local.cols, first = share.first, count = local.rows;
-  if (count == 0) return;
+  const index_t d = own.cols, count = own.rows;
+  if (count == 0) return;  // no rows (a rank with no class): not even one query tile to score
   const index_t tq = std::min(query_tile, n), tc = std::min(class_tile, n);
-  index_t largest = 0;
-  for (std::size_t q = 0; q + 1 < share.bounds.size(); ++q)
-    largest = std::max(largest, share.bounds[q + 1] - share.bounds[q]);
-  // The whole build's query tiles [q_first, q_end) that hold this share's rows: one at a time, this
-  // share's rows at their places (fp32, unit length under cosine), the rest zero.
+  // The whole build's query tiles [q_first, q_end) that hold the rows: one at a time, the rows at
+  // their places (fp32, unit length under cosine), the rest zero.
   const index_t q_first = first / tq * tq, q_end = std::min(n, (first + count + tq - 1) / tq * tq);
   float_vector inv_own(static_cast<std::size_t>(cosine ? count : 0)), query(static_cast<std::size_t>(tq * d)),
       inv_block(static_cast<std::size_t>(cosine ? largest : 0)), scores(static_cast<std::size_t>(tq * tc)),
       class_scratch;
-  typename execution_type::template vector<storage> class_tile_rows(static_cast<std::size_t>(tc * d));
-  if (cosine) inverse_row_norms(ex, local, raw(inv_own));
+  typename execution_type::template vector<storage> class_tile_rows;
+  if (cosine) inverse_row_norms(ex, own, raw(inv_own));
   const float* own_scale = cosine ? raw(inv_own) : static_cast<const float*>(nullptr);
   basic_row_topk_state<typename execution_type::backend> best(count, k);
   float* s = raw(scores);
-  storage* ct = raw(class_tile_rows);
-  for_each_ring_block(ex, local, share, [&](matrix_view<const T> block, index_t b0) {
+  for_each_block([&](matrix_view<const T> block, index_t b0) {
     const index_t b1 = b0 + block.rows;
     if (cosine) inverse_row_norms(ex, block, raw(inv_block));
     for (index_t qa = q_first; qa < q_end; qa += tq) {
       const index_t qn_whole = std::min(tq, n - qa);
       const index_t r0 = std::max(qa, first), r1 = std::min(qa + tq, first + count);
       if (r1 - r0 != qn_whole) thrust::fill(policy, query.begin(), query.begin() + qn_whole * d, 0.f);
-      widen_rows(ex, local, r0 - first, r1 - r0, own_scale, raw(query) + (r0 - qa) * d);
+      widen_rows(ex, own, r0 - first, r1 - r0, own_scale, raw(query) + (r0 - qa) * d);
       row_topk_rows rows = topk_rows_of(best, r0 - first);
       for (index_t ca = b0 / tc * tc; ca < b1; ca += tc) {
         const index_t cn_whole = std::min(tc, n - ca), c0 = std::max(ca, b0), cn = std::min(ca + tc, b1) - c0;
-        matrix_view<const T> classes(block.data + (c0 - b0) * d, cn, d);
+        matrix_view<const T> classes(block.row(c0 - b0), cn, d, block.stride);
         if (cn != cn_whole) {  // cut by the block: padded to the whole build's tile
+          class_tile_rows.resize(static_cast<std::size_t>(tc * d));
           thrust::fill(policy, class_tile_rows.begin(), class_tile_rows.begin() + cn_whole * d,
                        from_float<storage>(0.f));
-          thrust::copy(policy, classes.data, classes.data + cn * d, class_tile_rows.begin() + (c0 - ca) * d);
-          classes = matrix_view<const T>(ct, cn_whole, d);
+          dense_copy(ex, classes, raw(class_tile_rows) + (c0 - ca) * d);
+          classes = matrix_view<const T>(raw(class_tile_rows), cn_whole, d);
         }
         dense_scores(ex, matrix_view<const float>(raw(query), qn_whole, d), classes, static_cast<const T*>(nullptr), 0,
                      classes.rows, s, classes.rows, class_scratch);
@@ -200,6 +201,19 @@ void exact_knn_ring_rows(const Ex& ex_in, matrix_view<const T> local, const knn_
   row_topk_finish(ex, count, best);
   thrust::copy(policy, best.index.begin(), best.index.end(), ids);
   thrust::copy(policy, best.score.begin(), best.score.end(), sims);
+}
+
+/// The exact KNN rows (share.count x k ids and similarities, in the execution's memory) of this
+/// process's classes [share.first, share.first + share.count), whose weights are `local`, against
+/// all N = share.bounds.back() classes, the blocks visiting round the ring.
+template <class Ex, class T>
+void exact_knn_ring_rows(const Ex& ex, matrix_view<const T> local, const knn_build_share& share, index_t k,
+                         bool cosine, index_t query_tile, index_t class_tile, index_t* ids, float* sims) {
+  index_t largest = 0;
+  for (std::size_t q = 0; q + 1 < share.bounds.size(); ++q)
+    largest = std::max(largest, share.bounds[q + 1] - share.bounds[q]);
+  exact_knn_rows_of_blocks(ex, local, share.first, share.bounds.back(), largest, k, cosine, query_tile, class_tile,
+                           ids, sims, [&](auto visit) { for_each_ring_block(ex, local, share, visit); });
 }
 
 }  // namespace xsoftmax::detail
