@@ -27,22 +27,23 @@
 
 namespace xsoftmax::detail {
 
-/// A pointer posing as a vector (`.data()`): for a view of some rows of a `basic_row_topk_state`.
+/// A pointer posing as a vector (`.data()`), for `row_topk_rows`.
 template <class T>
 struct raw_span {
   T* p;
   T* data() const { return p; }
 };
-/// Rows [first, first + n) of a top-k state, as a state `row_topk_update` works on.
+/// A top-k state (as `basic_row_topk_state`, which `row_topk_update` and `row_topk_finish` take)
+/// over caller arrays: row r's heap is score / index [r * k, r * k + size[r]).
 struct row_topk_rows {
   index_t k;
   raw_span<float> score;
   raw_span<index_t> index;
   raw_span<index_t> size;
 };
-template <class State>
-row_topk_rows topk_rows_of(State& st, index_t first) {
-  return {st.k, {raw(st.score) + first * st.k}, {raw(st.index) + first * st.k}, {raw(st.size) + first}};
+/// The rows from `first` on of `st`.
+inline row_topk_rows topk_rows_of(const row_topk_rows& st, index_t first) {
+  return {st.k, {st.score.p + first * st.k}, {st.index.p + first * st.k}, {st.size.p + first}};
 }
 
 /// out (rows x d fp32) = `w` widened (the ring's transport type).
@@ -168,7 +169,9 @@ void exact_knn_rows_of_blocks(const Ex& ex_in, matrix_view<const T> own, index_t
   typename execution_type::template vector<storage> class_tile_rows;
   if (cosine) inverse_row_norms(ex, own, raw(inv_own));
   const float* own_scale = cosine ? raw(inv_own) : static_cast<const float*>(nullptr);
-  basic_row_topk_state<typename execution_type::backend> best(count, k);
+  // The running top-k lives in the result arrays (a heap per row until the rows are finished).
+  typename execution_type::template vector<index_t> kept(static_cast<std::size_t>(count), 0);
+  const row_topk_rows best{k, {sims}, {ids}, {raw(kept)}};
   float* s = raw(scores);
   for_each_block([&](matrix_view<const T> block, index_t b0) {
     const index_t b1 = b0 + block.rows;
@@ -198,9 +201,8 @@ void exact_knn_rows_of_blocks(const Ex& ex_in, matrix_view<const T> own, index_t
       }
     }
   });
-  row_topk_finish(ex, count, best);
-  thrust::copy(policy, best.index.begin(), best.index.end(), ids);
-  thrust::copy(policy, best.score.begin(), best.score.end(), sims);
+  row_topk_rows rows = best;
+  row_topk_finish(ex, count, rows);
 }
 
 /// The exact KNN rows (share.count x k ids and similarities, in the execution's memory) of this
