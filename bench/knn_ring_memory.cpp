@@ -9,7 +9,8 @@
 // Rank 0 prints one line: the mode, S, the bytes received by the busiest rank during the
 // construction (the build) and during one forward (the selection), the graph bytes held per rank,
 // and the largest rise of VmHWM (peak resident memory, /proc/self/status) over the ranks across
-// the construction. Run each mode in its own process (VmHWM only grows).
+// the construction. Run each mode in its own process (VmHWM only grows). Built with
+// -DKNN_RING_MEMORY_BASELINE, it runs the gather mode only (against older headers: the baseline).
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 
 #include <xsoftmax/knn_softmax.hpp>
@@ -55,11 +56,13 @@ struct counting {
     for (int q = 0; q < size(); ++q) received += q == rank() ? 0 : static_cast<long long>(sizeof(T)) * rc[q];
     c.all_to_all(send, sc, recv, rc);
   }
+#ifndef KNN_RING_MEMORY_BASELINE
   template <class T, bool R = Ring, class = std::enable_if_t<R>>
   void shift(const T* send, index_t send_count, T* recv, index_t recv_count) {
     if (size() > 1) received += static_cast<long long>(sizeof(T)) * recv_count;
     c.shift(send, send_count, recv, recv_count);
   }
+#endif
 };
 
 long long vm_hwm_kib() {
@@ -73,7 +76,9 @@ long long vm_hwm_kib() {
 template <bool Ring>
 void run(index_t classes, index_t dim, index_t k, index_t rows) {
   using sharding = xs::class_sharding<counting<Ring>>;
+#ifndef KNN_RING_MEMORY_BASELINE  // defined to build the gather mode against headers without the ring
   static_assert(xs::detail::has_shift<counting<Ring>, float> == Ring);
+#endif
   sharding sh(counting<Ring>{xs::mpi_communicator(MPI_COMM_WORLD)}, classes);
   xs::knn_options o;
   o.graph.k = k;
@@ -122,8 +127,12 @@ int main(int argc, char** argv) {
   const index_t rows = argc > 5 ? std::atoll(argv[5]) : 256;
   int status = 0;
   try {
+#ifndef KNN_RING_MEMORY_BASELINE
     if (ring) run<true>(classes, dim, k, rows);
-    else run<false>(classes, dim, k, rows);
+    else
+#endif
+      run<false>(classes, dim, k, rows);
+    (void)ring;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "knn_ring_memory: %s\n", e.what());
     status = 1;
