@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
                   "(%.1f MB of graph rows on rank 0), built in %.2f s\n",
                   static_cast<long long>(classes), static_cast<long long>(dim), ranks,
                   static_cast<long long>(head.local_classes()), static_cast<long long>(rows),
-                  static_cast<long long>(options.graph.k), 12e-6 * static_cast<double>(head.graph().held_rows() * options.graph.k),
+                  static_cast<long long>(options.graph.k),
+                  12e-6 * static_cast<double>(head.graph().held_rows() * options.graph.k),
                   build_s);
 
     // Synthetic batch: 1000 classes in use, each row its class's centre plus noise.

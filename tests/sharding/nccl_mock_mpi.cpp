@@ -113,7 +113,7 @@ TEST_CASE("nccl_communicator (mock transport): the ring step equals mpi_communic
   static_assert(xs::detail::has_shift<xs::nccl_communicator, float>);
 }
 
-TEST_CASE("knn_softmax over class_sharding<nccl_communicator> (mock transport): its graph rows and loss are the MPI head's") {
+TEST_CASE("knn_softmax over class_sharding<nccl_communicator> (mock transport): graph rows and loss as MPI's") {
   constexpr index_t classes = 211, dim = 8;
   xs::mpi_communicator mpi;
   std::mt19937 g(5);
@@ -124,7 +124,8 @@ TEST_CASE("knn_softmax over class_sharding<nccl_communicator> (mock transport): 
   std::vector<float> h(static_cast<std::size_t>(rows * dim));
   for (auto& x : h) x = nd(g);
   std::vector<index_t> t(static_cast<std::size_t>(rows));
-  for (index_t i = 0; i < rows; ++i) t[static_cast<std::size_t>(i)] = static_cast<index_t>((37 * i + 101 * mpi.rank()) % classes);
+  for (index_t i = 0; i < rows; ++i)
+    t[static_cast<std::size_t>(i)] = static_cast<index_t>((37 * i + 101 * mpi.rank()) % classes);
   using by_nccl = xs::class_sharding<xs::nccl_communicator>;
   using by_mpi = xs::class_sharding<xs::mpi_communicator>;
   const by_nccl sn(mock_nccl(), classes);

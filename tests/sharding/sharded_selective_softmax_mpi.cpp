@@ -376,7 +376,9 @@ struct no_shift_communicator {
   template <class T>
   void all_reduce(T* data, index_t n, xs::reduce_op op) { c.all_reduce(data, n, op); }
   template <class T>
-  void all_gather(const T* send, index_t count, T* recv, const index_t* counts) { c.all_gather(send, count, recv, counts); }
+  void all_gather(const T* send, index_t count, T* recv, const index_t* counts) {
+    c.all_gather(send, count, recv, counts);
+  }
   template <class T>
   void reduce_scatter(const T* send, T* recv, const index_t* counts) { c.reduce_scatter(send, recv, counts); }
   template <class T>
@@ -393,7 +395,9 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
   ko.graph.class_tile = 100;  // class tiles cut by the blocks visiting round the ring
   ko.rebuild_every = 1;  // next_step rebuilds: round the ring again
   SUBCASE("exact, ring: each rank keeps its own graph rows") { compare_knn<B, xs::mpi_communicator>(f, ko, true); }
-  SUBCASE("exact, no ring step: the gathered weights and graph") { compare_knn<B, no_shift_communicator>(f, ko, false); }
+  SUBCASE("exact, no ring step: the gathered weights and graph") {
+    compare_knn<B, no_shift_communicator>(f, ko, false);
+  }
   SUBCASE("ivf, ring: the weights gathered round the ring, the whole graph") {
     ko.graph.method = xs::knn_build_method::ivf;
     ko.graph.ivf.num_lists = 8;

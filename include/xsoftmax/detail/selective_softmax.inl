@@ -107,7 +107,8 @@ void selective_softmax<S, P, B, Sh>::next_step() {
 template <class S, class P, class B, class Sh>
 template <class F>
 void selective_softmax<S, P, B, Sh>::with_all_weights_(F f) const {
-  if constexpr (sharded && detail::has_ring<Sh> && detail::has_shared_build<S, detail::execution<B>, storage_type>::value) {
+  if constexpr (sharded && detail::has_ring<Sh> &&
+                detail::has_shared_build<S, detail::execution<B>, storage_type>::value) {
     // A selector that builds in shares goes round the ring from the local rows (no gathered matrix).
     const detail::execution<B> ex{resources_};
     const knn_build_share share = detail::graph_ring_share(ex, sharding_);

@@ -225,7 +225,8 @@ class nccl_communicator {
       return;
     }
     check(ncclGroupStart(), "ncclGroupStart");
-    if (send_count > 0) check(ncclSend(send, count(send_count), type<T>(), (rank_ + 1) % size_, comm_, stream_), "ncclSend");
+    if (send_count > 0)
+      check(ncclSend(send, count(send_count), type<T>(), (rank_ + 1) % size_, comm_, stream_), "ncclSend");
     if (recv_count > 0)
       check(ncclRecv(recv, count(recv_count), type<T>(), (rank_ + size_ - 1) % size_, comm_, stream_), "ncclRecv");
     check(ncclGroupEnd(), "ncclGroupEnd");
