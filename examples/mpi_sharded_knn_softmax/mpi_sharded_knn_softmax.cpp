@@ -5,9 +5,10 @@
 //                                                         [steps=20] [graph_k=32]
 //
 // Each rank holds classes/ranks classes and its own batch of rows (synthetic: each row its class's
-// centre plus noise). The KNN graph over every class is built on every rank from the weights
-// all-gathered at construction (and again every `rebuild_every` steps); each step all-gathers the
-// rows, selects the targets' neighbours (the same active set on every rank), scores the active
+// centre plus noise). The exact KNN graph is built round a ring at construction (and again every
+// `rebuild_every` steps): each rank's weight block passes every rank, and each rank keeps the graph
+// rows of its own classes only; each step all-gathers the rows, gathers the targets' neighbour rows
+// from their owners (the same active set on every rank), scores the active
 // classes of the local range, combines the row statistics over the ranks, reduce-scatters
 // grad_hidden and applies SGD to the local active rows. Rank 0 prints the loss, the size of the
 // active set, the local gradient rows and the step time. Built when CMake finds MPI.
@@ -43,10 +44,11 @@ int main(int argc, char** argv) {
     const int rank = sh.rank(), ranks = sh.size();
     if (rank == 0)
       std::printf("%lld classes x %lld dims over %d ranks (%lld classes each), %lld rows per rank; graph k = %lld "
-                  "(%.1f MB per rank), built in %.2f s\n",
+                  "(%.1f MB of graph rows on rank 0), built in %.2f s\n",
                   static_cast<long long>(classes), static_cast<long long>(dim), ranks,
                   static_cast<long long>(head.local_classes()), static_cast<long long>(rows),
-                  static_cast<long long>(options.graph.k), 8e-6 * static_cast<double>(classes * options.graph.k),
+                  static_cast<long long>(options.graph.k),
+                  12e-6 * static_cast<double>(head.graph().held_rows() * options.graph.k),
                   build_s);
 
     // Synthetic batch: 1000 classes in use, each row its class's centre plus noise.
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       const float loss = head.forward_backward(h, t, xs::matrix_view<float>(grad_hidden.data(), rows, dim), grad);
       head.apply_sgd(grad, 1.f);
-      head.next_step();  // collective: every rebuild_every steps, gathers the weights and rebuilds the graph
+      head.next_step();  // collective: every rebuild_every steps, rebuilds the graph round the ring
       MPI_Barrier(MPI_COMM_WORLD);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (s % 5 == 0 || s == steps - 1) {

@@ -21,15 +21,23 @@ namespace xsoftmax {
 /// Throws as `selective_softmax` and `knn_selector`; the constructors throw `invalid_argument`
 /// naming the value when graph k is outside [1, num_classes].
 ///
-/// \tparam Sharding `no_sharding` or `class_sharding<Communicator>` (see `selective_softmax`). Sharded,
-///                  every rank holds the whole graph (N x K ids and similarities: 12 N K bytes per
-///                  rank, 1.2 GB for N = 10M, K = 10). At construction, `rebuild_graph()` and each
-///                  scheduled rebuild the whole weight matrix is all-gathered (transiently
-///                  N x dim x (4 + sizeof(storage)) bytes per rank); with the exact method each rank
-///                  finds the neighbours of its own classes (1/S of the O(N^2 d) work) and the rows
-///                  are all-gathered; with the IVF method every rank builds the whole graph. A
-///                  graph built elsewhere can be given instead: `selective_softmax<knn_selector, P,
-///                  B, class_sharding<C>>` with `knn_selector(graph, options)`.
+/// \tparam Sharding `no_sharding` or `class_sharding<Communicator>` (see `selective_softmax`).
+///                  Sharded over a communicator with the ring step `shift` (MPI, NCCL, solo; see
+///                  class_sharding.hpp), the exact graph is built round a ring: each rank scores its
+///                  own classes against every rank's weight block as the blocks pass (S - 1 steps of
+///                  one block to the next rank; each rank receives (N - N/S) x dim floats in all) and
+///                  keeps only its own classes' graph rows (`graph().held_rows()` = local_classes():
+///                  12 K bytes per local class; never the N x dim matrix nor the N x K graph). Each
+///                  selection then gathers its targets' neighbour rows from their owners (one
+///                  all-gather of rows x neighbors_used ids). The result is bitwise the unsharded
+///                  graph (same neighbours, same order and similarities). The IVF method gathers the
+///                  whole weight matrix round the ring (transiently N x dim x (4 + sizeof(storage))
+///                  bytes per rank) and every rank builds and holds the whole graph, as before.
+///                  Without `shift` (the PyTorch package's communicator) the weights are all-gathered
+///                  (N x dim per rank, transiently), each rank finds its own classes' rows, and the
+///                  whole graph is all-gathered to every rank (12 N K bytes per rank). A graph built
+///                  elsewhere can be given instead: `selective_softmax<knn_selector, P, B,
+///                  class_sharding<C>>` with `knn_selector(graph, options)` (the whole graph).
 template <class Precision = fp32, class Backend = serial, class Sharding = no_sharding>
 class knn_softmax : public selective_softmax<knn_selector, Precision, Backend, Sharding> {
   using base = selective_softmax<knn_selector, Precision, Backend, Sharding>;
@@ -53,7 +61,7 @@ class knn_softmax : public selective_softmax<knn_selector, Precision, Backend, S
   }
 
   /// Sharded (collective): owns this rank's local weights, initialised per `init` with seed
-  /// `init.seed + rank`, and builds the graph of every class.
+  /// `init.seed + rank`, and builds the graph (its own classes' rows, or every row; see above).
   knn_softmax(Sharding sharding, index_t dim, knn_options options = {}, bool with_bias = false,
               init_options init = {}, backend_resources<Backend> resources = {})
       : base(knn_selector(options), std::move(sharding), dim, with_bias, init, resources), resources_(resources) {
@@ -61,14 +69,14 @@ class knn_softmax : public selective_softmax<knn_selector, Precision, Backend, S
   }
 
   /// Sharded (collective): attaches to this rank's `local_weights` (local_classes() x dim) and
-  /// `local_bias`, and builds the graph of every class.
+  /// `local_bias`, and builds the graph (its own classes' rows, or every row; see above).
   knn_softmax(Sharding sharding, matrix_view<storage_type> local_weights, knn_options options = {},
               storage_type* local_bias = nullptr, backend_resources<Backend> resources = {})
       : base(knn_selector(options), std::move(sharding), local_weights, local_bias, resources), resources_(resources) {
     rebuild_graph();
   }
 
-  /// The current graph.
+  /// The current graph (sharded through the ring: this rank's classes' rows only).
   [[nodiscard]] const knn_graph& graph() const { return this->selector().graph(); }
 
   /// Rebuilds the graph from the current weights now (into the same buffers). Sharded: collective.

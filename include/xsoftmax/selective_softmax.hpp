@@ -61,7 +61,8 @@ namespace xsoftmax {
 ///                   rank's reduced loss; `apply_sgd` updates the local rows. `topk` and `log_prob`
 ///                   (over the active set, as unsharded) work sharded; `log_distribution` throws
 ///                   `invalid_argument` as the sharded `full_softmax` does. `next_step` of a selector
-///                   whose step reads the weights gathers the whole matrix (N x dim, transiently)
+///                   whose step reads the weights gathers the whole matrix (N x dim, transiently; the KNN
+///                   selector's exact build goes round a ring instead: see `knn_softmax`)
 ///                   for that step, unless its `next_step_rebuilds()` says the step does not read
 ///                   them (the KNN selector: only its scheduled rebuilds gather); see `knn_softmax`.
 ///
@@ -153,9 +154,10 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
 
  protected:
   /// Calls `f(matrix_view<const storage_type>, const knn_build_share*)` with every class's weights:
-  /// the head's own unsharded (and a null share); sharded, the whole matrix gathered from the ranks
-  /// (collective; N x dim x (4 + sizeof(storage)) bytes on every rank while `f` runs) and this
-  /// rank's share of a graph build.
+  /// the head's own unsharded (and a null share); sharded, this rank's share of a graph build with
+  /// the local rows when the communicator has the ring step and the selector builds in shares (see
+  /// `knn_build_share`), else the whole matrix gathered from the ranks (collective; N x dim x
+  /// (4 + sizeof(storage)) bytes on every rank while `f` runs) and the gathered-weights share.
   template <class F>
   void with_all_weights_(F f) const;
 

@@ -11,6 +11,7 @@
 #include "nccl_mock.hpp"
 
 #include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/knn_softmax.hpp>
 #include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
 
 #include <doctest/doctest.h>
@@ -93,6 +94,55 @@ TEST_CASE("nccl_communicator (mock transport): all_to_all with unequal counts eq
       CHECK(a[static_cast<std::size_t>(at + e)] == 1000.0 * q + static_cast<double>(offset + e));
     at += rc[static_cast<std::size_t>(q)];
   }
+}
+
+TEST_CASE("nccl_communicator (mock transport): the ring step equals mpi_communicator's") {
+  xs::nccl_communicator nccl = mock_nccl();
+  xs::mpi_communicator mpi;
+  const int rank = mpi.rank(), size = mpi.size();
+  // Rank q sends 2q + 1 elements to q + 1 and receives its predecessor's.
+  const index_t mine = 2 * rank + 1, theirs = 2 * ((rank + size - 1) % size) + 1;
+  std::vector<float> send(static_cast<std::size_t>(mine));
+  for (index_t i = 0; i < mine; ++i) send[static_cast<std::size_t>(i)] = 100.f * rank + static_cast<float>(i);
+  std::vector<float> a(static_cast<std::size_t>(theirs) + 1, -1.f), b(a);
+  nccl.shift(send.data(), mine, a.data(), theirs);
+  mpi.shift(send.data(), mine, b.data(), theirs);
+  CHECK(a == b);
+  CHECK(a[0] == 100.f * static_cast<float>((rank + size - 1) % size));
+  CHECK(a.back() == -1.f);  // nothing past the received block
+  static_assert(xs::detail::has_shift<xs::nccl_communicator, float>);
+}
+
+TEST_CASE("knn_softmax over class_sharding<nccl_communicator> (mock transport): graph rows and loss as MPI's") {
+  constexpr index_t classes = 211, dim = 8;
+  xs::mpi_communicator mpi;
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 0.6f);
+  std::vector<float> w(static_cast<std::size_t>(classes * dim));
+  for (auto& x : w) x = nd(g);
+  const index_t rows = 4 + mpi.rank();
+  std::vector<float> h(static_cast<std::size_t>(rows * dim));
+  for (auto& x : h) x = nd(g);
+  std::vector<index_t> t(static_cast<std::size_t>(rows));
+  for (index_t i = 0; i < rows; ++i)
+    t[static_cast<std::size_t>(i)] = static_cast<index_t>((37 * i + 101 * mpi.rank()) % classes);
+  using by_nccl = xs::class_sharding<xs::nccl_communicator>;
+  using by_mpi = xs::class_sharding<xs::mpi_communicator>;
+  const by_nccl sn(mock_nccl(), classes);
+  const by_mpi sm(mpi, classes);
+  const xs::matrix_view<float> wl(w.data() + sn.class_begin() * dim, sn.local_classes(), dim);
+  xs::knn_options o;
+  o.graph.k = 5;
+  o.graph.query_tile = 16;
+  o.graph.class_tile = 40;
+  const xs::knn_softmax<xs::fp32, xs::serial, by_nccl> hn(sn, wl, o);
+  const xs::knn_softmax<xs::fp32, xs::serial, by_mpi> hm(sm, wl, o);
+  CHECK(hn.graph().held_rows() == sn.local_classes());
+  CHECK(hn.graph().ids() == hm.graph().ids());
+  CHECK(hn.graph().similarities() == hm.graph().similarities());
+  const xs::matrix_view<const float> hv(h.data(), rows, dim);
+  const xs::vector_view<const index_t> tv(t.data(), rows);
+  CHECK(hn.forward(hv, tv) == doctest::Approx(hm.forward(hv, tv)).epsilon(1e-6));
 }
 
 TEST_CASE("class_sharding<nccl_communicator> (mock transport) equals class_sharding<mpi_communicator>") {

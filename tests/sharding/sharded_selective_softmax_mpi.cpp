@@ -318,23 +318,39 @@ TEST_CASE_TEMPLATE("sharded selective softmax, sampled negatives, equals the uns
   }
 }
 
-TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::serial, xs::omp) {
-  fixture<B> f;
-  xs::knn_options ko;
-  ko.graph.k = 6;
-  ko.graph.query_tile = 64;  // several query tiles, most cut by a rank's range
-  ko.rebuild_every = 1;  // next_step rebuilds: the gathered weights again
+/// The sharded head's graph against the unsharded one: through the ring (`ring`), each rank holds
+/// the rows of its own classes only (its share of the graph memory), bitwise the unsharded rows;
+/// otherwise (a communicator without `shift`, or the IVF method) every rank holds the whole graph.
+template <class Head, class Ref>
+void check_graph(const Head& head, const Ref& ref, bool ring) {
+  const xs::knn_graph& g = head.graph();
+  const xs::knn_graph& r = ref.graph();
+  REQUIRE(g.k() == r.k());
+  CHECK(g.num_classes() == r.num_classes());
+  const index_t first = ring ? head.class_begin() : 0, held = ring ? head.local_classes() : classes, k = g.k();
+  CHECK(g.first_row() == first);
+  CHECK(g.held_rows() == held);
+  CHECK(g.ids().size() == static_cast<std::size_t>(held * k));  // the memory held: this share's rows
+  CHECK(g.similarities().size() == static_cast<std::size_t>(held * k));
+  CHECK(g.ids() == std::vector<index_t>(r.ids().begin() + first * k, r.ids().begin() + (first + held) * k));
+  CHECK(g.similarities() ==
+        std::vector<float>(r.similarities().begin() + first * k, r.similarities().begin() + (first + held) * k));
+  if (held > 0) CHECK(std::equal(g.neighbors(first + held - 1), g.neighbors(first + held - 1) + k,
+                                 r.neighbors(first + held - 1)));
+}
+
+/// The sharded KNN head against the unsharded one over two steps (each rebuilding the graph).
+template <class B, class Comm>
+void compare_knn(fixture<B>& f, const xs::knn_options& ko, bool ring) {
+  using sh_t = xs::class_sharding<Comm>;
   for (const auto layout : layouts) {
     const std::vector<batch> all = batches_of(layout, f.size);
-    sharding sh(f.comm, classes, layout);
+    sh_t sh(Comm(f.comm), classes, layout);
     const index_t begin = sh.class_begin();
     xs::knn_softmax<xs::fp32, B> ref(xs::matrix_view<float>(f.full.w.data(), classes, dim), ko, f.full.b.data());
-    xs::knn_softmax<xs::fp32, B, sharding> head(
+    xs::knn_softmax<xs::fp32, B, sh_t> head(
         sh, xs::matrix_view<float>(f.full.w.data() + begin * dim, sh.local_classes(), dim), ko, f.full.b.data() + begin);
-    // The whole graph on every rank, each rank's rows found by it from the gathered weights and
-    // all-gathered: bitwise the unsharded head's.
-    CHECK(head.graph().ids() == ref.graph().ids());
-    CHECK(head.graph().similarities() == ref.graph().similarities());
+    check_graph(head, ref, ring);
     for (int step = 0; step < 2; ++step) {
       for (const xs::loss_options& o : option_sets()) {
         CAPTURE(static_cast<int>(layout));
@@ -344,10 +360,70 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
       head.next_step();
       ref.next_step();
       CHECK(head.graph().builds() == ref.graph().builds());
-      CHECK(head.graph().ids() == ref.graph().ids());
-      CHECK(head.graph().similarities() == ref.graph().similarities());
+      check_graph(head, ref, ring);
     }
     compare_prediction(head, ref, all, f.own(layout));
+  }
+}
+
+/// `mpi_communicator` without its ring step (as the PyTorch package's communicator): the sharded
+/// KNN head falls back to gathering the weights and the whole graph.
+struct no_shift_communicator {
+  xs::mpi_communicator c;
+  explicit no_shift_communicator(xs::mpi_communicator comm) : c(comm) {}
+  [[nodiscard]] int rank() const { return c.rank(); }
+  [[nodiscard]] int size() const { return c.size(); }
+  template <class T>
+  void all_reduce(T* data, index_t n, xs::reduce_op op) { c.all_reduce(data, n, op); }
+  template <class T>
+  void all_gather(const T* send, index_t count, T* recv, const index_t* counts) {
+    c.all_gather(send, count, recv, counts);
+  }
+  template <class T>
+  void reduce_scatter(const T* send, T* recv, const index_t* counts) { c.reduce_scatter(send, recv, counts); }
+  template <class T>
+  void all_to_all(const T* send, const index_t* sc, T* recv, const index_t* rc) { c.all_to_all(send, sc, recv, rc); }
+};
+static_assert(xs::detail::has_shift<xs::mpi_communicator, float>);
+static_assert(!xs::detail::has_shift<no_shift_communicator, float>);
+
+TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::serial, xs::omp) {
+  fixture<B> f;
+  xs::knn_options ko;
+  ko.graph.k = 6;
+  ko.graph.query_tile = 64;  // several query tiles, most cut by a rank's range
+  ko.graph.class_tile = 100;  // class tiles cut by the blocks visiting round the ring
+  ko.rebuild_every = 1;  // next_step rebuilds: round the ring again
+  SUBCASE("exact, ring: each rank keeps its own graph rows") { compare_knn<B, xs::mpi_communicator>(f, ko, true); }
+  SUBCASE("exact, no ring step: the gathered weights and graph") {
+    compare_knn<B, no_shift_communicator>(f, ko, false);
+  }
+  SUBCASE("ivf, ring: the weights gathered round the ring, the whole graph") {
+    ko.graph.method = xs::knn_build_method::ivf;
+    ko.graph.ivf.num_lists = 8;
+    ko.graph.nprobe = 3;
+    compare_knn<B, xs::mpi_communicator>(f, ko, false);
+  }
+}
+
+TEST_CASE("sharded knn softmax, bf16 weights: the ring's graph rows are the unsharded head's") {
+  // The blocks travel as fp32 and come back to bf16 exactly: the rows are bitwise the unsharded ones.
+  layer full;
+  std::vector<__nv_bfloat16> w(full.w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = xs::from_float<__nv_bfloat16>(full.w[i]);
+  xs::mpi_communicator comm;
+  const sharding sh(comm, classes);
+  xs::knn_options ko;
+  ko.graph.k = 4;
+  ko.graph.query_tile = 50;
+  ko.graph.class_tile = 70;
+  for (const auto metric : {xs::similarity::cosine, xs::similarity::inner_product}) {
+    ko.graph.metric = metric;
+    const xs::knn_softmax<xs::bf16> ref(xs::matrix_view<__nv_bfloat16>(w.data(), classes, dim), ko);
+    const xs::knn_softmax<xs::bf16, xs::serial, sharding> head(
+        sh, xs::matrix_view<__nv_bfloat16>(w.data() + sh.class_begin() * dim, sh.local_classes(), dim), ko);
+    CAPTURE(static_cast<int>(metric));
+    check_graph(head, ref, true);
   }
 }
 

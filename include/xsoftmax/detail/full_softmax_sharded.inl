@@ -76,18 +76,10 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
                                               vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                               gradient_type* grad_weights, vector_view<const float> grad_output,
                                               float* loss) const {
-  // Every rank sees the same options, so every rank throws here, before any collective.
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
-  detail::batch_rows<B> own = detail::pack_rows(ex, hidden, targets, options.ignore_index);
-  backend_vector<B, float> own_upstream;
-  if (grad_weights) own_upstream = detail::upstream_gradients(ex, where, own, hidden.rows, options.reduce, grad_output);
-  // The sample map only (not the packed rows): `own` moves into the gather when rows are replicated.
-  detail::batch_rows<B> own_rows_map;
-  own_rows_map.dim = own.dim;
-  own_rows_map.rows = own.rows;
-  own_rows_map.sample = own.sample;
-  detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, std::move(own), grad_weights ? &own_upstream : nullptr);
-  run_gathered_(rows, own_rows_map, options, per_sample, grad_hidden, grad_weights, loss);
+  detail::sharded_batch<B> b =
+      detail::gather_batch(ex, where, sharding_, hidden, targets, options, grad_weights != nullptr, grad_output);
+  run_gathered_(b.rows, b.own, options, per_sample, grad_hidden, grad_weights, loss);
 }
 
 // The rows gathered: one dense softmax over the local block with the row statistics combined
@@ -98,7 +90,7 @@ void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const d
                                           matrix_view<float>* grad_hidden, gradient_type* grad_weights,
                                           float* loss) const {
   const detail::execution<B> ex{resources_};
-  const index_t d = dim(), n_local = local_classes(), own_rows = own_rows_map.rows;
+  const index_t d = dim(), n_local = local_classes();
   const index_t total = rows.all.rows;
   const backend_vector<B, index_t> columns = detail::block_columns(ex, rows.all.target, class_begin());
   const storage_type* bias = store_.bias();
@@ -135,13 +127,8 @@ void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const d
     a.grad_b = g.bias_values.empty() ? nullptr : detail::raw(g.bias_values);
   }
   detail::dense_softmax(ex, matrix_view<const storage_type>(weights()), bias, a);
-  if (grad_hidden) {
-    backend_vector<B, float> own_grad = detail::return_row_gradients(ex, sharding_, rows, grad_all);
-    detail::scatter_rows(ex, own_rows_map, detail::raw(own_grad), *grad_hidden);
-  }
-  const float* own_losses = detail::raw(losses) + rows.own_offset;
-  if (per_sample.size != 0) detail::scatter_losses(ex, own_rows_map, own_losses, per_sample);
-  if (loss) detail::reduce_losses_into(ex, own_losses, own_rows, options.reduce, loss);
+  detail::finish_batch(ex, sharding_, rows, own_rows_map, grad_all, losses, options.reduce, per_sample, grad_hidden,
+                       loss);
 }
 
 // Each rank keeps the top-k of its classes and the row statistics; the statistics are combined and

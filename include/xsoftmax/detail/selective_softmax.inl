@@ -107,7 +107,13 @@ void selective_softmax<S, P, B, Sh>::next_step() {
 template <class S, class P, class B, class Sh>
 template <class F>
 void selective_softmax<S, P, B, Sh>::with_all_weights_(F f) const {
-  if constexpr (sharded) {
+  if constexpr (sharded && detail::has_ring<Sh> &&
+                detail::has_shared_build<S, detail::execution<B>, storage_type>::value) {
+    // A selector that builds in shares goes round the ring from the local rows (no gathered matrix).
+    const detail::execution<B> ex{resources_};
+    const knn_build_share share = detail::graph_ring_share(ex, sharding_);
+    f(matrix_view<const storage_type>(weights()), &share);
+  } else if constexpr (sharded) {
     const detail::execution<B> ex{resources_};
     const backend_vector<B, storage_type> all =
         detail::gather_weights(ex, sharding_, matrix_view<const storage_type>(weights()));

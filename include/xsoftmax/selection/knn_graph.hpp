@@ -41,6 +41,11 @@ struct knn_build_options {
 /// (ties: smaller id), c itself included when it ranks (it always does under cosine unless its
 /// vector is zero). Entries are -1 (similarity -inf) only when an approximate search found fewer
 /// than K candidates. Memory: N x K x (8 + 4) bytes (ids and similarities).
+///
+/// A graph built by a class-sharded head through the ring (see `knn_build_share`) holds only the
+/// rows of its process's classes, [first_row(), first_row() + held_rows()): `ids()`,
+/// `similarities()` and `neighbors(c)` (c in that range) are those rows'; every other graph holds
+/// all N rows (first_row() = 0, held_rows() = N).
 class knn_graph {
  public:
   knn_graph() = default;
@@ -59,9 +64,14 @@ class knn_graph {
   /// Element type of the weights the graph was built from ("fp32", "bf16", ...); null for
   /// caller-given lists.
   [[nodiscard]] const char* element() const { return element_; }
-  /// The K neighbours of class c.
-  [[nodiscard]] const index_t* neighbors(index_t c) const { return ids_.host().data() + c * k_; }
-  /// All neighbour ids (N x K) and their similarities (N x K; empty for caller-given lists).
+  /// The first class whose row is held (0 unless built in shares through the ring).
+  [[nodiscard]] index_t first_row() const { return first_; }
+  /// The rows held: N, or this process's classes when built in shares through the ring.
+  [[nodiscard]] index_t held_rows() const { return held_; }
+  /// The K neighbours of class c (c in [first_row(), first_row() + held_rows())).
+  [[nodiscard]] const index_t* neighbors(index_t c) const { return ids_.host().data() + (c - first_) * k_; }
+  /// The held rows' neighbour ids (held_rows() x K, all N rows but for a ring-built share) and
+  /// their similarities (the same shape; empty for caller-given lists).
   [[nodiscard]] const std::vector<index_t>& ids() const { return ids_.host(); }
   /// The neighbour ids in `ex`'s memory (a device backend gets a copy made once per build).
   template <class Ex>
@@ -72,7 +82,7 @@ class knn_graph {
 
  private:
   friend class knn_graph_builder;
-  index_t n_ = 0, d_ = 0, k_ = 0;
+  index_t n_ = 0, d_ = 0, k_ = 0, first_ = 0, held_ = 0;
   similarity metric_ = similarity::cosine;
   const char* element_ = nullptr;
   detail::mirrored_vector<index_t> ids_;
@@ -102,8 +112,10 @@ class knn_graph_builder {
   /// `build` on an execution (`detail::execution<Backend>`) or a Thrust host policy
   /// (`thrust::cpp::par`, `thrust::omp::par`); `weights` in its memory. `out` is changed only when
   /// the build succeeds.
-  /// With `share` (exact method), this process finds only the share's rows and `share->all_gather`
-  /// assembles the graph.
+  /// With `share` (a class-sharded head; see `knn_build_share`): gathered weights, this process
+  /// finds only the share's rows (exact method) and `share->all_gather` assembles the graph; ring
+  /// (`share->shift` set), `weights` are this process's rows only, and the exact method keeps only
+  /// their graph rows (the IVF method builds the whole graph from the weights gathered by the ring).
   template <class Ex, class T>
   void build_on(const Ex& ex, matrix_view<const T> weights, knn_graph& out, const knn_build_share* share = nullptr);
 

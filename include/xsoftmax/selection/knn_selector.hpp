@@ -17,6 +17,7 @@
 #include <xsoftmax/selection/selection_types.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -76,13 +77,16 @@ class knn_selector {
   /// policy; the graph is built on its backend (on a device, in device memory), stored on the host
   /// and copied to the device once, on the next `select`.
   /// With `share` (a class-sharded head), this process finds only its share of the rows.
+  /// Ring-built (`share->shift` set, exact method), the graph holds this process's rows only and
+  /// `select` gathers its targets' rows from their owners through `share->gather_rows` (kept).
   template <class Ex, class T>
   void rebuild(const Ex& ex, matrix_view<const T> weights, const knn_build_share* share = nullptr) {
     builder_.build_on(ex, weights, graph_, share);
+    gather_rows_ = graph_.held_rows() < graph_.num_classes() ? share->gather_rows : nullptr;
   }
 
   /// Whether the next `next_step` rebuilds the graph (reads its weights; a class-sharded head
-  /// gathers the whole weight matrix for those steps only).
+  /// runs its ring, or gathers the whole weight matrix, for those steps only).
   [[nodiscard]] bool next_step_rebuilds() const {
     return options_.rebuild_every > 0 && (steps_ + 1) % options_.rebuild_every == 0;
   }
@@ -108,9 +112,26 @@ class knn_selector {
     const index_t used = options_.neighbors_used > 0 ? std::min(options_.neighbors_used, k) : k;
     out.reset(active_layout::shared);
     out.classes.resize(static_cast<std::size_t>(req.rows() * (used + 1)));
-    detail::parallel_for(ex, req.rows(),
-                         detail::target_and_neighbours{req.targets.data, graph_.ids_on(ex), k, used,
-                                                       detail::raw(out.classes)});
+    if (graph_.held_rows() == graph_.num_classes()) {
+      detail::parallel_for(ex, req.rows(),
+                           detail::target_and_neighbours{req.targets.data, graph_.ids_on(ex), k, used,
+                                                         detail::raw(out.classes)});
+    } else {  // a share of the graph: every target's first `used` neighbours from its owner (collective)
+      detail::expects(static_cast<bool>(gather_rows_), req.where, ": the KNN graph holds ", graph_.held_rows(),
+                      " of ", graph_.num_classes(), " rows and no way to gather the others");
+      using execution_type = std::decay_t<decltype(ex)>;
+      const index_t rows = req.rows();
+      std::vector<index_t> targets(static_cast<std::size_t>(rows)), found(static_cast<std::size_t>(rows * used));
+      execution_type::ops::copy(ex.res, targets.data(), req.targets.data, rows);
+      execution_type::ops::synchronize(ex.res);
+      gather_rows_(targets.data(), rows, graph_.ids().data(), k, used, found.data());
+      std::vector<index_t> slots(out.classes.size());
+      for (index_t r = 0; r < rows; ++r) {
+        slots[static_cast<std::size_t>(r * (used + 1))] = targets[static_cast<std::size_t>(r)];
+        std::copy_n(found.begin() + r * used, used, slots.begin() + r * (used + 1) + 1);
+      }
+      execution_type::ops::copy(ex.res, detail::raw(out.classes), slots.data(), static_cast<index_t>(slots.size()));
+    }
     detail::sort_unique(ex, out.classes);  // drops the empty slots (-1) too
   }
 
@@ -118,6 +139,8 @@ class knn_selector {
   knn_options options_;
   knn_graph_builder builder_;
   knn_graph graph_;
+  /// A ring-built share's way to its targets' rows (see `knn_build_share::gather_rows`); null otherwise.
+  std::function<void(const index_t*, index_t, const index_t*, index_t, index_t, index_t*)> gather_rows_;
   index_t steps_ = 0;
 };
 

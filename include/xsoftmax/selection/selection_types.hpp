@@ -34,6 +34,7 @@
 
 #include <functional>
 #include <type_traits>
+#include <vector>
 
 namespace xsoftmax {
 
@@ -97,15 +98,30 @@ struct basic_active_set {
   }
 };
 
-/// One process's share of an exact graph build (a class-sharded head: each rank finds the rows of
-/// its own classes, against every class): the rows [first, first + count), and `all_gather(ids,
-/// sims, k, all_ids, all_sims)`, which assembles every share's count x k ids and similarities (the
-/// build's memory) into the N x k arrays, in row order. The IVF method ignores the share (each
-/// process builds the whole graph).
+/// One process's share of a graph build (a class-sharded head: each rank finds the rows of its
+/// own classes, against every class), in one of two forms:
+///  * gathered weights (`shift` empty): the builder is handed the whole N x d matrix, finds the rows
+///    [first, first + count), and `all_gather(ids, sims, k, all_ids, all_sims)` assembles every
+///    share's count x k ids and similarities (the build's memory) into the N x k arrays, in row
+///    order. The IVF method ignores the share (each process builds the whole graph).
+///  * ring (`shift` set): the builder is handed only this process's rows (count x d, classes
+///    [first, first + count)); `bounds` (size + 1 entries) are every process's first class and N;
+///    `shift(send, send_count, recv, recv_count)` sends floats (in the build's execution memory) to
+///    the next process and receives the previous one's. The exact method passes each process's block
+///    round the ring and keeps the graph rows of this process's classes only; the IVF method
+///    assembles the whole matrix through the ring and builds the whole graph. `gather_rows(targets,
+///    rows, own, k, used, out)` (host memory, collective; kept by the selector for its selections)
+///    fills `out` (rows x used) with the first `used` neighbours of each of the `rows` global
+///    `targets`, from every owner's `own` graph rows (its count x k ids); every process passes the
+///    same targets.
 struct knn_build_share {
   index_t first = 0;
   index_t count = 0;
   std::function<void(const index_t*, const float*, index_t, index_t*, float*)> all_gather;
+  std::vector<index_t> bounds;
+  int rank = 0;
+  std::function<void(const float*, index_t, float*, index_t)> shift;
+  std::function<void(const index_t*, index_t, const index_t*, index_t, index_t, index_t*)> gather_rows;
 };
 
 namespace detail {

@@ -34,6 +34,14 @@
 ///    NCCL: `ncclAllGather` on a second stream, ordered after the communicator's stream by events;
 ///    solo: a copy, complete on return. Used by the sharded heads to prefetch the next
 ///    micro-batch's rows while the current one computes (`full_softmax::gather_rows_async`).
+/// Optionally (detected by `detail::has_shift`; without it, such as the PyTorch package's
+/// communicator, a sharded KNN head gathers the whole weight matrix and graph as before):
+///  * `shift(const T* send, index_t send_count, T* recv, index_t recv_count)`: one ring step: every
+///    rank sends `send_count` elements to rank (rank + 1) % size and receives `recv_count` elements
+///    from rank (rank - 1 + size) % size (whose `send_count` it must equal); complete on return.
+///    MPI: `MPI_Sendrecv`; NCCL: `ncclSend` + `ncclRecv` in a group; solo: a copy. Used by the
+///    exact KNN graph build of a sharded head (`knn_softmax`): each rank's weight block visits every
+///    rank, so no rank holds more than its own rows and two visiting blocks.
 /// Collectives are issued in the same order on every rank (every rank calls the same verb with the
 /// same options); a rank that throws before a collective leaves the others waiting in it, so every
 /// input check that can differ between ranks runs before the first collective of a verb.
@@ -118,6 +126,14 @@ inline constexpr bool has_start_all_gather<
     std::void_t<decltype(std::declval<Comm&>().start_all_gather(std::declval<const T*>(), index_t{}, std::declval<T*>(),
                                                                 std::declval<const index_t*>())
                              .wait())>> = true;
+/// Whether `Comm` offers the ring step `shift` on `T` buffers (see the file comment).
+template <class Comm, class T, class = void>
+inline constexpr bool has_shift = false;
+template <class Comm, class T>
+inline constexpr bool has_shift<Comm, T,
+                                std::void_t<decltype(std::declval<Comm&>().shift(std::declval<const T*>(), index_t{},
+                                                                                 std::declval<T*>(), index_t{}))>> =
+    true;
 }  // namespace detail
 
 /// Whether `Sharding` is a `class_sharding<...>`.

@@ -160,6 +160,16 @@ class mpi_communicator {
           "MPI_Alltoallv");
   }
 
+  /// Sends `send_count` elements to rank + 1 and receives `recv_count` from rank - 1 (both mod size)
+  /// into `recv` (`MPI_Sendrecv`: a ring step; one rank sends to itself).
+  template <class T>
+  void shift(const T* send, index_t send_count, T* recv, index_t recv_count) {
+    check(MPI_Sendrecv(send, count_of(send_count), type<T>(), (rank_ + 1) % size_, shift_tag, recv,
+                       count_of(recv_count), type<T>(), (rank_ + size_ - 1) % size_, shift_tag, comm_,
+                       MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+  }
+
   /// `recv` (counts[rank] elements) = sum over ranks, in rank order, of their block `rank` of `send`.
   template <class T>
   void reduce_scatter(const T* send, T* recv, const index_t* counts) {
@@ -212,6 +222,7 @@ class mpi_communicator {
     detail::expects(false, "mpi_communicator: ", call, " failed: ", std::string(text, static_cast<std::size_t>(length)));
   }
 
+  static constexpr int shift_tag = 7177;  // the ring's point-to-point messages
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };

@@ -212,6 +212,27 @@ class nccl_communicator {
     finish();
   }
 
+  /// Sends `send_count` device elements to rank + 1 and receives `recv_count` from rank - 1 (both
+  /// mod size) into `recv`: one ncclSend and one ncclRecv in a group (one rank: a device copy).
+  template <class T>
+  void shift(const T* send, index_t send_count, T* recv, index_t recv_count) {
+    if (size_ == 1) {
+      detail::expects(send_count == recv_count, "nccl_communicator::shift: send_count = ", send_count,
+                      " but recv_count = ", recv_count, " on one rank");
+      if (send_count > 0)
+        XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(recv, send, bytes<T>(send_count), cudaMemcpyDeviceToDevice, stream_));
+      finish();
+      return;
+    }
+    check(ncclGroupStart(), "ncclGroupStart");
+    if (send_count > 0)
+      check(ncclSend(send, count(send_count), type<T>(), (rank_ + 1) % size_, comm_, stream_), "ncclSend");
+    if (recv_count > 0)
+      check(ncclRecv(recv, count(recv_count), type<T>(), (rank_ + size_ - 1) % size_, comm_, stream_), "ncclRecv");
+    check(ncclGroupEnd(), "ncclGroupEnd");
+    finish();
+  }
+
   /// `recv` (counts[rank] device elements) = sum over ranks of their block `rank` of `send`
   /// (sum(counts) device elements on every rank).
   template <class T>

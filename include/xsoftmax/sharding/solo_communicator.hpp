@@ -45,6 +45,13 @@ class solo_communicator {
     all_to_all(send, send_counts, recv, recv_counts);
     return {};
   }
+  /// The ring step of one rank: to itself (a copy).
+  template <class T>
+  void shift(const T* send, index_t send_count, T* recv, index_t recv_count) {
+    detail::expects(send_count == recv_count, "solo_communicator::shift: send_count = ", send_count,
+                    " but recv_count = ", recv_count);
+    std::copy(send, send + send_count, recv);
+  }
   template <class T>
   void reduce_scatter(const T* send, T* recv, const index_t* counts) {
     std::copy(send, send + counts[0], recv);

@@ -11,6 +11,7 @@
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
 #include <xsoftmax/detail/selection/ivf_pair_search.hpp>
+#include <xsoftmax/detail/selection/knn_ring_build.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
@@ -41,6 +42,7 @@ inline knn_graph knn_graph::from_lists(index_t num_classes, index_t dim, index_t
   g.n_ = num_classes;
   g.d_ = dim;
   g.k_ = k;
+  g.held_ = num_classes;
   g.ids_.assign(std::move(ids));
   g.builds_ = 1;
   return g;
@@ -63,42 +65,15 @@ namespace detail {
 /// The exact KNN rows of the classes [first, first + count) of `w` (all N when count < 0) against
 /// all N classes (count x k ids and similarities, in the execution's memory): tiles of `query_tile`
 /// classes scored against tiles of `class_tile` classes by the GEMM (scaled by both inverse norms
-/// under cosine), folded into a running top-k per class. A part of the rows is computed in the
-/// whole build's query tiles (the first and last tile whole, the rows outside dropped), so that
-/// every row's GEMM is the whole build's: the parts of a sharded build are bitwise the whole's.
+/// under cosine), folded into a running top-k per class (`exact_knn_rows_of_blocks` with `w` as its
+/// one block). A part's rows are scored in the whole build's query tiles (padded), so the parts of a
+/// sharded build are bitwise the whole's.
 template <class Ex, class T>
-void exact_knn_rows(const Ex& ex_in, matrix_view<const T> w, index_t k, bool cosine, index_t query_tile,
+void exact_knn_rows(const Ex& ex, matrix_view<const T> w, index_t k, bool cosine, index_t query_tile,
                     index_t class_tile, index_t* ids, float* sims, index_t first = 0, index_t count = -1) {
-  const auto& ex = as_execution(ex_in);
-  using execution_type = std::decay_t<decltype(ex)>;
-  using float_vector = typename execution_type::template vector<float>;
-  const auto policy = ex.policy();
-  const index_t n = w.rows, d = w.cols, last = count < 0 ? n : first + count;
-  if (count == 0) return;  // no rows (a rank with no class): not even one query tile to score
-  const index_t tq = std::min(query_tile, n), tc = std::min(class_tile, n);
-  float_vector inv_norm(static_cast<std::size_t>(cosine ? n : 0)), query(static_cast<std::size_t>(tq * d)),
-      scores(static_cast<std::size_t>(tq * tc)), class_scratch;
-  const float* inv = cosine ? raw(inv_norm) : nullptr;
-  if (cosine) inverse_row_norms(ex, w, raw(inv_norm));
-  float* q = raw(query);
-  float* s = raw(scores);
-  basic_row_topk_state<typename execution_type::backend> best(tq, k);
-  for (index_t q0 = first / tq * tq; q0 < last; q0 += tq) {
-    const index_t qn = std::min(tq, n - q0);
-    widen_rows(ex, w, q0, qn, inv, q);  // the query tile as dense fp32 rows, unit length under cosine
-    thrust::fill(policy, best.size.begin(), best.size.end(), index_t(0));
-    for (index_t c0 = 0; c0 < n; c0 += tc) {
-      const index_t cn = std::min(tc, n - c0);
-      dense_scores(ex, matrix_view<const float>(q, qn, d), w, static_cast<const T*>(nullptr), c0, cn, s, cn,
-                   class_scratch);
-      if (inv) scale_columns(ex, s, qn, cn, cn, inv + c0);
-      row_topk_update(ex, s, qn, cn, cn, c0, best);
-    }
-    row_topk_finish(ex, qn, best);
-    const index_t r0 = std::max(q0, first), r1 = std::min(q0 + qn, last);  // the tile's rows kept
-    thrust::copy(policy, best.index.begin() + (r0 - q0) * k, best.index.begin() + (r1 - q0) * k, ids + (r0 - first) * k);
-    thrust::copy(policy, best.score.begin() + (r0 - q0) * k, best.score.begin() + (r1 - q0) * k, sims + (r0 - first) * k);
-  }
+  const index_t n = w.rows, last = count < 0 ? n : first + count;
+  exact_knn_rows_of_blocks(ex, matrix_view<const T>(w.row(first), last - first, w.cols, w.stride), first, n, n, k,
+                           cosine, query_tile, class_tile, ids, sims, [&](auto visit) { visit(w, index_t(0)); });
 }
 
 /// The IVF list probes: each list's own list first, then the nprobe - 1 lists whose centroids
@@ -124,16 +99,34 @@ template <class Ex, class T>
 void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, knn_graph& out,
                                  const knn_build_share* share) {
   const char* where = "knn_graph_builder::build";
-  const index_t n = weights.rows, d = weights.cols, k = options_.k;
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  const bool ring = share && share->shift;
+  if (ring) {
+    detail::expects(share->bounds.size() >= 2 && share->rank >= 0 &&
+                        share->rank + 2 <= static_cast<int>(share->bounds.size()) &&
+                        share->first == share->bounds[static_cast<std::size_t>(share->rank)] &&
+                        share->count == weights.rows,
+                    where, ": a ring share of rows [", share->first, ", ", share->first + share->count, ") at rank ",
+                    share->rank, " does not match its bounds or the ", weights.rows, " local weight rows");
+    if (options_.method == knn_build_method::ivf) {  // every vector is needed: the whole matrix
+      const auto all = detail::ring_gather_weights(ex, weights, *share);
+      build_on(ex, matrix_view<const T>(detail::raw(all), share->bounds.back(), weights.cols), out, nullptr);
+      return;
+    }
+  }
+  const index_t n = ring ? share->bounds.back() : weights.rows, d = weights.cols, k = options_.k;
   detail::expects(n >= 1 && d >= 1 && weights.data != nullptr, where, ": weights are ", n, " x ", d,
                   "; need at least one row and one column");
   detail::check_count(where, "k", k, n, "num_classes");
-  const auto& ex = detail::as_execution(ex_in);
-  using execution_type = std::decay_t<decltype(ex)>;
-  typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(n * k));
-  typename execution_type::template vector<float> sims(static_cast<std::size_t>(n * k));
+  const index_t first = ring ? share->first : 0, held = ring ? share->count : n;
+  typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(held * k));
+  typename execution_type::template vector<float> sims(static_cast<std::size_t>(held * k));
   const bool cosine = options_.metric == similarity::cosine;
-  if (options_.method == knn_build_method::exact && share) {  // this share's rows, then every share's
+  if (ring) {  // exact: this process's rows, its block and the others' visiting round the ring
+    detail::exact_knn_ring_rows(ex, weights, *share, k, cosine, options_.query_tile, options_.class_tile,
+                                detail::raw(ids), detail::raw(sims));
+  } else if (options_.method == knn_build_method::exact && share) {  // this share's rows, then every share's
     detail::expects(share->first >= 0 && share->count >= 0 && share->first + share->count <= n, where,
                     ": share rows [", share->first, ", ", share->first + share->count, ") outside [0, ", n, ")");
     typename execution_type::template vector<index_t> own_ids(static_cast<std::size_t>(share->count * k));
@@ -162,10 +155,12 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
   }
   // The graph's public storage is on the host (ids mirrored to a device on use).
   std::vector<index_t>& gids = out.ids_.edit();
-  gids.resize(static_cast<std::size_t>(n * k));
-  out.sims_.resize(static_cast<std::size_t>(n * k));
-  execution_type::ops::copy(ex.res, gids.data(), detail::raw(ids), n * k);
-  execution_type::ops::copy(ex.res, out.sims_.data(), detail::raw(sims), n * k);
+  gids.resize(static_cast<std::size_t>(held * k));
+  out.sims_.resize(static_cast<std::size_t>(held * k));
+  execution_type::ops::copy(ex.res, gids.data(), detail::raw(ids), held * k);
+  execution_type::ops::copy(ex.res, out.sims_.data(), detail::raw(sims), held * k);
+  out.first_ = first;
+  out.held_ = held;
   out.n_ = n;
   out.d_ = d;
   out.k_ = k;
@@ -179,6 +174,9 @@ inline double knn_graph_recall(const knn_graph& approx, const knn_graph& exact) 
                                "knn_graph_recall: the approximate graph has num_classes = ", approx.num_classes(),
                                ", k = ", approx.k(), " but the exact one has num_classes = ", exact.num_classes(),
                                ", k = ", exact.k());
+  detail::expects(approx.held_rows() == approx.num_classes() && exact.held_rows() == exact.num_classes(),
+                  "knn_graph_recall: the graphs hold ", approx.held_rows(), " and ", exact.held_rows(),
+                  " rows of ", exact.num_classes(), "; a ring-built share holds only its process's rows");
   const index_t n = exact.num_classes(), k = exact.k();
   if (n == 0) return 1.0;
   double total = 0;

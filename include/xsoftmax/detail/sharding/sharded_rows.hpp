@@ -90,18 +90,25 @@ void host_in_comm_memory(const execution<B>& ex, T* data, index_t n, bool write_
 }
 
 /// All-gathers `count` elements at `send` (the execution's memory) into `recv` (the execution's
-/// memory, sum(counts) elements), staging through the host only when `Comm` takes host memory and
-/// the backend's memory is not host memory.
+/// memory, `total` = sum(counts) elements), staging through the host only when `Comm` takes host
+/// memory and the backend's memory is not host memory.
+template <class Comm, class B, class T>
+void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t count, T* recv, index_t total,
+                     const index_t* counts) {
+  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+    (void)total;
+    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, recv, counts); });
+  } else {
+    std::vector<T> h(static_cast<std::size_t>(total));
+    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, h.data(), counts); });
+    backend_ops<B>::copy(ex.res, recv, h.data(), total);  // complete on return
+  }
+}
+/// `all_gather_into` a vector of sum(counts) elements.
 template <class Comm, class B, class T>
 void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t count, backend_vector<B, T>& recv,
                      const index_t* counts) {
-  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
-    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, raw(recv), counts); });
-  } else {
-    thrust::host_vector<T> h(recv.size());
-    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, raw(h), counts); });
-    thrust::copy(h.begin(), h.end(), recv.begin());
-  }
+  all_gather_into(ex, comm, send, count, raw(recv), static_cast<index_t>(recv.size()), counts);
 }
 
 /// The rows every rank scores: the gathered batch (every rank's packed rows in rank order, or the
@@ -229,6 +236,51 @@ backend_vector<B, float> return_row_gradients(const execution<B>& ex, const clas
             [&](float* p) { comm.reduce_scatter(p, raw(own), element_counts.data()); });
     return backend_vector<B, float>(own.begin(), own.end());
   }
+}
+
+/// A sharded verb's rows: `own`, this rank's packed rows' sample map (where its results go back:
+/// dim, rows and sample ids, no hidden rows), and `rows`, the rows every rank scores.
+template <class B>
+struct sharded_batch {
+  batch_rows<B> own;
+  sharded_rows<B> rows;
+};
+
+/// The set-up of a sharded loss verb: this rank's rows packed (ignored targets dropped), their
+/// upstream gradients when `with_upstream`, and every rank's rows gathered (moved in when the rows
+/// are replicated). Every rank sees the same options, so every rank throws here alike, before any
+/// collective.
+template <class B, class Comm, class H>
+sharded_batch<B> gather_batch(const execution<B>& ex, const char* where, const class_sharding<Comm>& sh,
+                               matrix_view<const H> hidden, vector_view<const index_t> targets,
+                               const loss_options& options, bool with_upstream, vector_view<const float> grad_output) {
+  batch_rows<B> packed = pack_rows(ex, hidden, targets, options.ignore_index);
+  backend_vector<B, float> upstream;
+  if (with_upstream) upstream = upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
+  sharded_batch<B> out;
+  out.own.dim = packed.dim;
+  out.own.rows = packed.rows;
+  out.own.sample = packed.sample;
+  out.rows = gather_rows(ex, sh, std::move(packed), with_upstream ? &upstream : nullptr);
+  return out;
+}
+
+/// The tear-down of a sharded loss verb: `grad_all` (the gathered `rows`' hidden gradients from
+/// this rank's classes; read only with `grad_hidden`) summed and returned to each row's owner and
+/// scattered into `grad_hidden`; this rank's rows' `losses` (of the gathered rows) scattered into
+/// `per_sample` (when not empty) and reduced into `loss` (when not null). `own`: this rank's sample
+/// map (`sharded_batch::own`).
+template <class B, class Comm>
+void finish_batch(const execution<B>& ex, const class_sharding<Comm>& sh, const sharded_rows<B>& rows,
+                  const batch_rows<B>& own, backend_vector<B, float>& grad_all, const backend_vector<B, float>& losses,
+                  reduction reduce, vector_view<float> per_sample, matrix_view<float>* grad_hidden, float* loss) {
+  if (grad_hidden) {
+    backend_vector<B, float> own_grad = return_row_gradients(ex, sh, rows, grad_all);
+    scatter_rows(ex, own, raw(own_grad), *grad_hidden);
+  }
+  const float* own_losses = raw(losses) + rows.own_offset;
+  if (per_sample.size != 0) scatter_losses(ex, own, own_losses, per_sample);
+  if (loss) reduce_losses_into(ex, own_losses, own.rows, reduce, loss);
 }
 
 /// t[i] - first: global class ids as columns of the block that starts at class `first` (a target

@@ -4,9 +4,9 @@
 /// The steps a class-sharded `selective_softmax` adds to those of `sharded_rows.hpp`: the gathered
 /// rows' sample ids in the concatenated batch (so that every rank hands its selector the same
 /// request), this rank's slice of the global active set (its classes, as local weight rows, with
-/// each row's target position in the slice), the whole weight matrix gathered from the shards
-/// (for a selector that rebuilds from the weights: the KNN graph), and this rank's share of an
-/// exact KNN graph build.
+/// each row's target position in the slice), and this rank's share of a KNN graph build: through
+/// the ring (a communicator with `shift`: no rank holds more than its own rows and graph rows) or,
+/// otherwise, from the whole weight matrix gathered from the shards.
 
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 #include <xsoftmax/precision.hpp>
@@ -15,6 +15,7 @@
 #include <thrust/binary_search.h>
 #include <thrust/scan.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -132,24 +133,10 @@ backend_vector<B, T> gather_weights(const execution<B>& ex, const class_sharding
   return out;
 }
 
-/// All-gathers `count` elements at `send` into `recv` (sum(counts) elements), both in the
-/// execution's memory given as pointers (see `all_gather_into`).
-template <class Comm, class B, class T>
-void all_gather_raw(const execution<B>& ex, Comm& comm, const T* send, index_t count, T* recv, index_t total,
-                    const index_t* counts) {
-  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
-    (void)total;
-    in_comm_memory<Comm>(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, recv, counts); });
-  } else {
-    std::vector<T> h(static_cast<std::size_t>(total));
-    on_host(ex, send, count, false, [&](const T* p) { comm.all_gather(p, count, h.data(), counts); });
-    backend_ops<B>::copy(ex.res, recv, h.data(), total);
-  }
-}
-
-/// This rank's share of an exact KNN graph build: the rows of its classes; the shares' rows are
-/// all-gathered into the whole graph (so every rank does 1/S of the build's O(N^2 d) work). `ex`
-/// and `sh` must outlive the share.
+/// This rank's share of an exact KNN graph build from the gathered weights: the rows of its
+/// classes; the shares' rows are all-gathered into the whole graph (so every rank does 1/S of the
+/// build's O(N^2 d) work). `ex` and `sh` must outlive the share. The path of a communicator without
+/// the ring step (`graph_ring_share` otherwise).
 template <class B, class Comm>
 knn_build_share graph_build_share(const execution<B>& ex, const class_sharding<Comm>& sh) {
   knn_build_share share;
@@ -160,8 +147,73 @@ knn_build_share graph_build_share(const execution<B>& ex, const class_sharding<C
     for (int q = 0; q < sh.size(); ++q)
       counts[static_cast<std::size_t>(q)] = (sh.shard_begin(q + 1) - sh.shard_begin(q)) * k;
     const index_t mine = counts[static_cast<std::size_t>(sh.rank())], total = sh.num_classes() * k;
-    all_gather_raw(ex, sh.communicator(), ids, mine, all_ids, total, counts.data());
-    all_gather_raw(ex, sh.communicator(), sims, mine, all_sims, total, counts.data());
+    all_gather_into(ex, sh.communicator(), ids, mine, all_ids, total, counts.data());
+    all_gather_into(ex, sh.communicator(), sims, mine, all_sims, total, counts.data());
+  };
+  return share;
+}
+
+/// Whether a sharding's graph builds go round the ring (its communicator has `shift`).
+template <class Sharding>
+inline constexpr bool has_ring = false;
+template <class Comm>
+inline constexpr bool has_ring<class_sharding<Comm>> = has_shift<Comm, float>;
+
+/// One ring step on `send` / `recv` in the execution's memory (see `all_gather_into` for the staging).
+template <class Comm, class B, class T>
+void shift_into(const execution<B>& ex, Comm& comm, const T* send, index_t send_count, T* recv, index_t recv_count) {
+  if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
+    in_comm_memory<Comm>(ex, send, send_count, false, [&](const T* p) { comm.shift(p, send_count, recv, recv_count); });
+  } else {
+    std::vector<T> h(static_cast<std::size_t>(recv_count));
+    on_host(ex, send, send_count, false, [&](const T* p) { comm.shift(p, send_count, h.data(), recv_count); });
+    backend_ops<B>::copy(ex.res, recv, h.data(), recv_count);
+  }
+}
+
+/// This rank's share of a graph build through the ring (see `knn_build_share`): its rows, every
+/// rank's first class, the ring step (`ex` and `sh` must outlive the build), and the row gather a
+/// selector keeps (it holds copies of the sharding and the resources): every rank packs the first
+/// `used` neighbours of the targets it owns, in row order, one all-gather (rows x used ids in all)
+/// gives every rank every target's row.
+template <class B, class Comm>
+knn_build_share graph_ring_share(const execution<B>& ex, const class_sharding<Comm>& sh) {
+  knn_build_share share;
+  share.first = sh.class_begin();
+  share.count = sh.local_classes();
+  share.rank = sh.rank();
+  for (int q = 0; q <= sh.size(); ++q) share.bounds.push_back(sh.shard_begin(q));
+  share.shift = [&ex, &sh](const float* send, index_t send_count, float* recv, index_t recv_count) {
+    shift_into(ex, sh.communicator(), send, send_count, recv, recv_count);
+  };
+  share.gather_rows = [sh, res = ex.res, bounds = share.bounds](const index_t* targets, index_t rows,
+                                                                 const index_t* own, index_t k, index_t used,
+                                                                 index_t* out) {
+    const execution<B> ex{res};
+    const int size = sh.size(), rank = sh.rank();
+    const index_t begin = sh.class_begin();
+    std::vector<int> owner(static_cast<std::size_t>(rows));
+    std::vector<index_t> counts(static_cast<std::size_t>(size), 0), mine;
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t t = targets[r];
+      const int q = static_cast<int>(std::upper_bound(bounds.begin(), bounds.end(), t) - bounds.begin()) - 1;
+      owner[static_cast<std::size_t>(r)] = q;
+      counts[static_cast<std::size_t>(q)] += used;
+      if (q == rank) mine.insert(mine.end(), own + (t - begin) * k, own + (t - begin) * k + used);
+    }
+    const index_t total = rows * used;
+    backend_vector<B, index_t> send(mine.size()), all(static_cast<std::size_t>(total));
+    backend_ops<B>::copy(ex.res, raw(send), mine.data(), static_cast<index_t>(mine.size()));
+    all_gather_into(ex, sh.communicator(), raw(send), static_cast<index_t>(mine.size()), all, counts.data());
+    std::vector<index_t> h(static_cast<std::size_t>(total)), at(static_cast<std::size_t>(size), 0);
+    backend_ops<B>::copy(ex.res, h.data(), raw(all), total);
+    for (int q = 1; q < size; ++q)
+      at[static_cast<std::size_t>(q)] = at[static_cast<std::size_t>(q) - 1] + counts[static_cast<std::size_t>(q) - 1];
+    for (index_t r = 0; r < rows; ++r) {  // each owner's block lists its targets' rows in row order
+      index_t& from = at[static_cast<std::size_t>(owner[static_cast<std::size_t>(r)])];
+      std::copy_n(h.begin() + from, used, out + r * used);
+      from += used;
+    }
   };
   return share;
 }

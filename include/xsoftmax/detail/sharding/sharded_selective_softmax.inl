@@ -46,17 +46,10 @@ void selective_softmax<S, P, B, Sh>::run_sharded_into_(const char* where, matrix
                                                        vector_view<const float> grad_output, float* loss) const {
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t d = dim();
-  detail::batch_rows<B> own = detail::pack_rows(ex, hidden, targets, options.ignore_index);
-  backend_vector<B, float> own_upstream;
-  if (grad_weights) own_upstream = detail::upstream_gradients(ex, where, own, hidden.rows, options.reduce, grad_output);
-  const index_t own_rows = own.rows;
-  // The sample map only (not the packed rows): `own` moves into the gather when rows are replicated.
-  detail::batch_rows<B> own_rows_map;
-  own_rows_map.dim = own.dim;
-  own_rows_map.rows = own.rows;
-  own_rows_map.sample = own.sample;
-  detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, std::move(own), grad_weights ? &own_upstream : nullptr);
-  const index_t batch_rows = detail::gather_samples(ex, sharding_, own_rows_map.sample, hidden.rows, rows);
+  detail::sharded_batch<B> b =
+      detail::gather_batch(ex, where, sharding_, hidden, targets, options, grad_weights != nullptr, grad_output);
+  detail::sharded_rows<B>& rows = b.rows;
+  const index_t batch_rows = detail::gather_samples(ex, sharding_, b.own.sample, hidden.rows, rows);
   const index_t total = rows.all.rows;
   backend_vector<B, float> losses(static_cast<std::size_t>(total), 0.f);
   backend_vector<B, float> grad_all(grad_weights ? static_cast<std::size_t>(total * d) : 0, 0.f);
@@ -91,13 +84,7 @@ void selective_softmax<S, P, B, Sh>::run_sharded_into_(const char* where, matrix
     grad_weights->values.clear();
     grad_weights->bias_values.clear();
   }
-  if (grad_hidden) {
-    backend_vector<B, float> own_grad = detail::return_row_gradients(ex, sharding_, rows, grad_all);
-    detail::scatter_rows(ex, own_rows_map, detail::raw(own_grad), *grad_hidden);
-  }
-  const float* own_losses = detail::raw(losses) + rows.own_offset;
-  if (per_sample.size != 0) detail::scatter_losses(ex, own_rows_map, own_losses, per_sample);
-  if (loss) detail::reduce_losses_into(ex, own_losses, own_rows, options.reduce, loss);
+  detail::finish_batch(ex, sharding_, rows, b.own, grad_all, losses, options.reduce, per_sample, grad_hidden, loss);
 }
 
 }  // namespace xsoftmax
