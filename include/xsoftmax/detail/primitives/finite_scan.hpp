@@ -8,6 +8,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/types.hpp>
 
@@ -15,6 +16,7 @@
 #include <thrust/iterator/counting_iterator.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace xsoftmax::detail {
 
@@ -32,6 +34,10 @@ struct block_has_non_finite {
   float scale;
   XSOFTMAX_HD bool operator()(index_t b) const {
     const index_t first = b * block, last = first + block < n ? first + block : n;
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+    if constexpr (std::is_same_v<T, float>)  // host tuning (row_kernels.hpp); this loop is its oracle
+      if (row_simd::has_avx2) return any_non_finite_scaled_avx2(values + first, last - first, scale);
+#endif
     std::uint32_t bad = 0;
     for (index_t i = first; i < last; ++i) bad |= non_finite_bit(scale * to_float(values[i]));
     return bad != 0;
