@@ -27,31 +27,31 @@ namespace xsoftmax::detail {
 /// waiting on each chain). The same values, bitwise, as scoring them one by one.
 inline constexpr index_t sigmoid_group = node_lanes;
 
+/// loss[j] = sigmoid_node_loss(s[j], first[j] != 0, &dscore[j]) for j < G: 8 lanes at once for
+/// G = `node_lanes` (AVX2 on a host that has it), otherwise one by one. Bitwise the same values.
+template <index_t G>
+XSOFTMAX_HD inline void sigmoid_node_losses(const float* s, const float* first, float* loss, float* dscore) {
+  if constexpr (G == node_lanes) sigmoid_node_loss8(s, first, loss, dscore);
+  else
+    for (index_t j = 0; j < G; ++j) loss[j] = sigmoid_node_loss(s[j], first[j] != 0.f, dscore + j);
+}
+
 /// m <= G (sample row[j], node row wr[j], node bias bias[j]) pairs of a sigmoid level: their
-/// losses added to a.loss, *g[j] = dLoss/dscore * upstream (0 without gradients). G =
-/// `sigmoid_group`: the dot products, then the losses on 8 lanes; otherwise one pair at a time.
+/// losses added to a.loss, *g[j] = dLoss/dscore * upstream (0 without gradients). The G dot
+/// products first, then the G losses (`sigmoid_node_losses`); lanes past m score 0 and are dropped.
 template <index_t G, class T>
 XSOFTMAX_HD inline void score_sigmoid_pairs(const node_run_data<T>& a, const index_t* row, const T* const* wr,
                                             const float* bias, float* const* g, index_t m) {
-  if constexpr (G == node_lanes) {
-    float sc[node_lanes] = {}, first[node_lanes] = {}, loss[node_lanes], ds[node_lanes];
-    for (index_t j = 0; j < m; ++j) {
-      const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
-      sc[j] = a.bias ? dot + bias[j] : dot;
-      first[j] = a.child[row[j]] == 0 ? 1.f : 0.f;
-    }
-    sigmoid_node_loss8(sc, first, loss, ds);  // lanes past m score 0 and are dropped
-    for (index_t j = 0; j < m; ++j) {
-      a.loss[row[j]] += loss[j];
-      *g[j] = a.backward() ? ds[j] * a.upstream[row[j]] : 0.f;
-    }
-  } else {
-    for (index_t j = 0; j < m; ++j) {
-      const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
-      float ds = 0.f;
-      a.loss[row[j]] += sigmoid_node_loss(a.bias ? dot + bias[j] : dot, a.child[row[j]] == 0, &ds);
-      *g[j] = a.backward() ? ds * a.upstream[row[j]] : 0.f;
-    }
+  float sc[G] = {}, first[G] = {}, loss[G], ds[G];
+  for (index_t j = 0; j < m; ++j) {
+    const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
+    sc[j] = a.bias ? dot + bias[j] : dot;
+    first[j] = a.child[row[j]] == 0 ? 1.f : 0.f;
+  }
+  sigmoid_node_losses<G>(sc, first, loss, ds);
+  for (index_t j = 0; j < m; ++j) {
+    a.loss[row[j]] += loss[j];
+    *g[j] = a.backward() ? ds[j] * a.upstream[row[j]] : 0.f;
   }
 }
 
