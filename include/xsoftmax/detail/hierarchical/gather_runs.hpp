@@ -241,13 +241,18 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
   }
   const index_t n = static_cast<index_t>(short_runs.size());
   if (n == 0) return;
-  backend_vector<B, node_run> device_runs(short_runs.size());
-  execution<B>::ops::copy(ex.res, raw(device_runs), short_runs.data(), n);
+  // A host backend reads the list where it is; a device gets a copy.
+  backend_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : short_runs.size());
+  const node_run* list = short_runs.data();
+  if constexpr (!is_host_backend<B>) {
+    execution<B>::ops::copy(ex.res, raw(device_runs), short_runs.data(), n);
+    list = raw(device_runs);
+  }
   if constexpr (Sigmoid) {
     constexpr index_t G = is_host_backend<B> ? sigmoid_group : 1, P = is_host_backend<B> ? 64 : 1;
-    parallel_for(ex, (n + P - 1) / P, sigmoid_runs_step<T, G>{a, raw(device_runs), n, P});
+    parallel_for(ex, (n + P - 1) / P, sigmoid_runs_step<T, G>{a, list, n, P});
   } else {
-    parallel_for(ex, n, gather_run_step<T>{a, raw(device_runs)});
+    parallel_for(ex, n, gather_run_step<T>{a, list});
   }
 }
 
