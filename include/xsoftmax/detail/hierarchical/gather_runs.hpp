@@ -224,6 +224,7 @@ struct gather_runs_tuning {
 template <bool Sigmoid, class B, class T>
 void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, const std::vector<node_run>& runs) {
   std::vector<node_run> short_runs;
+  short_runs.reserve(runs.size());
   for (const node_run& run : runs) {
     const index_t len = run.end - run.begin;
     if (!Sigmoid || len < run_parallel_inside) {

@@ -9,6 +9,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/tree/tree_types.hpp>
 
 #include <thrust/functional.h>
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -185,23 +187,26 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   run_plan plan;
   if (rows == 0) return plan;
   const auto policy = ex.policy();
-  using ivector = backend_vector<B, index_t>;
   const std::size_t n = static_cast<std::size_t>(rows);
-  ivector key(n), block_size(n), run_key(n), run_count(n), run_size(n);
-  std::vector<index_t> keys(n), counts(n), sizes(n);
+  // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
+  // places in the backend's memory.
+  scratch_buffer<B, index_t> key_buf(n), size_buf(n), run_key_buf(n), run_count_buf(n), run_size_buf(n);
+  index_t *key = key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
+          *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
+  const std::unique_ptr<index_t[]> keys(new index_t[n]), counts(new index_t[n]), sizes(new index_t[n]);
   for (int l = 0; l < levels; ++l) {
-    level_steps(ex, tv, target, rows, l, raw(key), raw(block_size), children + l * rows);
+    level_steps(ex, tv, target, rows, l, key, block_size, children + l * rows);
     // One pass: each run's row count and block size (equal within a run: their maximum).
     const auto ends = thrust::reduce_by_key(
-        policy, key.begin(), key.end(),
-        thrust::make_zip_iterator(thrust::make_tuple(thrust::constant_iterator<index_t>(1), block_size.begin())),
-        run_key.begin(), thrust::make_zip_iterator(thrust::make_tuple(run_count.begin(), run_size.begin())),
-        thrust::equal_to<index_t>(), count_and_size{});
-    const index_t runs = static_cast<index_t>(ends.first - run_key.begin());
+        policy, key, key + rows,
+        thrust::make_zip_iterator(thrust::make_tuple(thrust::constant_iterator<index_t>(1), block_size)),
+        run_key, thrust::make_zip_iterator(thrust::make_tuple(run_count, run_size)), thrust::equal_to<index_t>(),
+        count_and_size{});
+    const index_t runs = static_cast<index_t>(ends.first - run_key);
     using ops = typename execution<B>::ops;
-    ops::copy(ex.res, keys.data(), raw(run_key), runs);
-    ops::copy(ex.res, counts.data(), raw(run_count), runs);
-    ops::copy(ex.res, sizes.data(), raw(run_size), runs);
+    ops::copy(ex.res, keys.get(), run_key, runs);
+    ops::copy(ex.res, counts.get(), run_count, runs);
+    ops::copy(ex.res, sizes.get(), run_size, runs);
     index_t begin = 0, scratch = 0;
     for (index_t i = 0; i < runs; ++i) {
       if (keys[i] >= 0) {
