@@ -2,7 +2,8 @@
 // The AVX2 host tunings of the sigmoid hierarchical softmax's kernels (row_kernels.hpp,
 // fast_exp.hpp, node_runs.hpp; bench/RESULTS.md, "Binary Huffman: AVX2 row kernels ..."), bitwise
 // against the portable versions they replace at run time: dot_row8 / axpy_row, fast_exp /
-// fast_log1p_unit, sigmoid_node_loss and softplus_pair on 8 lanes. Bitwise, not within a
+// fast_log1p_unit, sigmoid_node_loss and softplus_pair on 8 lanes, the finite scan's block test.
+// Bitwise, not within a
 // tolerance: the AVX2 code does the same float operations in the same order without FMA, so a
 // result must not depend on the CPU it runs on. Skipped (with a message) on a CPU without AVX2 or
 // a build without the AVX2 path (not x86-64 GCC/Clang, or a baseline ISA with FMA); the dispatching
@@ -12,6 +13,7 @@
 
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/finite_scan.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
 
 #include <doctest/doctest.h>
@@ -129,12 +131,49 @@ TEST_CASE("row kernels avx2: sigmoid_node_loss8 and softplus_pair8 bitwise equal
   }
   CHECK(checked >= 10000);
 }
+TEST_CASE("row kernels avx2: the finite scan's block test equals its portable version") {
+  if (!avx2_here()) return;
+  const float inf = std::numeric_limits<float>::infinity(), big = std::numeric_limits<float>::max();
+  test_rng rng(11);
+  int checked = 0, bad_found = 0;
+  for (index_t n = 0; n <= 40; ++n)
+    for (const float scale : {1.f, 0.05f, 4.f, 1e30f}) {
+      const auto base = xsoftmax_test::random_floats(rng, n, 1.0);
+      // Clean, then one value at each position: a NaN, +-inf, or one the scale pushes past the range.
+      for (index_t at = -1; at < n; ++at)
+        for (const float v : {std::nanf(""), inf, -inf, big, -1e10f}) {
+          std::vector<float> x(base.begin(), base.end());
+          if (at >= 0) x[static_cast<size_t>(at)] = v;
+          const bool want = xd::any_non_finite_scaled_portable(x.data(), n, scale);
+          INFO("n = ", n, ", at = ", at, ", value = ", v, ", scale = ", scale);
+          CHECK(xd::any_non_finite_scaled_avx2(x.data(), n, scale) == want);
+          CHECK(xd::any_non_finite_scaled(x.data(), n, scale) == want);
+          ++checked;
+          bad_found += want ? 1 : 0;
+          if (at < 0) break;  // the clean vector once per (n, scale)
+        }
+    }
+  CHECK(checked > 4000);
+  CHECK(bad_found > 3000);  // most cases hold a bad value: both answers are exercised
+}
+
 #else
 TEST_CASE("row kernels avx2: not built here") { MESSAGE("no AVX2 path in this build (not x86-64 GCC/Clang, or built with FMA)"); }
 #endif
 
-TEST_CASE("row kernels: the dispatching group forms equal the scalar functions") {
-  // Whichever path this CPU takes, sigmoid_node_loss8 / softplus_pair8 give the scalar values.
+// Whether the dispatching group forms take the AVX2 path here: otherwise they are loops over the
+// scalar functions, and comparing them with those functions could not fail.
+bool dispatches_avx2() {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  return xd::row_simd::has_avx2;
+#else
+  return false;
+#endif
+}
+
+TEST_CASE("row kernels: the dispatching group forms equal the scalar functions" *
+          doctest::skip(!dispatches_avx2())) {
+  // sigmoid_node_loss8 / softplus_pair8 as callers reach them (the AVX2 path on this CPU).
   const std::vector<float> s = node_scores();
   for (size_t i = 0; i < s.size(); i += static_cast<size_t>(xd::node_lanes)) {
     float first[xd::node_lanes], loss[xd::node_lanes], ds[xd::node_lanes], minus[xd::node_lanes],
@@ -153,6 +192,11 @@ TEST_CASE("row kernels: the dispatching group forms equal the scalar functions")
       CHECK(same(plus[j], plus_ref));
     }
   }
+}
+
+TEST_CASE("row kernels: the dispatching group forms, skipped here") {
+  if (dispatches_avx2()) return;
+  WARN_MESSAGE(false, "SKIPPED: no AVX2 dispatch on this CPU or build; the group forms are the scalar loops");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <xsoftmax/detail/hierarchical/run_plan.hpp>
 #include <xsoftmax/detail/hierarchical/tree_access.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/validation.hpp>
 
 #include <vector>
@@ -98,25 +99,30 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const index_t d = dim();
   const bool want_grad = grad_weights != nullptr;
 
-  // 1. Pack and sort.
+  // 1. Pack (samples and targets: the sort takes the hidden rows from `hidden` directly, widened,
+  //    into an uninitialised buffer: one copy of the rows, no zero-fill) and sort.
   backend_vector<B, float> upstream;
-  const detail::batch_rows<B> packed = detail::pack_rows(ex, hidden, targets, options.ignore_index);
+  const detail::batch_rows<B> packed = detail::pack_rows(ex, hidden, targets, options.ignore_index, false);
   if (want_grad) upstream = detail::upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
-  const detail::batch_rows<B> batch = detail::sort_by_leaf_rank(ex, tv, packed, upstream);
-  const index_t rows = batch.rows;
+  const index_t rows = packed.rows;
+  detail::scratch_buffer<B, float> sorted_hidden(static_cast<std::size_t>(rows * d));
+  const detail::batch_rows<B> batch =
+      detail::sort_by_leaf_rank(ex, tv, packed, upstream, hidden, packed.sample_data(), sorted_hidden.data());
 
   // 2. Plan: which runs take a GEMM, and the scratch values per row the others need.
   const index_t gemm_min_run = gemm_min_run_;
   const auto takes_gemm = [=](const detail::node_run& run) {
     return !sigmoid_form && run.end - run.begin >= gemm_min_run;
   };
-  backend_vector<B, index_t> children;  // each level's child per row, from the planning pass
+  // Each level's child per row, from the planning pass (written before read: no zero-fill).
+  const int levels = detail::planned_levels(ex, tv, batch.target_data(), rows, Tree::max_depth);
+  detail::scratch_buffer<B, index_t> children(static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels));
   const detail::run_plan plan =
-      detail::plan_runs(ex, tv, batch.target_data(), rows, Tree::max_depth, sigmoid_form,
+      detail::plan_runs(ex, tv, batch.target_data(), rows, levels, sigmoid_form,
                         [=](const detail::node_run& run) -> index_t {
                           return takes_gemm(run) ? 0 : sigmoid_form ? 1 : run.block_size;
                         },
-                        children);
+                        children.data());
 
   // 3. The sparse gradient's rows.
   if (want_grad) {
@@ -134,7 +140,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   backend_vector<B, float> losses(n, 0.f), grad_packed(want_grad ? n * static_cast<std::size_t>(d) : 0, 0.f),
       scratch(static_cast<std::size_t>(plan.gather_values));
   detail::node_run_data<storage_type> a;
-  a.h = batch.hidden_view().data;
+  a.h = sorted_hidden.data();
   a.dim = d;
   a.w = matrix_view<const storage_type>(weights());
   a.bias = store_.bias();
@@ -151,7 +157,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
     gather_runs.reserve(plan.level_first[lv + 1] - plan.level_first[lv]);
     for (std::size_t i = plan.level_first[lv]; i < plan.level_first[lv + 1]; ++i)
       (takes_gemm(plan.runs[i]) ? gemm_runs : gather_runs).push_back(plan.runs[i]);
-    a.child = detail::raw(children) + static_cast<index_t>(lv) * rows;
+    a.child = children.data() + static_cast<index_t>(lv) * rows;
     detail::dense_runs(ex, a, gemm_runs, dense_grouping_);
     detail::gather_runs<sigmoid_form>(ex, a, gather_runs);
   }

@@ -9,6 +9,7 @@
 #include <xsoftmax/detail/host/backend_ops.hpp>
 #include <xsoftmax/detail/primitives/finite_scan.hpp>
 #include <xsoftmax/detail/primitives/parallel_for.hpp>
+#include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/detail/sparse_gradient_checks.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/precision.hpp>
@@ -24,6 +25,7 @@
 
 #include <cmath>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -127,7 +129,11 @@ class weight_store {
     XSOFTMAX_HD void operator()(index_t i) const {
       T* wr = w.row(rows[i]);
       const Accum* g = values + i * w.cols;
-      for (index_t j = 0; j < w.cols; ++j) wr[j] = from_float<T>(to_float(wr[j]) - lr * static_cast<float>(g[j]));
+      // fp32: w + (-lr) g is bitwise w - lr g (negation is exact), through the row kernel (AVX2
+      // on a host that has it).
+      if constexpr (std::is_same_v<T, float> && std::is_same_v<Accum, float>) axpy_row(-lr, g, wr, w.cols);
+      else
+        for (index_t j = 0; j < w.cols; ++j) wr[j] = from_float<T>(to_float(wr[j]) - lr * static_cast<float>(g[j]));
       if (bias_values) bias[rows[i]] = from_float<T>(to_float(bias[rows[i]]) - lr * static_cast<float>(bias_values[i]));
     }
   };

@@ -27,31 +27,31 @@ namespace xsoftmax::detail {
 /// waiting on each chain). The same values, bitwise, as scoring them one by one.
 inline constexpr index_t sigmoid_group = node_lanes;
 
+/// loss[j] = sigmoid_node_loss(s[j], first[j] != 0, &dscore[j]) for j < G: 8 lanes at once for
+/// G = `node_lanes` (AVX2 on a host that has it), otherwise one by one. Bitwise the same values.
+template <index_t G>
+XSOFTMAX_HD inline void sigmoid_node_losses(const float* s, const float* first, float* loss, float* dscore) {
+  if constexpr (G == node_lanes) sigmoid_node_loss8(s, first, loss, dscore);
+  else
+    for (index_t j = 0; j < G; ++j) loss[j] = sigmoid_node_loss(s[j], first[j] != 0.f, dscore + j);
+}
+
 /// m <= G (sample row[j], node row wr[j], node bias bias[j]) pairs of a sigmoid level: their
-/// losses added to a.loss, *g[j] = dLoss/dscore * upstream (0 without gradients). G =
-/// `sigmoid_group`: the dot products, then the losses on 8 lanes; otherwise one pair at a time.
+/// losses added to a.loss, *g[j] = dLoss/dscore * upstream (0 without gradients). The G dot
+/// products first, then the G losses (`sigmoid_node_losses`); lanes past m score 0 and are dropped.
 template <index_t G, class T>
 XSOFTMAX_HD inline void score_sigmoid_pairs(const node_run_data<T>& a, const index_t* row, const T* const* wr,
                                             const float* bias, float* const* g, index_t m) {
-  if constexpr (G == node_lanes) {
-    float sc[node_lanes] = {}, first[node_lanes] = {}, loss[node_lanes], ds[node_lanes];
-    for (index_t j = 0; j < m; ++j) {
-      const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
-      sc[j] = a.bias ? dot + bias[j] : dot;
-      first[j] = a.child[row[j]] == 0 ? 1.f : 0.f;
-    }
-    sigmoid_node_loss8(sc, first, loss, ds);  // lanes past m score 0 and are dropped
-    for (index_t j = 0; j < m; ++j) {
-      a.loss[row[j]] += loss[j];
-      *g[j] = a.backward() ? ds[j] * a.upstream[row[j]] : 0.f;
-    }
-  } else {
-    for (index_t j = 0; j < m; ++j) {
-      const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
-      float ds = 0.f;
-      a.loss[row[j]] += sigmoid_node_loss(a.bias ? dot + bias[j] : dot, a.child[row[j]] == 0, &ds);
-      *g[j] = a.backward() ? ds * a.upstream[row[j]] : 0.f;
-    }
+  float sc[G] = {}, first[G] = {}, loss[G], ds[G];
+  for (index_t j = 0; j < m; ++j) {
+    const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
+    sc[j] = a.bias ? dot + bias[j] : dot;
+    first[j] = a.child[row[j]] == 0 ? 1.f : 0.f;
+  }
+  sigmoid_node_losses<G>(sc, first, loss, ds);
+  for (index_t j = 0; j < m; ++j) {
+    a.loss[row[j]] += loss[j];
+    *g[j] = a.backward() ? ds[j] * a.upstream[row[j]] : 0.f;
   }
 }
 
@@ -224,6 +224,7 @@ struct gather_runs_tuning {
 template <bool Sigmoid, class B, class T>
 void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, const std::vector<node_run>& runs) {
   std::vector<node_run> short_runs;
+  short_runs.reserve(runs.size());
   for (const node_run& run : runs) {
     const index_t len = run.end - run.begin;
     if (!Sigmoid || len < run_parallel_inside) {
@@ -241,13 +242,18 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
   }
   const index_t n = static_cast<index_t>(short_runs.size());
   if (n == 0) return;
-  backend_vector<B, node_run> device_runs(short_runs.size());
-  execution<B>::ops::copy(ex.res, raw(device_runs), short_runs.data(), n);
+  // A host backend reads the list where it is; a device gets a copy.
+  backend_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : short_runs.size());
+  const node_run* list = short_runs.data();
+  if constexpr (!is_host_backend<B>) {
+    execution<B>::ops::copy(ex.res, raw(device_runs), short_runs.data(), n);
+    list = raw(device_runs);
+  }
   if constexpr (Sigmoid) {
     constexpr index_t G = is_host_backend<B> ? sigmoid_group : 1, P = is_host_backend<B> ? 64 : 1;
-    parallel_for(ex, (n + P - 1) / P, sigmoid_runs_step<T, G>{a, raw(device_runs), n, P});
+    parallel_for(ex, (n + P - 1) / P, sigmoid_runs_step<T, G>{a, list, n, P});
   } else {
-    parallel_for(ex, n, gather_run_step<T>{a, raw(device_runs)});
+    parallel_for(ex, n, gather_run_step<T>{a, list});
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/tree/tree_types.hpp>
 
 #include <thrust/functional.h>
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -80,36 +82,42 @@ struct level_step_of {
   }
 };
 
-/// Row r of `dst` = row order[r] of `src` (rows of `d` floats).
+/// Row r of `dst` = row src_row[order[r]] of `src` (row order[r] when `src_row` is null), widened
+/// to fp32.
+template <class H>
 struct gather_float_rows {
-  const float* src;
+  matrix_view<const H> src;
+  const index_t* src_row;
   const index_t* order;
-  index_t d;
   float* dst;
   XSOFTMAX_HD void operator()(index_t r) const {
-    const float* s = src + order[r] * d;
-    float* o = dst + r * d;
-    for (index_t p = 0; p < d; ++p) o[p] = s[p];
+    const index_t i = order[r];
+    const H* s = src.row(src_row ? src_row[i] : i);
+    float* o = dst + r * src.cols;
+    for (index_t p = 0; p < src.cols; ++p) o[p] = to_float(s[p]);
   }
 };
 
 /// `in`'s rows stable-sorted by their target's leaf rank (equal targets keep batch order), with
-/// `upstream` (one value per packed row, or empty) permuted alike.
-template <class B, class View>
+/// `upstream` (one value per packed row, or empty) permuted alike. The sorted hidden rows go to
+/// `hidden_out` (rows x dim floats, written, never read): row r is row `src_row[i]` of `hidden`,
+/// i = the packed row sorted to r (row i itself when `src_row` is null). Taking them from the
+/// caller's matrix lets the step skip packing them first; `in.hidden` is not read.
+template <class B, class View, class H>
 batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const batch_rows<B>& in,
-                                backend_vector<B, float>& upstream) {
-  const index_t n = in.rows, d = in.dim;
+                                backend_vector<B, float>& upstream, matrix_view<const H> hidden,
+                                const index_t* src_row, float* hidden_out) {
+  const index_t n = in.rows;
   const auto policy = ex.policy();
   backend_vector<B, index_t> keys(static_cast<std::size_t>(n)), order(static_cast<std::size_t>(n));
   parallel_for(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
   thrust::sequence(policy, order.begin(), order.end());
   thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
   batch_rows<B> out;
-  out.dim = d;
+  out.dim = in.dim;
   out.rows = n;
   out.sample.resize(static_cast<std::size_t>(n));
   out.target.resize(static_cast<std::size_t>(n));
-  out.hidden.resize(static_cast<std::size_t>(n * d));
   thrust::gather(policy, order.begin(), order.end(), in.sample.begin(), out.sample.begin());
   thrust::gather(policy, order.begin(), order.end(), in.target.begin(), out.target.begin());
   if (!upstream.empty()) {
@@ -117,7 +125,17 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
     thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
     upstream.swap(up);
   }
-  parallel_for(ex, n, gather_float_rows{thrust::raw_pointer_cast(in.hidden.data()), raw(order), d, raw(out.hidden)});
+  parallel_for(ex, n, gather_float_rows<H>{hidden, src_row, raw(order), hidden_out});
+  return out;
+}
+
+/// The same with the sorted rows in the returned batch's `hidden`, taken from `in.hidden`.
+template <class B, class View>
+batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const batch_rows<B>& in,
+                                backend_vector<B, float>& upstream) {
+  backend_vector<B, float> hidden(static_cast<std::size_t>(in.rows * in.dim));
+  batch_rows<B> out = sort_by_leaf_rank(ex, tv, in, upstream, in.hidden_view(), nullptr, raw(hidden));
+  out.hidden.swap(hidden);
   return out;
 }
 
@@ -145,41 +163,50 @@ struct count_and_size {
   }
 };
 
-/// The runs of sorted rows sharing a node, level by level down to the deepest path, and the
-/// gradient rows of each run's block (one per child row; one per node for sigmoid nodes), laid out
-/// run by run, level by level. `gather_width(run)` says how many scratch values per row a run
-/// needs on the gather path (0 when it takes another path); offsets restart at every level.
-/// `children` receives each row's child at every planned level (level l: entries [l rows,
-/// (l + 1) rows)), which the step then reads instead of walking the paths a second time.
+/// The levels a step plans: the batch's deepest path (a Huffman tree's max_depth is far deeper),
+/// at most `max_depth`.
+template <class B, class View>
+int planned_levels(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth) {
+  if (rows == 0) return 0;
+  const thrust::counting_iterator<index_t> first(0);
+  const index_t deepest = thrust::transform_reduce(ex.policy(), first, first + rows, path_depth_of<View>{tv, target},
+                                                   index_t(0), thrust::maximum<index_t>());
+  return deepest < max_depth ? static_cast<int>(deepest) : max_depth;
+}
+
+/// The runs of sorted rows sharing a node, level by level down to `levels` (see `planned_levels`),
+/// and the gradient rows of each run's block (one per child row; one per node for sigmoid nodes),
+/// laid out run by run, level by level. `gather_width(run)` says how many scratch values per row a
+/// run needs on the gather path (0 when it takes another path); offsets restart at every level.
+/// `children` (levels x rows, in the execution's memory) receives each row's child at every level
+/// (level l: entries [l rows, (l + 1) rows)), which the step then reads instead of walking the
+/// paths a second time.
 template <class B, class View, class GatherWidth>
-run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth,
-                   bool sigmoid, GatherWidth gather_width, backend_vector<B, index_t>& children) {
+run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int levels,
+                   bool sigmoid, GatherWidth gather_width, index_t* children) {
   run_plan plan;
   if (rows == 0) return plan;
   const auto policy = ex.policy();
-  using ivector = backend_vector<B, index_t>;
   const std::size_t n = static_cast<std::size_t>(rows);
-  // The batch's deepest path bounds the levels (a Huffman tree's max_depth is far deeper).
-  const thrust::counting_iterator<index_t> first(0);
-  const index_t deepest = thrust::transform_reduce(policy, first, first + rows, path_depth_of<View>{tv, target},
-                                                   index_t(0), thrust::maximum<index_t>());
-  const int levels = deepest < max_depth ? static_cast<int>(deepest) : max_depth;
-  children.resize(n * static_cast<std::size_t>(levels));
-  ivector key(n), block_size(n), run_key(n), run_count(n), run_size(n);
-  std::vector<index_t> keys(n), counts(n), sizes(n);
+  // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
+  // places in the backend's memory.
+  scratch_buffer<B, index_t> key_buf(n), size_buf(n), run_key_buf(n), run_count_buf(n), run_size_buf(n);
+  index_t *key = key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
+          *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
+  const std::unique_ptr<index_t[]> keys(new index_t[n]), counts(new index_t[n]), sizes(new index_t[n]);
   for (int l = 0; l < levels; ++l) {
-    level_steps(ex, tv, target, rows, l, raw(key), raw(block_size), raw(children) + l * rows);
+    level_steps(ex, tv, target, rows, l, key, block_size, children + l * rows);
     // One pass: each run's row count and block size (equal within a run: their maximum).
     const auto ends = thrust::reduce_by_key(
-        policy, key.begin(), key.end(),
-        thrust::make_zip_iterator(thrust::make_tuple(thrust::constant_iterator<index_t>(1), block_size.begin())),
-        run_key.begin(), thrust::make_zip_iterator(thrust::make_tuple(run_count.begin(), run_size.begin())),
-        thrust::equal_to<index_t>(), count_and_size{});
-    const index_t runs = static_cast<index_t>(ends.first - run_key.begin());
+        policy, key, key + rows,
+        thrust::make_zip_iterator(thrust::make_tuple(thrust::constant_iterator<index_t>(1), block_size)),
+        run_key, thrust::make_zip_iterator(thrust::make_tuple(run_count, run_size)), thrust::equal_to<index_t>(),
+        count_and_size{});
+    const index_t runs = static_cast<index_t>(ends.first - run_key);
     using ops = typename execution<B>::ops;
-    ops::copy(ex.res, keys.data(), raw(run_key), runs);
-    ops::copy(ex.res, counts.data(), raw(run_count), runs);
-    ops::copy(ex.res, sizes.data(), raw(run_size), runs);
+    ops::copy(ex.res, keys.get(), run_key, runs);
+    ops::copy(ex.res, counts.get(), run_count, runs);
+    ops::copy(ex.res, sizes.get(), run_size, runs);
     index_t begin = 0, scratch = 0;
     for (index_t i = 0; i < runs; ++i) {
       if (keys[i] >= 0) {
@@ -194,6 +221,15 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
     plan.gather_values = scratch > plan.gather_values ? scratch : plan.gather_values;
   }
   return plan;
+}
+
+/// The same, planning `planned_levels(..., max_depth)` levels into `children` (resized to fit).
+template <class B, class View, class GatherWidth>
+run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth,
+                   bool sigmoid, GatherWidth gather_width, backend_vector<B, index_t>& children) {
+  const int levels = planned_levels(ex, tv, target, rows, max_depth);
+  children.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels));
+  return plan_runs(ex, tv, target, rows, levels, sigmoid, gather_width, raw(children));
 }
 
 /// The sparse gradient's row ids of `plan`: each run's child rows (its node's row for sigmoid nodes).

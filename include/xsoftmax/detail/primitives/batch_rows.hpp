@@ -98,10 +98,11 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
 }
 
 /// Packs the rows of `hidden` whose target is not `ignore_index` (every row when `targets` is
-/// empty), widened to fp32.
+/// empty), widened to fp32. Without `with_hidden` only their samples and targets (`hidden` stays
+/// empty: for a caller that reads the rows from `hidden` itself, by `sample`).
 template <class Backend, class H>
 batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H> hidden,
-                              vector_view<const index_t> targets, index_t ignore_index) {
+                              vector_view<const index_t> targets, index_t ignore_index, bool with_hidden = true) {
   batch_rows<Backend> b;
   b.dim = hidden.cols;
   b.sample.resize(static_cast<std::size_t>(hidden.rows));
@@ -116,14 +117,15 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
   }
   b.sample.resize(static_cast<std::size_t>(b.rows));
   b.target.resize(static_cast<std::size_t>(b.rows));
-  b.hidden.resize(static_cast<std::size_t>(b.rows * b.dim));
+  if (with_hidden) b.hidden.resize(static_cast<std::size_t>(b.rows * b.dim));
   const index_t* src = b.sample_data();
   index_t* tgt = thrust::raw_pointer_cast(b.target.data());
-  float* out = thrust::raw_pointer_cast(b.hidden.data());
+  float* out = with_hidden ? thrust::raw_pointer_cast(b.hidden.data()) : nullptr;
   const index_t* t = targets.data;
   const index_t d = b.dim;
   parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     tgt[r] = t ? t[src[r]] : 0;
+    if (!out) return;
     const H* in = hidden.row(src[r]);
     for (index_t j = 0; j < d; ++j) out[r * d + j] = to_float(in[j]);
   });

@@ -8,6 +8,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/types.hpp>
 
@@ -15,12 +16,32 @@
 #include <thrust/iterator/counting_iterator.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace xsoftmax::detail {
 
 /// 1 when `v` is NaN or +-inf, 0 otherwise, without a float comparison.
 XSOFTMAX_HD inline std::uint32_t non_finite_bit(float v) {
   return (static_cast<std::uint32_t>(bits_of_float(v)) & 0x7F800000u) == 0x7F800000u ? 1u : 0u;
+}
+
+/// Whether scale * v[i] is NaN or infinite for some i < n, branch-free; the portable version.
+template <class T>
+XSOFTMAX_HD inline bool any_non_finite_scaled_portable(const T* v, index_t n, float scale) {
+  std::uint32_t bad = 0;
+  for (index_t i = 0; i < n; ++i) bad |= non_finite_bit(scale * to_float(v[i]));
+  return bad != 0;
+}
+
+/// The same; fp32 on 8 AVX2 lanes when the host CPU has them (row_kernels.hpp; the same products,
+/// so the same answer as the portable version, its oracle).
+template <class T>
+XSOFTMAX_HD inline bool any_non_finite_scaled(const T* v, index_t n, float scale) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if constexpr (std::is_same_v<T, float>)
+    if (row_simd::has_avx2) return any_non_finite_scaled_avx2(v, n, scale);
+#endif
+  return any_non_finite_scaled_portable(v, n, scale);
 }
 
 /// True for a block of `block` values (the last one shorter) holding a value whose `scale` times is
@@ -32,9 +53,7 @@ struct block_has_non_finite {
   float scale;
   XSOFTMAX_HD bool operator()(index_t b) const {
     const index_t first = b * block, last = first + block < n ? first + block : n;
-    std::uint32_t bad = 0;
-    for (index_t i = first; i < last; ++i) bad |= non_finite_bit(scale * to_float(values[i]));
-    return bad != 0;
+    return any_non_finite_scaled(values + first, last - first, scale);
   }
 };
 

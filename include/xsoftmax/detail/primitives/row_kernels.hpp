@@ -26,6 +26,7 @@
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -113,6 +114,34 @@ __attribute__((target("avx2"), noinline)) inline void axpy_row_avx2(float g, con
     p += 4;
   }
   for (; p < d; ++p) y[p] += g * x[p];
+}
+
+/// Whether scale * v[i] is NaN or infinite (all eight exponent bits set) for some i < n: the
+/// finite scan's block test (`block_has_non_finite`, its portable oracle) on 8-float vectors, the
+/// same products (no FMA), so the same answer.
+__attribute__((target("avx2"), noinline)) inline bool any_non_finite_scaled_avx2(const float* v, index_t n,
+                                                                                float scale) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  const __m256i exp_mask = _mm256_set1_epi32(0x7F800000);
+  __m256i bad = _mm256_setzero_si256();
+  index_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i e0 = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(sv, _mm256_loadu_ps(v + i))), exp_mask);
+    const __m256i e1 = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(sv, _mm256_loadu_ps(v + i + 8))), exp_mask);
+    bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_cmpeq_epi32(e0, exp_mask), _mm256_cmpeq_epi32(e1, exp_mask)));
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256i e = _mm256_and_si256(_mm256_castps_si256(_mm256_mul_ps(sv, _mm256_loadu_ps(v + i))), exp_mask);
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, exp_mask));
+  }
+  if (!_mm256_testz_si256(bad, bad)) return true;
+  for (; i < n; ++i) {
+    const float x = scale * v[i];
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7F800000u) == 0x7F800000u) return true;
+  }
+  return false;
 }
 
 /// `scale_row` on 8-float vectors.
