@@ -18,28 +18,6 @@
 namespace xsoftmax::detail {
 
 #if defined(XSOFTMAX_ROW_KERNELS_AVX2)
-/// `dot_row8_avx2`'s tail and reduction for one row: its 8-lane sums `acc` after the 8-steps, the
-/// elements from p on (< 8 of them).
-__attribute__((target("avx2"), always_inline)) inline float dot_row8_avx2_finish(__m256 acc, const float* h,
-                                                                               const float* w, index_t p, index_t d) {
-  __m128 a = _mm256_castps256_ps128(acc), b = _mm256_extractf128_ps(acc, 1);
-  if (p + 4 <= d) {
-    a = _mm_add_ps(a, _mm_mul_ps(_mm_loadu_ps(h + p), _mm_loadu_ps(w + p)));
-    p += 4;
-  }
-  if (p < d) {
-    alignas(16) float lb[4];
-    _mm_store_ps(lb, b);
-    lb[0] += h[p] * w[p];
-    if (p + 1 < d) lb[1] += h[p + 1] * w[p + 1];
-    if (p + 2 < d) lb[2] += h[p + 2] * w[p + 2];
-    b = _mm_load_ps(lb);
-  }
-  a = _mm_add_ps(a, b);
-  const __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
-
 /// N rows of `dot_row8_avx2` in one loop (see the file comment).
 template <int N>
 __attribute__((target("avx2"), noinline)) void dot_rows8_avx2(const float* const* h, const float* const* w, index_t d,

@@ -64,6 +64,28 @@ inline const bool has_avx2 = [] {
 }();
 }  // namespace row_simd
 
+/// `dot_row8_avx2`'s tail and reduction for one row: its 8-lane sums `acc` after the 8-steps, the
+/// elements from p on (< 8 of them).
+__attribute__((target("avx2"), always_inline)) inline float dot_row8_avx2_finish(__m256 acc, const float* h,
+                                                                               const float* w, index_t p, index_t d) {
+  __m128 a = _mm256_castps256_ps128(acc), b = _mm256_extractf128_ps(acc, 1);
+  if (p + 4 <= d) {
+    a = _mm_add_ps(a, _mm_mul_ps(_mm_loadu_ps(h + p), _mm_loadu_ps(w + p)));
+    p += 4;
+  }
+  if (p < d) {
+    alignas(16) float lb[4];  // the last 1-3 elements (through memory: rare, and exact)
+    _mm_store_ps(lb, b);
+    lb[0] += h[p] * w[p];
+    if (p + 1 < d) lb[1] += h[p + 1] * w[p + 1];
+    if (p + 2 < d) lb[2] += h[p + 2] * w[p + 2];
+    b = _mm_load_ps(lb);
+  }
+  a = _mm_add_ps(a, b);
+  const __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));  // lanes 0, 1: l0 + l2, l1 + l3
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
 /// `dot_row8`'s sums on 8-float vectors: lane l of `acc` is dot_row8's partial sum l, its 4-wide
 /// tail goes into lanes 0-3 and the last < 4 elements into lanes 4-6, as there (no FMA).
 __attribute__((target("avx2"), noinline)) inline float dot_row8_avx2(const float* h, const float* w, index_t d) {
@@ -77,22 +99,7 @@ __attribute__((target("avx2"), noinline)) inline float dot_row8_avx2(const float
     acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(h + p), _mm256_loadu_ps(w + p)));
     p += 8;
   }
-  __m128 a = _mm256_castps256_ps128(acc), b = _mm256_extractf128_ps(acc, 1);
-  if (p + 4 <= d) {
-    a = _mm_add_ps(a, _mm_mul_ps(_mm_loadu_ps(h + p), _mm_loadu_ps(w + p)));
-    p += 4;
-  }
-  if (p < d) {  // the last 1-3 elements (through memory: rare, and exact)
-    alignas(16) float lb[4];
-    _mm_store_ps(lb, b);
-    lb[0] += h[p] * w[p];
-    if (p + 1 < d) lb[1] += h[p + 1] * w[p + 1];
-    if (p + 2 < d) lb[2] += h[p + 2] * w[p + 2];
-    b = _mm_load_ps(lb);
-  }
-  a = _mm_add_ps(a, b);
-  const __m128 s = _mm_add_ps(a, _mm_movehl_ps(a, a));  // lanes 0, 1: l0 + l2, l1 + l3
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+  return dot_row8_avx2_finish(acc, h, w, p, d);
 }
 
 /// `axpy_row` on 8-float vectors (element by element: y[p] + g * x[p], no FMA).
