@@ -82,7 +82,8 @@ class knn_selector {
   template <class Ex, class T>
   void rebuild(const Ex& ex, matrix_view<const T> weights, const knn_build_share* share = nullptr) {
     builder_.build_on(ex, weights, graph_, share);
-    gather_rows_ = graph_.held_rows() < graph_.num_classes() ? share->gather_rows : nullptr;
+    // Only a ring build (so a share) leaves a partial graph; testing `share` also tells GCC so.
+    gather_rows_ = share && graph_.held_rows() < graph_.num_classes() ? share->gather_rows : nullptr;
   }
 
   /// Whether the next `next_step` rebuilds the graph (reads its weights; a class-sharded head
