@@ -19,9 +19,11 @@ mkdir -p "$out/corpus"
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize=null -fno-sanitize-recover=undefined \
   -I include -I "$cuda/include/cccl" -isystem "$cuda/include" \
   tests/fuzz/fuzz_inputs.cpp -o "$out/fuzz_inputs"
-echo "== fuzzing for ${seconds} s (${jobs} job(s)); corpus in $out/corpus"
+echo "== fuzzing for ${seconds} s (${jobs} job(s)); corpus in $out/corpus, job logs in $out/fuzz-*.log"
 start=$(date +%s)
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  "$out/fuzz_inputs" "$out/corpus" -max_total_time="$seconds" -jobs="$jobs" -workers="$jobs" \
-  -max_len=4096 -print_final_stats=1 2>&1 | tail -n 25
+# From inside $out: with -jobs, libFuzzer writes each job's log (fuzz-N.log) and any crash
+# artifact to its working directory, which must not be the checkout.
+(cd "$out" && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ./fuzz_inputs corpus -max_total_time="$seconds" -jobs="$jobs" -workers="$jobs" \
+  -max_len=4096 -print_final_stats=1 2>&1 | tail -n 25)
 echo "== ran $(($(date +%s) - start)) s"
