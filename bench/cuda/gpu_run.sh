@@ -11,6 +11,10 @@
 #   bench/cuda/gpu_run.sh bench      heads_cuda_bench (--quick first, then the full sizes)
 #   bench/cuda/gpu_run.sh peer       bench/cuda/torch_peer.py, and the device-to-device copy rate
 #   bench/cuda/gpu_run.sh all        the six in order
+#   bench/cuda/gpu_run.sh first      for a session's whole device budget of 15 minutes (a machine's start
+#                                    takes 1-2 of them): build, every test, memcheck, the quick bench, each
+#                                    step under its own time limit, in one call of at most about 9 minutes
+#                                    (device tool: timeout_s 600), writing 7 files (a call returns at most 8)
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -19,7 +23,8 @@
 # Environment: BUILD (default build-gpu), XSOFTMAX_DOCTEST_INCLUDE_DIR (default .deps).
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+self=$(realpath "${BASH_SOURCE[0]}")
+cd "$(dirname "$self")/../.."
 out=${OUT:-gpu-out}
 build=${BUILD:-build-gpu}
 doctest_dir=${XSOFTMAX_DOCTEST_INCLUDE_DIR:-$PWD/.deps}
@@ -33,10 +38,45 @@ build() {
   nvcc --version | tail -n 2 | tee -a "$out/gpu.txt"
   local gen=()
   command -v ninja > /dev/null && gen=(-G Ninja)
+  # NCCL: the CUDA toolkit's own when it has one, else the one PyTorch's wheels bring
+  # (nvidia-nccl-cu13: include/nccl.h and lib/libnccl.so.2, no unversioned .so), so that the
+  # one-rank nccl_communicator test is compiled and run.
+  local nccl=()
+  if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
+    local wheel
+    wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+    if [[ -n $wheel && -e $wheel/include/nccl.h ]]; then
+      nccl=(-DXSOFTMAX_NCCL_INCLUDE_DIR="$wheel/include" -DXSOFTMAX_NCCL_LIBRARY="$(ls "$wheel"/lib/libnccl.so* | head -n 1)")
+    fi
+  fi
   cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DXSOFTMAX_ENABLE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DXSOFTMAX_INSTALL=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DXSOFTMAX_INSTALL=OFF "${nccl[@]}" \
     -DXSOFTMAX_DOCTEST_INCLUDE_DIR="$doctest_dir" > "$out/configure.txt" 2>&1
+  grep -E 'NCCL|CBLAS|doctest' "$out/configure.txt" || true
   cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_tests heads_cuda_bench cuda_training_step 2>&1 | tail -n 20
+}
+
+# One call for the whole 15-minute budget (see the header): each step under `timeout`, so a hang or
+# a slow tool costs its own limit, not the call. Limits in seconds, chosen to end by about 540 s.
+first() {
+  local t0=$SECONDS
+  # step <seconds> <name> <log file> <command...>: runs it into the file, says how it ended and when.
+  # `timeout` runs programs, not shell functions: the build step runs this script's build phase.
+  step() {
+    local limit=$1 name=$2 file=$3 rc=0 s=$SECONDS
+    shift 3
+    timeout "$limit" "$@" > "$file" 2>&1 || rc=$?
+    log "$name: exit $rc after $((SECONDS - s)) s (limit $limit s; $((SECONDS - t0)) s into the call)"
+  }
+  step 270 build "$out/build.txt" bash "$self" build
+  if [[ -e $out/configure.txt ]]; then cat "$out/configure.txt" >> "$out/build.txt" && rm -f "$out/configure.txt"; fi
+  step 90 tests "$out/tests.txt" "$build/tests/cuda/xsoftmax_cuda_tests" --duration=true
+  tail -n 4 "$out/tests.txt"
+  step 20 example "$out/example.txt" "$build/examples/cuda_training_step"
+  step 120 memcheck "$out/memcheck.txt" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case-exclude='*2^31*'
+  tail -n 3 "$out/memcheck.txt"
+  step 40 bench_quick "$out/bench_quick.txt" "$build/bench/cuda/heads_cuda_bench" --quick
 }
 
 test_phase() {
@@ -111,5 +151,6 @@ case "${1:-all}" in
   bench) bench ;;
   peer) peer ;;
   all) build && test_phase && sanitize && sanitize2 && bench && peer ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all" >&2; exit 2 ;;
+  first) first ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first" >&2; exit 2 ;;
 esac
