@@ -192,12 +192,16 @@ TEST_CASE("class_sharding<nccl_communicator> (mock transport) equals class_shard
     o.label_smoothing = 0.1f;
     const float ln = hn.forward_backward(hv, tv, xs::matrix_view<float>(gn.data(), n_rows, dim), wn, o);
     const float lm = hm.forward_backward(hv, tv, xs::matrix_view<float>(gm.data(), n_rows, dim), wm, o);
-    // MPI's reductions (the mock's) add in their own order, mpi_communicator in rank order.
+    // MPI's reductions (the mock's) add in their own order, mpi_communicator in rank order. A
+    // gradient entry is a sum of terms up to ~1 in size (weights N(0, 0.6)) that cancel to ~1e-3,
+    // so another order moves it by a few float roundings of the terms (~1e-7), not of the result:
+    // the absolute part of the tolerance is 1e-5 x 1e-2. (With 1e-5 x 1e-3 it failed at 4 ranks
+    // after unrelated changes to the local arithmetic: 0.00196356 vs 0.00196359.)
     CHECK(ln == doctest::Approx(lm).epsilon(1e-6));
-    for (std::size_t i = 0; i < gn.size(); ++i) CHECK(gn[i] == doctest::Approx(gm[i]).epsilon(1e-5).scale(1e-3));
+    for (std::size_t i = 0; i < gn.size(); ++i) CHECK(gn[i] == doctest::Approx(gm[i]).epsilon(1e-5).scale(1e-2));
     REQUIRE(wn.values.size() == wm.values.size());
     for (std::size_t i = 0; i < wn.values.size(); ++i)
-      CHECK(wn.values[i] == doctest::Approx(wm.values[i]).epsilon(1e-5).scale(1e-3));
+      CHECK(wn.values[i] == doctest::Approx(wm.values[i]).epsilon(1e-5).scale(1e-2));
     constexpr index_t k = 4;
     std::vector<index_t> cn(static_cast<std::size_t>(n_rows * k)), cm(cn.size());
     std::vector<float> vn(cn.size()), vm(cn.size());
