@@ -8,6 +8,7 @@
 /// O(B x chunk_size) plus that budget.
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/class_range_weights.hpp>
 #include <xsoftmax/detail/sharding/prefetch.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
 #include <xsoftmax/head_verbs.hpp>
@@ -36,8 +37,11 @@ namespace xsoftmax {
 /// `non_finite_error` or `invalid_argument` naming the argument and value; nothing is changed then.
 /// Hidden rows may be any of float/double/bf16/fp16 in the backend's memory.
 template <class Precision = fp32, class Backend = serial, class Sharding = no_sharding>
-class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding>, Backend> {
+class full_softmax
+    : public head_verbs<full_softmax<Precision, Backend, Sharding>, Backend>,
+      public detail::class_range_weights<typename Precision::storage_type, Backend, Sharding> {
   using verbs = head_verbs<full_softmax<Precision, Backend, Sharding>, Backend>;
+  using weights_base = detail::class_range_weights<typename Precision::storage_type, Backend, Sharding>;
   static constexpr bool sharded = is_class_sharding<Sharding>;
   static_assert(sharded || std::is_same_v<Sharding, no_sharding>,
                 "xsoftmax: full_softmax's Sharding must be no_sharding or class_sharding<Communicator>");
@@ -71,24 +75,18 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   full_softmax(Sharding sharding, matrix_view<storage_type> local_weights, storage_type* local_bias = nullptr,
                backend_resources<Backend> resources = {});
 
-  /// Every class of the head (all ranks' when sharded): targets and top-k classes are in [0, this).
-  [[nodiscard]] index_t num_classes() const {
-    if constexpr (sharded) return sharding_.num_classes();
-    else return store_.rows();
-  }
-  /// The classes held here, [class_begin(), class_begin() + local_classes()): all of them unsharded.
-  [[nodiscard]] index_t class_begin() const {
-    if constexpr (sharded) return sharding_.class_begin();
-    else return 0;
-  }
-  [[nodiscard]] index_t local_classes() const { return store_.rows(); }
-  [[nodiscard]] const Sharding& sharding() const { return sharding_; }
-  [[nodiscard]] index_t dim() const { return store_.cols(); }
-  [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
-  /// The local weights (all of them unsharded): row i is class class_begin() + i.
-  [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
-  [[nodiscard]] storage_type* bias() const { return store_.bias(); }
-  [[nodiscard]] const backend_resources<Backend>& resources() const { return resources_; }
+  // The class range's accessors, documented in detail/class_range_weights.hpp (named here because
+  // a dependent base's members are not found by unqualified names in the head's own code).
+  using weights_base::bias;
+  using weights_base::class_begin;
+  using weights_base::dim;
+  using weights_base::has_bias;
+  using weights_base::local_classes;
+  using weights_base::num_classes;
+  using weights_base::resources;
+  using weights_base::sharding;
+  using weights_base::weights;
+
 
   /// Classes scored per chunk (0 = automatic: about 32 MiB of fp32 scores per chunk).
   void set_chunk_size(index_t classes);
@@ -222,9 +220,9 @@ class full_softmax : public head_verbs<full_softmax<Precision, Backend, Sharding
   void topk_sharded_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                           matrix_view<float> log_probs) const;
 
-  Sharding sharding_;
-  detail::weight_store<storage_type, Backend> store_;
-  backend_resources<Backend> resources_;
+  using weights_base::resources_;
+  using weights_base::sharding_;
+  using weights_base::store_;
   index_t chunk_size_ = 0;
   index_t score_cache_bytes_ = default_score_cache_bytes;
 };

@@ -22,6 +22,7 @@
 /// combines them (one max and one sum all-reduce). See `selective_softmax`'s `Sharding`.
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/class_range_weights.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
 #include <xsoftmax/full_softmax.hpp>
@@ -72,8 +73,11 @@ namespace xsoftmax {
 /// returns a malformed active set (unsorted, a class out of range, a target missing) makes the verb
 /// throw `invalid_argument` / `out_of_range`.
 template <class Selector, class Precision = fp32, class Backend = serial, class Sharding = no_sharding>
-class selective_softmax : public head_verbs<selective_softmax<Selector, Precision, Backend, Sharding>, Backend> {
+class selective_softmax
+    : public head_verbs<selective_softmax<Selector, Precision, Backend, Sharding>, Backend>,
+      public detail::class_range_weights<typename Precision::storage_type, Backend, Sharding> {
   using verbs = head_verbs<selective_softmax<Selector, Precision, Backend, Sharding>, Backend>;
+  using weights_base = detail::class_range_weights<typename Precision::storage_type, Backend, Sharding>;
   static constexpr bool sharded = is_class_sharding<Sharding>;
   static_assert(sharded || std::is_same_v<Sharding, no_sharding>,
                 "xsoftmax: selective_softmax's Sharding must be no_sharding or class_sharding<Communicator>");
@@ -109,25 +113,18 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   selective_softmax(Selector selector, Sharding sharding, matrix_view<storage_type> local_weights,
                     storage_type* local_bias = nullptr, backend_resources<Backend> resources = {});
 
-  /// Every class of the head (all ranks' when sharded): targets and top-k classes are in [0, this).
-  [[nodiscard]] index_t num_classes() const {
-    if constexpr (sharded) return sharding_.num_classes();
-    else return store_.rows();
-  }
-  /// The classes held here, [class_begin(), class_begin() + local_classes()): all of them unsharded.
-  [[nodiscard]] index_t class_begin() const {
-    if constexpr (sharded) return sharding_.class_begin();
-    else return 0;
-  }
-  [[nodiscard]] index_t local_classes() const { return store_.rows(); }
-  [[nodiscard]] const Sharding& sharding() const { return sharding_; }
-  [[nodiscard]] index_t dim() const { return store_.cols(); }
-  [[nodiscard]] bool has_bias() const { return store_.has_bias(); }
-  /// The local weights (all of them unsharded): row i is class class_begin() + i.
-  [[nodiscard]] matrix_view<storage_type> weights() const { return store_.weights(); }
-  [[nodiscard]] storage_type* bias() const { return store_.bias(); }
+  // The class range's accessors, documented in detail/class_range_weights.hpp (named here because
+  // a dependent base's members are not found by unqualified names in the head's own code).
+  using weights_base::bias;
+  using weights_base::class_begin;
+  using weights_base::dim;
+  using weights_base::has_bias;
+  using weights_base::local_classes;
+  using weights_base::num_classes;
+  using weights_base::resources;
+  using weights_base::sharding;
+  using weights_base::weights;
   /// The selector (mutable: set explicit candidates, swap a graph, set the sampling step).
-  [[nodiscard]] const backend_resources<Backend>& resources() const { return resources_; }
   [[nodiscard]] Selector& selector() { return selector_; }
   [[nodiscard]] const Selector& selector() const { return selector_; }
 
@@ -195,10 +192,10 @@ class selective_softmax : public head_verbs<selective_softmax<Selector, Precisio
   /// The full softmax over the same (local) weights: prediction scores every class.
   [[nodiscard]] full_softmax<Precision, Backend, Sharding> full_() const;
 
-  Sharding sharding_;
+  using weights_base::resources_;
+  using weights_base::sharding_;
+  using weights_base::store_;
   Selector selector_;
-  detail::weight_store<storage_type, Backend> store_;
-  backend_resources<Backend> resources_;
   index_t chunk_size_ = 0;
 };
 

@@ -52,14 +52,14 @@ struct write_log_probs {
 template <class P, class B, class S>
 full_softmax<P, B, S>::full_softmax(index_t num_classes, index_t dim, bool with_bias, init_options init,
                                  backend_resources<B> resources)
-    : store_("full_softmax", num_classes, dim, with_bias, init), resources_(resources) {
+    : weights_base("full_softmax", num_classes, dim, with_bias, init, resources) {
   static_assert(!sharded, "full_softmax: a sharded head is constructed from its class_sharding");
 }
 
 template <class P, class B, class S>
 full_softmax<P, B, S>::full_softmax(matrix_view<storage_type> weights, storage_type* bias,
                                  backend_resources<B> resources)
-    : store_("full_softmax", weights, bias), resources_(resources) {
+    : weights_base("full_softmax", weights, bias, resources) {
   static_assert(!sharded, "full_softmax: a sharded head is constructed from its class_sharding");
 }
 

@@ -50,21 +50,15 @@ struct merge_ranked_topk {
 template <class P, class B, class S>
 full_softmax<P, B, S>::full_softmax(S sharding, index_t dim, bool with_bias, init_options init,
                                     backend_resources<B> resources)
-    : sharding_(std::move(sharding)), resources_(resources) {
+    : weights_base("full_softmax", std::move(sharding), dim, with_bias, init, resources) {
   static_assert(sharded, "full_softmax: only a class-sharded head is constructed from a sharding");
-  init.seed += static_cast<unsigned long long>(sharding_.rank());
-  store_ = detail::weight_store<storage_type, B>("full_softmax", sharding_.local_classes(), dim, with_bias, init);
 }
 
 template <class P, class B, class S>
 full_softmax<P, B, S>::full_softmax(S sharding, matrix_view<storage_type> local_weights, storage_type* local_bias,
                                     backend_resources<B> resources)
-    : sharding_(std::move(sharding)), store_("full_softmax", local_weights, local_bias), resources_(resources) {
+    : weights_base("full_softmax", std::move(sharding), local_weights, local_bias, resources) {
   static_assert(sharded, "full_softmax: only a class-sharded head is constructed from a sharding");
-  detail::expects<shape_error>(local_weights.rows == sharding_.local_classes(), "full_softmax: local_weights has ",
-                               local_weights.rows, " rows, but rank ", sharding_.rank(), " holds ",
-                               sharding_.local_classes(), " classes [", sharding_.class_begin(), ", ",
-                               sharding_.class_end(), ")");
 }
 
 // Gather the rows, one dense softmax over the local block with the row statistics combined between

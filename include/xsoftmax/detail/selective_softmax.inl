@@ -55,16 +55,15 @@ struct has_rebuild_schedule<S, std::void_t<decltype(std::declval<const S&>().nex
 template <class S, class P, class B, class Sh>
 selective_softmax<S, P, B, Sh>::selective_softmax(S selector, index_t num_classes, index_t dim, bool with_bias,
                                               init_options init, backend_resources<B> resources)
-    : selector_(std::move(selector)),
-      store_("selective_softmax", num_classes, dim, with_bias, init),
-      resources_(resources) {
+    : weights_base("selective_softmax", num_classes, dim, with_bias, init, resources),
+      selector_(std::move(selector)) {
   static_assert(!sharded, "selective_softmax: a sharded head is constructed from its class_sharding");
 }
 
 template <class S, class P, class B, class Sh>
 selective_softmax<S, P, B, Sh>::selective_softmax(S selector, matrix_view<storage_type> weights, storage_type* bias,
                                               backend_resources<B> resources)
-    : selector_(std::move(selector)), store_("selective_softmax", weights, bias), resources_(resources) {
+    : weights_base("selective_softmax", weights, bias, resources), selector_(std::move(selector)) {
   static_assert(!sharded, "selective_softmax: a sharded head is constructed from its class_sharding");
 }
 

@@ -14,24 +14,17 @@ namespace xsoftmax {
 template <class S, class P, class B, class Sh>
 selective_softmax<S, P, B, Sh>::selective_softmax(S selector, Sh sharding, index_t dim, bool with_bias,
                                                   init_options init, backend_resources<B> resources)
-    : sharding_(std::move(sharding)), selector_(std::move(selector)), resources_(resources) {
+    : weights_base("selective_softmax", std::move(sharding), dim, with_bias, init, resources),
+      selector_(std::move(selector)) {
   static_assert(sharded, "selective_softmax: only a class-sharded head is constructed from a sharding");
-  init.seed += static_cast<unsigned long long>(sharding_.rank());
-  store_ = detail::weight_store<storage_type, B>("selective_softmax", sharding_.local_classes(), dim, with_bias, init);
 }
 
 template <class S, class P, class B, class Sh>
 selective_softmax<S, P, B, Sh>::selective_softmax(S selector, Sh sharding, matrix_view<storage_type> local_weights,
                                                   storage_type* local_bias, backend_resources<B> resources)
-    : sharding_(std::move(sharding)),
-      selector_(std::move(selector)),
-      store_("selective_softmax", local_weights, local_bias),
-      resources_(resources) {
+    : weights_base("selective_softmax", std::move(sharding), local_weights, local_bias, resources),
+      selector_(std::move(selector)) {
   static_assert(sharded, "selective_softmax: only a class-sharded head is constructed from a sharding");
-  detail::expects<shape_error>(local_weights.rows == sharding_.local_classes(), "selective_softmax: local_weights has ",
-                               local_weights.rows, " rows, but rank ", sharding_.rank(), " holds ",
-                               sharding_.local_classes(), " classes [", sharding_.class_begin(), ", ",
-                               sharding_.class_end(), ")");
 }
 
 // Gather the rows, select on the whole batch, one pass over the local slice of the active set with
