@@ -10,7 +10,8 @@
 ///  2. each row whose target lies below the frontier goes to the owner of its subtree
 ///     (`all_to_all`; started one micro-batch ahead by `route_rows_async`), then its class in the
 ///     subtree and its upstream gradient (two small `all_to_all`s);
-///  3. the owner runs each of its subtrees' heads on the rows it received for it (reduction none);
+///  3. the owner runs one head over all of its subtrees (a forest: `hs_shard_plan::local_forest`)
+///     on the rows it received, each row scored in its own subtree only (reduction none);
 ///  4. the per-row losses and hidden gradients go back (the reverse `all_to_all`) and are added to
 ///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
 ///     replicas receive the same update.
@@ -18,15 +19,17 @@
 /// order of floating-point additions, and repeated runs are bitwise equal. `log_prob` routes the
 /// same way; `topk` is an exact search in two routed rounds (see its documentation).
 ///
-/// Traffic per step: each routed row's hidden vector and upstream gradient out (plus two indices),
+/// Traffic per step: each routed row's hidden vector and upstream gradient out (plus one index),
 /// in four all-to-alls (row counts, hidden rows, indices, upstream gradients),
 /// its loss and hidden gradient back, and an all-reduce over the union of the ranks' touched top
 /// rows (`mpi_communicator` sums in rank order: S times the data, see mpi_communicator.hpp).
 ///
-/// Cost of this first version: one `hierarchical_softmax` call per subtree that received rows
-/// (each packs, sorts and plans its rows on its own: a fixed cost per subtree and step, which
-/// dominates when a rank owns many subtrees with few rows each); rows and gradients cross the
-/// transport through host memory, so only host backends (serial, omp) are offered.
+/// Cost: one `hierarchical_softmax` call per rank and step for the subtrees, whatever their number
+/// (it packs, sorts and plans the received rows once, reading them where they arrived; the first
+/// version's call per subtree that received rows cost a fixed amount per subtree: see
+/// bench/RESULTS.md, "one head call per rank"); the top-k search is one search call per round on
+/// the owner, each row started at its subtree's root. Rows and gradients cross the transport
+/// through host memory, so only host backends (serial, omp) are offered.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/sharding/prefetch.hpp>
@@ -107,8 +110,10 @@ class sharded_hierarchical_softmax {
   [[nodiscard]] index_t dim() const { return top_.dim(); }
   /// The replicated top tree's head (weights: `plan().top_rows()`).
   [[nodiscard]] const head_type& top_head() const { return top_; }
-  /// The head of this rank's subtree `plan().subtrees_of(rank())[i]`.
-  [[nodiscard]] const head_type& subtree_head(index_t i) const { return subs_[static_cast<std::size_t>(i)]; }
+  /// The head over this rank's subtrees as one forest (`plan().local_forest(rank())`; weights: the
+  /// local rows). Its classes are the subtrees' classes (`plan().local_class_offset(s)` + the
+  /// class in subtree s); it scores each row in its own subtree.
+  [[nodiscard]] const head_type& local_head() const { return local_; }
   /// The communicator (collectives are not const: they change the transport's state).
   [[nodiscard]] Communicator& communicator() const { return comm_; }
 
@@ -126,8 +131,9 @@ class sharded_hierarchical_softmax {
 
   /// `forward` with the gradients: `grad_hidden` (B x dim, this rank's rows) is overwritten;
   /// `grad_top` gets the top tree's touched rows (ascending), of the sum over every rank's loss,
-  /// the same on every rank; `grad_local` this rank's local rows touched by any rank's rows
-  /// (subtree by subtree). `grad_output` as in `hierarchical_softmax::forward_backward`.
+  /// the same on every rank; `grad_local` this rank's local rows touched by any rank's rows (in
+  /// the order `local_head().forward_backward` gives them: level by level). `grad_output` as in
+  /// `hierarchical_softmax::forward_backward`.
   float forward_backward(matrix_view<const float> hidden, vector_view<const index_t> targets,
                          matrix_view<float> grad_hidden, gradient_type& grad_top, gradient_type& grad_local,
                          loss_options options = {}, vector_view<float> per_sample = {},
@@ -201,8 +207,10 @@ class sharded_hierarchical_softmax {
   mutable Communicator comm_;
   int rank_ = 0;
   head_type top_;
-  std::vector<head_type> subs_;      ///< this rank's subtrees' heads, in plan_.subtrees_of(rank_) order
-  std::vector<index_t> slot_;        ///< subtree -> index in subs_ (-1 when another rank owns it)
+  head_type local_;                  ///< this rank's subtrees as one forest (plan_.local_forest(rank_))
+  std::vector<index_t> slot_;        ///< subtree -> its tree in local_ (-1 when another rank owns it)
+  std::vector<index_t> local_classes_;  ///< the full tree's class of each of local_'s classes
+  index_t widest_local_ = 0;         ///< local_'s widest block (its search's scratch per row)
   mutable detail::float_buffer_pool pool_;  ///< the routing's row buffers, reused step to step
 };
 

@@ -52,17 +52,18 @@ sharded_hierarchical_softmax<C, F, P, B, D>::sharded_hierarchical_softmax(
       top_(plan_.top_tree(),
            detail::checked_hs_shard_weights(plan_, comm_.size(), comm_.rank(), top_weights, local_weights, top_bias,
                                             local_bias),
-           top_bias, resources) {
+           top_bias, resources),
+      local_(plan_.local_forest(rank_), local_weights, local_bias, resources) {
   slot_.assign(static_cast<std::size_t>(plan_.num_subtrees()), -1);
   const auto& mine = plan_.subtrees_of(rank_);
-  subs_.reserve(mine.size());
   for (std::size_t i = 0; i < mine.size(); ++i) {
-    const index_t s = mine[i], at = plan_.local_row_offset(s), rows = plan_type::weight_rows(plan_.subtree(s));
-    slot_[static_cast<std::size_t>(s)] = static_cast<index_t>(i);
-    subs_.emplace_back(plan_.subtree(s), matrix_view<storage_type>(local_weights.row(at), rows, local_weights.cols,
-                                                                   local_weights.stride),
-                       local_bias ? local_bias + at : nullptr, resources);
+    slot_[static_cast<std::size_t>(mine[i])] = static_cast<index_t>(i);
+    const auto& classes = plan_.subtree_classes(mine[i]);
+    local_classes_.insert(local_classes_.end(), classes.begin(), classes.end());
   }
+  // Every block, the roots' included (a forest has several: detail::widest_block sees one).
+  const auto& bo = local_.tree().block_offsets();
+  for (std::size_t k = 0; k + 1 < bo.size(); ++k) widest_local_ = std::max(widest_local_, bo[k + 1] - bo[k]);
 }
 
 template <class C, class F, class P, class B, int D>
@@ -107,21 +108,7 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type&
     detail::expects<non_finite_error>(std::isfinite(grad_local.bias_values[i]), where, ": grad_local.bias_values[",
                                       i, "] = ", static_cast<float>(grad_local.bias_values[i]), " is not finite");
   top_.apply_sgd(grad_top, lr);
-  // Each subtree's share of grad_local, in its own rows.
-  const auto& mine = plan_.subtrees_of(rank_);
-  for (size_t k = 0; k < subs_.size(); ++k) {
-    const index_t begin = plan_.local_row_offset(mine[k]), end = begin + plan_type::weight_rows(plan_.subtree(mine[k]));
-    gradient_type part;
-    part.dim = d;
-    for (index_t e = 0; e < rows; ++e) {
-      const index_t r = grad_local.rows[static_cast<size_t>(e)];
-      if (r < begin || r >= end) continue;
-      part.rows.push_back(r - begin);
-      part.values.insert(part.values.end(), grad_local.values.begin() + e * d, grad_local.values.begin() + (e + 1) * d);
-      if (top_.has_bias()) part.bias_values.push_back(grad_local.bias_values[static_cast<size_t>(e)]);
-    }
-    if (part.num_rows() > 0) subs_[k].apply_sgd(part, lr);
-  }
+  if (rows > 0) local_.apply_sgd(grad_local, lr);  // the forest's rows are the local rows
 }
 
 // Routes this rank's rows whose target is a class below the frontier (less the ignored ones when
@@ -228,31 +215,28 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   detail::hs_routed_state<C>& st = pre ? *pre : blocking;
   if (!pre) route_(st, hidden, targets, can_ignore, options.ignore_index, false);
   const std::vector<index_t>& order = st.order;
-  std::vector<index_t> send_i(order.size() * 2);
+  std::vector<index_t> send_i(order.size());
   std::vector<float> send_up(mode == mode_t::train ? order.size() : 0);
   for (size_t p = 0; p < order.size(); ++p) {
     const index_t i = order[p], t = targets[i];
-    send_i[2 * p] = plan_.subtree_of(t);
-    send_i[2 * p + 1] = ignored(i) ? -1 : plan_.local_class(t);
+    send_i[p] = ignored(i) ? -1 : plan_.local_class_offset(plan_.subtree_of(t)) + plan_.local_class(t);
     if (mode == mode_t::train) send_up[p] = per_row_upstream ? grad_output[i] : scale;
   }
   const std::vector<index_t>&send_rows = st.send_rows, &recv_rows = st.recv_rows;
   index_t received = 0;
   for (index_t r : recv_rows) received += r;
-  std::vector<index_t> recv_i(static_cast<size_t>(received * 2));
+  std::vector<index_t> recv_i(static_cast<size_t>(received));
   std::vector<float> recv_up(mode == mode_t::train ? static_cast<size_t>(received) : 0);
-  comm_.all_to_all(send_i.data(), detail::element_counts(send_rows, 2).data(), recv_i.data(), detail::element_counts(recv_rows, 2).data());
+  comm_.all_to_all(send_i.data(), send_rows.data(), recv_i.data(), recv_rows.data());
   if (mode == mode_t::train) comm_.all_to_all(send_up.data(), send_rows.data(), recv_up.data(), recv_rows.data());
   st.complete();
   const std::vector<float>& recv_h = st.recv_hidden;
 
-  // 4. Each of this rank's subtrees on the rows it received (reduction none, upstream per row).
+  // 4. This rank's subtrees, one forest head, on the received rows where they arrived (the head
+  //    sorts them by leaf rank; a row this verb ignores has class -1: ignored). Reduction none,
+  //    upstream per row; the hidden gradients straight into the reply (strided rows).
   const index_t rw = 1 + (mode == mode_t::train ? d : 0);
   std::vector<float> reply(static_cast<size_t>(received * rw), 0.f);
-  std::vector<std::vector<index_t>> by_slot(subs_.size());
-  for (index_t r = 0; r < received; ++r)
-    if (recv_i[static_cast<size_t>(2 * r + 1)] >= 0)
-      by_slot[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(2 * r)])])].push_back(r);
   if (mode == mode_t::train) {
     grad_local->dim = d;
     grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
@@ -260,42 +244,19 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   loss_options none;
   none.reduce = reduction::none;
   none.ignore_index = -1;
-  for (size_t k = 0; k < subs_.size(); ++k) {
-    const std::vector<index_t>& mine = by_slot[k];
-    const index_t m = static_cast<index_t>(mine.size());
-    if (m == 0) continue;
-    std::vector<float> h(static_cast<size_t>(m * d)), up(static_cast<size_t>(m)), out(static_cast<size_t>(m)),
-        gh(mode == mode_t::train ? static_cast<size_t>(m * d) : 0);
-    std::vector<index_t> t(static_cast<size_t>(m));
-    for (index_t j = 0; j < m; ++j) {
-      const size_t r = static_cast<size_t>(mine[static_cast<size_t>(j)]);
-      std::copy(recv_h.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(d)),
-                recv_h.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(d)), h.begin() + j * d);
-      if (mode == mode_t::train) up[static_cast<size_t>(j)] = recv_up[r];
-      t[static_cast<size_t>(j)] = recv_i[2 * r + 1];
-    }
-    const matrix_view<const float> hv(h.data(), m, d);
-    const vector_view<const index_t> tv(t.data(), m);
-    const vector_view<float> ov(out.data(), m);
-    const head_type& head = subs_[k];
+  if (received > 0) {
+    const matrix_view<const float> hv(recv_h.data(), received, d);
+    const vector_view<const index_t> tv(recv_i.data(), received);
     if (mode == mode_t::train) {
-      gradient_type g;
-      head.forward_backward(hv, tv, matrix_view<float>(gh.data(), m, d), g, none, ov,
-                            vector_view<const float>(up.data(), m));
-      const index_t at = plan_.local_row_offset(plan_.subtrees_of(rank_)[k]);
-      for (index_t e = 0; e < g.num_rows(); ++e) grad_local->rows.push_back(g.rows[static_cast<size_t>(e)] + at);
-      grad_local->values.insert(grad_local->values.end(), g.values.begin(), g.values.end());
-      grad_local->bias_values.insert(grad_local->bias_values.end(), g.bias_values.begin(), g.bias_values.end());
+      std::vector<float> out(static_cast<size_t>(received));
+      local_.forward_backward(hv, tv, matrix_view<float>(reply.data() + 1, received, d, rw), *grad_local, none,
+                              vector_view<float>(out.data(), received),
+                              vector_view<const float>(recv_up.data(), received));
+      for (index_t r = 0; r < received; ++r) reply[static_cast<size_t>(r * rw)] = out[static_cast<size_t>(r)];
     } else if (mode == mode_t::forward) {
-      head.forward(hv, tv, none, ov);
+      local_.forward(hv, tv, none, vector_view<float>(reply.data(), received));
     } else {
-      head.log_prob(hv, tv, ov);
-    }
-    for (index_t j = 0; j < m; ++j) {
-      const size_t r = static_cast<size_t>(mine[static_cast<size_t>(j)]);
-      reply[r * static_cast<size_t>(rw)] = out[static_cast<size_t>(j)];
-      if (mode == mode_t::train)
-        std::copy(gh.begin() + j * d, gh.begin() + (j + 1) * d, reply.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(rw) + 1));
+      local_.log_prob(hv, tv, vector_view<float>(reply.data(), received));
     }
   }
 
