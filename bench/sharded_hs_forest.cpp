@@ -15,10 +15,13 @@
 //  * `one_row_per_subtree`: `per_subtree` with only the first row of each subtree: the fixed cost
 //    per call (plus one row's compute each), times the calls;
 //  * `forest` (builds with `hs_shard_plan::local_forest`): the same rows through one call of a
-//    head over the rank's subtrees as one forest: the sharded head's step 4 since stop 21.
+//    head over the rank's subtrees as one forest;
+//  * `forest_chunked` (same builds; `chunk` > 0): the rows sorted by subtree, then one forest call
+//    per group of whole subtrees of at least `chunk` rows: the sharded head's step 4 since stop 21
+//    (its default `rows_per_call()`, max(1, 8192 / dim), is the default `chunk`).
 //
 //   mpirun -np 2 ./sharded_hs_forest [classes=1000000] [dim=128] [rows_per_rank=2048] [cut_depth=10]
-//                                    [steps=4] [repeats=5]
+//                                    [steps=4] [repeats=5] [chunk=8192/dim]
 //
 // Rank 0 prints per round and mode the time per step (mean over steps and ranks), then the
 // medians over rounds (`summary`). The full head's weights (every row, d floats) are allocated on
@@ -59,6 +62,7 @@ int main(int argc, char** argv) {
   const index_t rows = argc > 3 ? std::atol(argv[3]) : 2048;
   const int cut = argc > 4 ? std::atoi(argv[4]) : 10, steps = argc > 5 ? std::atoi(argv[5]) : 4,
             repeats = argc > 6 ? std::atoi(argv[6]) : 5;
+  const index_t chunk = argc > 7 ? std::atol(argv[7]) : std::max<index_t>(1, 8192 / dim);  // the head's default
   using tree_t = xs::runtime_tree<>;
   using head_t = xs::sharded_hierarchical_softmax<xs::mpi_communicator>;
   using hs_t = xs::hierarchical_softmax<tree_t>;
@@ -163,19 +167,48 @@ int main(int argc, char** argv) {
       }
     }
   };
-  // One call of `head` over step s's rows with `targets`.
+  // One call of `head` over step s's rows with `targets`; the weight gradient's buffers reused
+  // from call to call, as the sharded head reuses the caller's `grad_local`.
+  hs_t::gradient_type g;
   const auto one_call = [&](const hs_t& hd, int s, const std::vector<index_t>& targets) {
     const index_t m = static_cast<index_t>(targets.size());
     std::vector<float> up(u(m), 1.f), out(u(m)), gh(u(m * dim));
-    hs_t::gradient_type g;
     hd.forward_backward(xs::matrix_view<const float>(mine_h[u(s)].data(), m, dim),
                         xs::vector_view<const index_t>(targets.data(), m), xs::matrix_view<float>(gh.data(), m, dim), g,
                         none, xs::vector_view<float>(out.data(), m), xs::vector_view<const float>(up.data(), m));
   };
 
-  const char* modes[6] = {"step", "per_subtree", "full", "top", "one_row_per_subtree", "forest"};
-  std::vector<double> ms[6];
-  const int n_modes = forest ? 6 : 5;
+  // The forest in calls of at least `chunk` rows each (whole subtrees; rows sorted by subtree).
+  std::vector<std::vector<float>> sorted_h(u(steps));
+  std::vector<std::vector<index_t>> sorted_t(u(steps)), cuts(u(steps));
+  for (int s = 0; s < steps && chunk > 0; ++s) {
+    std::vector<index_t> order(mine_forest[u(s)].size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<index_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return mine_sub[u(s)][u(a)] < mine_sub[u(s)][u(b)]; });
+    cuts[u(s)].push_back(0);
+    for (std::size_t p = 0; p < order.size(); ++p) {
+      const index_t r = order[p];
+      sorted_h[u(s)].insert(sorted_h[u(s)].end(), mine_h[u(s)].begin() + r * dim, mine_h[u(s)].begin() + (r + 1) * dim);
+      sorted_t[u(s)].push_back(mine_forest[u(s)][u(r)]);
+      const bool last = p + 1 == order.size() || mine_sub[u(s)][u(order[p + 1])] != mine_sub[u(s)][u(r)];
+      if (last && (static_cast<index_t>(p + 1) - cuts[u(s)].back() >= chunk || p + 1 == order.size()))
+        cuts[u(s)].push_back(static_cast<index_t>(p + 1));
+    }
+  }
+  const auto chunked = [&](int s) {
+    for (std::size_t c = 0; c + 1 < cuts[u(s)].size(); ++c) {
+      const index_t b = cuts[u(s)][c], m = cuts[u(s)][c + 1] - b;
+      std::vector<float> up(u(m), 1.f), out(u(m)), gh(u(m * dim));
+      forest->forward_backward(xs::matrix_view<const float>(sorted_h[u(s)].data() + b * dim, m, dim),
+                               xs::vector_view<const index_t>(sorted_t[u(s)].data() + b, m),
+                               xs::matrix_view<float>(gh.data(), m, dim), g, none, xs::vector_view<float>(out.data(), m),
+                               xs::vector_view<const float>(up.data(), m));
+    }
+  };
+
+  const char* modes[7] = {"step", "per_subtree", "full", "top", "one_row_per_subtree", "forest", "forest_chunked"};
+  std::vector<double> ms[7];
+  const int n_modes = forest ? (chunk > 0 ? 7 : 6) : 5;
   for (int round = 0; round < repeats; ++round)
     for (int m = 0; m < n_modes; ++m) {
       MPI_Barrier(MPI_COMM_WORLD);
@@ -187,6 +220,7 @@ int main(int argc, char** argv) {
                                 {grad_h.data(), rows, dim}, grad_top, grad_local);
         else if (m == 1 || m == 4) per_subtree(s, m == 4);
         else if (m == 5) one_call(*forest, s, mine_forest[u(s)]);
+        else if (m == 6) chunked(s);
         else one_call(m == 2 ? full : top, s, m == 2 ? mine_full[u(s)] : mine_top[u(s)]);
       }
       double mine = MPI_Wtime() - t0, sum = 0;
@@ -210,6 +244,7 @@ int main(int argc, char** argv) {
     if (forest)
       std::printf("summary forest_ms=%.2f per_subtree_minus_forest_ms=%.2f (%.1f%% of the step)\n", median(ms[5]),
                   loop - median(ms[5]), 100.0 * (loop - median(ms[5])) / step);
+    if (chunk > 0) std::printf("summary forest_chunked_ms=%.2f (calls of >= %ld rows)\n", median(ms[6]), static_cast<long>(chunk));
   }
   MPI_Finalize();
   return 0;

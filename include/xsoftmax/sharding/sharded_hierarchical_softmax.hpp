@@ -9,9 +9,9 @@
 ///  1. the top tree's head runs on the rank's own rows (targets mapped to their top leaves);
 ///  2. each row whose target lies below the frontier goes to the owner of its subtree
 ///     (`all_to_all`; started one micro-batch ahead by `route_rows_async`), then its class in the
-///     subtree and its upstream gradient (two small `all_to_all`s);
-///  3. the owner runs one head over all of its subtrees (a forest: `hs_shard_plan::local_forest`)
-///     on the rows it received, each row scored in its own subtree only (reduction none);
+///     owner's forest of subtrees and its upstream gradient (two small `all_to_all`s);
+///  3. the owner runs the rows it received through one head over all of its subtrees (a forest:
+///     `hs_shard_plan::local_forest`), each row scored in its own subtree only (reduction none);
 ///  4. the per-row losses and hidden gradients go back (the reverse `all_to_all`) and are added to
 ///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
 ///     replicas receive the same update.
@@ -114,6 +114,15 @@ class sharded_hierarchical_softmax {
   /// local rows). Its classes are the subtrees' classes (`plan().local_class_offset(s)` + the
   /// class in subtree s); it scores each row in its own subtree.
   [[nodiscard]] const head_type& local_head() const { return local_; }
+  /// Rows per call of `local_head()` in a step: whole subtrees, until a call has at least this
+  /// many rows (see the file comment's cost). Default max(1, 8192 / dim): 32 KiB of hidden rows.
+  /// The results do not depend on it (each row is scored alone in its subtree); for benchmarking
+  /// and tests. `set_rows_per_call` throws `invalid_argument` when rows < 1.
+  [[nodiscard]] index_t rows_per_call() const { return rows_per_call_; }
+  void set_rows_per_call(index_t rows) {
+    detail::expects(rows >= 1, head_name, "::set_rows_per_call: rows = ", rows, " must be >= 1");
+    rows_per_call_ = rows;
+  }
   /// The communicator (collectives are not const: they change the transport's state).
   [[nodiscard]] Communicator& communicator() const { return comm_; }
 
@@ -131,9 +140,9 @@ class sharded_hierarchical_softmax {
 
   /// `forward` with the gradients: `grad_hidden` (B x dim, this rank's rows) is overwritten;
   /// `grad_top` gets the top tree's touched rows (ascending), of the sum over every rank's loss,
-  /// the same on every rank; `grad_local` this rank's local rows touched by any rank's rows (in
-  /// the order `local_head().forward_backward` gives them: level by level). `grad_output` as in
-  /// `hierarchical_softmax::forward_backward`.
+  /// the same on every rank; `grad_local` this rank's local rows touched by any rank's rows (each
+  /// once; in the order of `local_head()`'s calls, see the file comment's cost). `grad_output` as
+  /// in `hierarchical_softmax::forward_backward`.
   float forward_backward(matrix_view<const float> hidden, vector_view<const index_t> targets,
                          matrix_view<float> grad_hidden, gradient_type& grad_top, gradient_type& grad_local,
                          loss_options options = {}, vector_view<float> per_sample = {},
@@ -194,6 +203,9 @@ class sharded_hierarchical_softmax {
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
              gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output,
              detail::hs_routed_state<Communicator>* pre) const;
+  /// Step 4 of the routed step: the received rows through `local_` (see its definition).
+  void score_subtrees_(detail::hs_route_mode mode, const std::vector<float>& recv_h, const std::vector<index_t>& recv_i,
+                       const std::vector<float>& recv_up, std::vector<float>& reply, gradient_type* grad_local) const;
   void route_(detail::hs_routed_state<Communicator>& st, matrix_view<const float> hidden,
               vector_view<const index_t> targets, bool can_ignore, index_t ignore_index, bool start) const;
   /// The state of `rows` when this head may use it (see the prefetch verbs), marked used.
@@ -210,6 +222,8 @@ class sharded_hierarchical_softmax {
   head_type local_;                  ///< this rank's subtrees as one forest (plan_.local_forest(rank_))
   std::vector<index_t> slot_;        ///< subtree -> its tree in local_ (-1 when another rank owns it)
   std::vector<index_t> local_classes_;  ///< the full tree's class of each of local_'s classes
+  std::vector<index_t> class_begin_;    ///< first class in local_ of each of its trees (ascending)
+  index_t rows_per_call_ = 1;           ///< see rows_per_call()
   index_t widest_local_ = 0;         ///< local_'s widest block (its search's scratch per row)
   mutable detail::float_buffer_pool pool_;  ///< the routing's row buffers, reused step to step
 };

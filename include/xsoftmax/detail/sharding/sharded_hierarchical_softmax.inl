@@ -58,9 +58,11 @@ sharded_hierarchical_softmax<C, F, P, B, D>::sharded_hierarchical_softmax(
   const auto& mine = plan_.subtrees_of(rank_);
   for (std::size_t i = 0; i < mine.size(); ++i) {
     slot_[static_cast<std::size_t>(mine[i])] = static_cast<index_t>(i);
+    class_begin_.push_back(plan_.local_class_offset(mine[i]));
     const auto& classes = plan_.subtree_classes(mine[i]);
     local_classes_.insert(local_classes_.end(), classes.begin(), classes.end());
   }
+  rows_per_call_ = std::max<index_t>(1, 8192 / std::max<index_t>(1, dim()));  // 32 KiB of fp32 rows
   // Every block, the roots' included (a forest has several: detail::widest_block sees one).
   const auto& bo = local_.tree().block_offsets();
   for (std::size_t k = 0; k + 1 < bo.size(); ++k) widest_local_ = std::max(widest_local_, bo[k + 1] - bo[k]);
@@ -109,6 +111,90 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type&
                                       i, "] = ", static_cast<float>(grad_local.bias_values[i]), " is not finite");
   top_.apply_sgd(grad_top, lr);
   if (rows > 0) local_.apply_sgd(grad_local, lr);  // the forest's rows are the local rows
+}
+
+// Step 4 of the routed step: the received rows (classes of this rank's forest, -1: a row the verb
+// ignores, left at 0 in `reply`) through the forest head, in calls of whole subtrees of at least
+// `rows_per_call()` rows each (default: 32 KiB of hidden rows): one call for the whole batch would pay the call's fixed
+// cost once, but it walks the tree level by level over all its rows, which then fall out of the
+// core's caches between levels (at d = 256 and 2.6k rows slower than a call per subtree); calls of
+// a few dozen rows keep them cached and still amortise the fixed cost (bench/RESULTS.md, "one head
+// call per rank"). Each row is scored alone in its subtree, so the results do not depend on the
+// grouping. reply: per row, the loss (log-probability), then the hidden gradient when training.
+template <class C, class F, class P, class B, int D>
+void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_route_mode mode,
+                                                                  const std::vector<float>& recv_h,
+                                                                  const std::vector<index_t>& recv_i,
+                                                                  const std::vector<float>& recv_up,
+                                                                  std::vector<float>& reply,
+                                                                  gradient_type* grad_local) const {
+  using std::size_t;
+  const bool train = mode == detail::hs_route_mode::train;
+  const index_t d = dim(), received = static_cast<index_t>(recv_i.size()), rw = 1 + (train ? d : 0);
+  if (train) {
+    grad_local->dim = d;
+    grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
+  }
+  // The scored rows grouped by subtree (a stable counting sort: each subtree's rows in arrival order).
+  const size_t trees = class_begin_.size();
+  std::vector<index_t> tree_of(static_cast<size_t>(received), -1), first(trees + 1, 0);
+  for (index_t r = 0; r < received; ++r) {
+    const index_t c = recv_i[static_cast<size_t>(r)];
+    if (c < 0) continue;
+    const auto k = std::upper_bound(class_begin_.begin(), class_begin_.end(), c) - class_begin_.begin() - 1;
+    tree_of[static_cast<size_t>(r)] = static_cast<index_t>(k);
+    ++first[static_cast<size_t>(k) + 1];
+  }
+  for (size_t k = 0; k < trees; ++k) first[k + 1] += first[k];
+  std::vector<index_t> rows(static_cast<size_t>(first[trees])), next(first.begin(), first.end() - 1);
+  for (index_t r = 0; r < received; ++r)
+    if (tree_of[static_cast<size_t>(r)] >= 0) rows[static_cast<size_t>(next[static_cast<size_t>(tree_of[static_cast<size_t>(r)])]++)] = r;
+
+  loss_options none;
+  none.reduce = reduction::none;
+  none.ignore_index = -1;
+  const index_t per_call = rows_per_call_;
+  std::vector<float> h, up, out, gh;
+  std::vector<index_t> t;
+  gradient_type g;
+  for (size_t b = 0; b < rows.size();) {
+    size_t e = b;  // whole subtrees, until the call has per_call rows
+    while (e < rows.size() && (static_cast<index_t>(e - b) < per_call ||
+                               tree_of[static_cast<size_t>(rows[e])] == tree_of[static_cast<size_t>(rows[e - 1])]))
+      ++e;
+    const index_t m = static_cast<index_t>(e - b);
+    h.resize(static_cast<size_t>(m * d)), t.resize(static_cast<size_t>(m)), out.resize(static_cast<size_t>(m));
+    up.resize(train ? static_cast<size_t>(m) : 0), gh.resize(train ? static_cast<size_t>(m * d) : 0);
+    for (index_t j = 0; j < m; ++j) {
+      const size_t r = static_cast<size_t>(rows[b + static_cast<size_t>(j)]);
+      std::copy(recv_h.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(d)),
+                recv_h.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(d)), h.begin() + j * d);
+      t[static_cast<size_t>(j)] = recv_i[r];
+      if (train) up[static_cast<size_t>(j)] = recv_up[r];
+    }
+    const matrix_view<const float> hv(h.data(), m, d);
+    const vector_view<const index_t> tv(t.data(), m);
+    const vector_view<float> ov(out.data(), m);
+    if (train) {
+      local_.forward_backward(hv, tv, matrix_view<float>(gh.data(), m, d), g, none, ov,
+                              vector_view<const float>(up.data(), m));
+      grad_local->rows.insert(grad_local->rows.end(), g.rows.begin(), g.rows.end());  // forest rows = local rows
+      grad_local->values.insert(grad_local->values.end(), g.values.begin(), g.values.end());
+      grad_local->bias_values.insert(grad_local->bias_values.end(), g.bias_values.begin(), g.bias_values.end());
+    } else if (mode == detail::hs_route_mode::forward) {
+      local_.forward(hv, tv, none, ov);
+    } else {
+      local_.log_prob(hv, tv, ov);
+    }
+    for (index_t j = 0; j < m; ++j) {
+      const size_t r = static_cast<size_t>(rows[b + static_cast<size_t>(j)]);
+      reply[r * static_cast<size_t>(rw)] = out[static_cast<size_t>(j)];
+      if (train)
+        std::copy(gh.begin() + j * d, gh.begin() + (j + 1) * d,
+                  reply.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(rw) + 1));
+    }
+    b = e;
+  }
 }
 
 // Routes this rank's rows whose target is a class below the frontier (less the ignored ones when
@@ -203,7 +289,7 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   else top_.log_prob(hidden, top_view, part_view);
 
   // 3. Rows below the frontier to their subtree's owner (routed already when prefetched): the
-  //    hidden rows; then, per routed row, (subtree, class in the subtree, or -1 for a row this verb
+  //    hidden rows; then, per routed row, its class in the owner's forest (-1 for a row this verb
   //    ignores) and, when training, the unsharded head's upstream gradient.
   float scale = 1.f;
   if (mode == mode_t::train) {
@@ -232,33 +318,11 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   st.complete();
   const std::vector<float>& recv_h = st.recv_hidden;
 
-  // 4. This rank's subtrees, one forest head, on the received rows where they arrived (the head
-  //    sorts them by leaf rank; a row this verb ignores has class -1: ignored). Reduction none,
-  //    upstream per row; the hidden gradients straight into the reply (strided rows).
+  // 4. This rank's subtrees, through the forest head, on the received rows (reduction none,
+  //    upstream per row).
   const index_t rw = 1 + (mode == mode_t::train ? d : 0);
   std::vector<float> reply(static_cast<size_t>(received * rw), 0.f);
-  if (mode == mode_t::train) {
-    grad_local->dim = d;
-    grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
-  }
-  loss_options none;
-  none.reduce = reduction::none;
-  none.ignore_index = -1;
-  if (received > 0) {
-    const matrix_view<const float> hv(recv_h.data(), received, d);
-    const vector_view<const index_t> tv(recv_i.data(), received);
-    if (mode == mode_t::train) {
-      std::vector<float> out(static_cast<size_t>(received));
-      local_.forward_backward(hv, tv, matrix_view<float>(reply.data() + 1, received, d, rw), *grad_local, none,
-                              vector_view<float>(out.data(), received),
-                              vector_view<const float>(recv_up.data(), received));
-      for (index_t r = 0; r < received; ++r) reply[static_cast<size_t>(r * rw)] = out[static_cast<size_t>(r)];
-    } else if (mode == mode_t::forward) {
-      local_.forward(hv, tv, none, vector_view<float>(reply.data(), received));
-    } else {
-      local_.log_prob(hv, tv, vector_view<float>(reply.data(), received));
-    }
-  }
+  score_subtrees_(mode, recv_h, recv_i, recv_up, reply, grad_local);
 
   // 5. Back to the rows' ranks, added to the top part.
   std::vector<float> back(order.size() * static_cast<size_t>(rw));

@@ -35,6 +35,9 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
                                    log_probs.cols == k,
                                where, ": classes is ", classes.rows, " x ", classes.cols, " and log_probs ",
                                log_probs.rows, " x ", log_probs.cols, " but hidden has ", rows, " rows and k = ", k);
+  // The search packs a weight row into 32 bits (tree_search.hpp), as hierarchical_softmax::topk.
+  detail::expects(local_.tree().num_rows() <= index_t(0xFFFFFFFF), where, ": this rank's subtrees have ",
+                  local_.tree().num_rows(), " weight rows; the search supports at most 2^32 - 1");
   detail::hs_topk_candidates candidates(static_cast<size_t>(rows));
   std::vector<detail::hs_topk_request> requests;
   const auto add_leaf = [&](index_t i, index_t j, float lp) {
