@@ -16,9 +16,13 @@
 //    per call (plus one row's compute each), times the calls;
 //  * `forest` (builds with `hs_shard_plan::local_forest`): the same rows through one call of a
 //    head over the rank's subtrees as one forest;
-//  * `forest_chunked` (same builds; `chunk` > 0): the rows sorted by subtree, then one forest call
-//    per group of whole subtrees of at least `chunk` rows: the sharded head's step 4 since stop 21
-//    (its default `rows_per_call()`, max(1, 8192 / dim), is the default `chunk`).
+//  * `forest_chunked` (same builds): the rows sorted by subtree, then one forest call per group
+//    of whole subtrees of at least `chunk` rows: the sharded head's step 4 since stop 21 (its
+//    default `rows_per_call()`, max(1, 8192 / dim), is the default `chunk`);
+//  * `step_one_subtree_per_call` (same builds): `step` with `set_rows_per_call(1)`: one forest
+//    call per subtree, as many calls as the first version made (each still sorting its rows), so
+//    that the two steps are compared in one process, round by round (`paired_step_ratio`: step /
+//    step_one_subtree_per_call, median and range over rounds).
 //
 //   mpirun -np 2 ./sharded_hs_forest [classes=1000000] [dim=128] [rows_per_rank=2048] [cut_depth=10]
 //                                    [steps=4] [repeats=5] [chunk=8192/dim]
@@ -33,7 +37,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace xs = xsoftmax;
@@ -50,6 +56,19 @@ std::optional<typename Plan::tree_type> local_forest_of(const Plan&, int, long) 
   return std::nullopt;
 }
 
+/// A sharded head made from `a` scoring one subtree per call (`set_rows_per_call(1)`: as many
+/// calls as the first version made) where the build has that setting, else null.
+template <class Head, class... A>
+auto one_subtree_per_call(int, const A&... a) -> decltype(std::declval<Head&>().set_rows_per_call(1), std::unique_ptr<Head>()) {
+  auto h = std::make_unique<Head>(a...);
+  h->set_rows_per_call(1);
+  return h;
+}
+template <class Head, class... A>
+std::unique_ptr<Head> one_subtree_per_call(long, const A&...) {
+  return nullptr;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -62,7 +81,7 @@ int main(int argc, char** argv) {
   const index_t rows = argc > 3 ? std::atol(argv[3]) : 2048;
   const int cut = argc > 4 ? std::atoi(argv[4]) : 10, steps = argc > 5 ? std::atoi(argv[5]) : 4,
             repeats = argc > 6 ? std::atoi(argv[6]) : 5;
-  const index_t chunk = argc > 7 ? std::atol(argv[7]) : std::max<index_t>(1, 8192 / dim);  // the head's default
+  const index_t chunk = std::max<index_t>(1, argc > 7 ? std::atol(argv[7]) : 8192 / dim);  // the head's default
   using tree_t = xs::runtime_tree<>;
   using head_t = xs::sharded_hierarchical_softmax<xs::mpi_communicator>;
   using hs_t = xs::hierarchical_softmax<tree_t>;
@@ -89,6 +108,8 @@ int main(int argc, char** argv) {
     std::copy(local_w.begin() + r * dim, local_w.begin() + (r + 1) * dim,
               full_w.begin() + plan.local_rows(rank)[u(r)] * dim);
   const head_t head(plan, comm, {top_w.data(), n_top, dim}, {local_w.data(), n_local, dim});
+  const auto head_per_subtree = one_subtree_per_call<head_t>(0, plan, comm, xs::matrix_view<float>(top_w.data(), n_top, dim),
+                                                             xs::matrix_view<float>(local_w.data(), n_local, dim));
   const hs_t full(full_tree, xs::matrix_view<float>(full_w.data(), n_full, dim));
   const hs_t top(plan.top_tree(), xs::matrix_view<float>(top_w.data(), n_top, dim));
   std::vector<hs_t> subs;
@@ -181,7 +202,7 @@ int main(int argc, char** argv) {
   // The forest in calls of at least `chunk` rows each (whole subtrees; rows sorted by subtree).
   std::vector<std::vector<float>> sorted_h(u(steps));
   std::vector<std::vector<index_t>> sorted_t(u(steps)), cuts(u(steps));
-  for (int s = 0; s < steps && chunk > 0; ++s) {
+  for (int s = 0; s < steps; ++s) {
     std::vector<index_t> order(mine_forest[u(s)].size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<index_t>(i);
     std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return mine_sub[u(s)][u(a)] < mine_sub[u(s)][u(b)]; });
@@ -206,16 +227,17 @@ int main(int argc, char** argv) {
     }
   };
 
-  const char* modes[7] = {"step", "per_subtree", "full", "top", "one_row_per_subtree", "forest", "forest_chunked"};
-  std::vector<double> ms[7];
-  const int n_modes = forest ? (chunk > 0 ? 7 : 6) : 5;
+  const char* modes[8] = {"step", "per_subtree", "full", "top", "one_row_per_subtree", "forest", "forest_chunked",
+                          "step_one_subtree_per_call"};
+  std::vector<double> ms[8];
+  const int n_modes = forest && head_per_subtree ? 8 : 5;
   for (int round = 0; round < repeats; ++round)
     for (int m = 0; m < n_modes; ++m) {
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();
       for (int s = 0; s < steps; ++s) {
-        if (m == 0)
-          head.forward_backward(xs::matrix_view<const float>(h[u(rank)][u(s)].data(), rows, dim),
+        if (m == 0 || m == 7)
+          (m == 0 ? head : *head_per_subtree).forward_backward(xs::matrix_view<const float>(h[u(rank)][u(s)].data(), rows, dim),
                                 xs::vector_view<const index_t>(t[u(rank)][u(s)].data(), rows),
                                 {grad_h.data(), rows, dim}, grad_top, grad_local);
         else if (m == 1 || m == 4) per_subtree(s, m == 4);
@@ -241,10 +263,17 @@ int main(int argc, char** argv) {
                 "overhead_ms=%.2f (%.1f%% of the step) one_row_per_subtree_ms=%.2f (%.1f%% of the step)\n",
                 step, loop, median(ms[2]), median(ms[3]), one, loop - one, 100.0 * (loop - one) / step, median(ms[4]),
                 100.0 * median(ms[4]) / step);
-    if (forest)
+    if (n_modes == 8)
       std::printf("summary forest_ms=%.2f per_subtree_minus_forest_ms=%.2f (%.1f%% of the step)\n", median(ms[5]),
                   loop - median(ms[5]), 100.0 * (loop - median(ms[5])) / step);
-    if (chunk > 0) std::printf("summary forest_chunked_ms=%.2f (calls of >= %ld rows)\n", median(ms[6]), static_cast<long>(chunk));
+    if (n_modes == 8) {
+      std::printf("summary forest_chunked_ms=%.2f (calls of >= %ld rows)\n", median(ms[6]), static_cast<long>(chunk));
+      std::vector<double> ratio;  // per round: the step over the step with one subtree per call
+      for (int r = 0; r < repeats; ++r) ratio.push_back(ms[0][u(r)] / ms[7][u(r)]);
+      std::printf("summary step_one_subtree_per_call_ms=%.2f paired_step_ratio=%.3f (%.3f - %.3f)\n", median(ms[7]),
+                  median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+                  *std::max_element(ratio.begin(), ratio.end()));
+    }
   }
   MPI_Finalize();
   return 0;
