@@ -11,7 +11,8 @@
 ///     (`all_to_all`; started one micro-batch ahead by `route_rows_async`), then its class in the
 ///     owner's forest of subtrees and its upstream gradient (two small `all_to_all`s);
 ///  3. the owner runs the rows it received through one head over all of its subtrees (a forest:
-///     `hs_shard_plan::local_forest`), each row scored in its own subtree only (reduction none);
+///     `hs_shard_plan::local_forest`; calls of a few dozen rows, see the cost), each row scored in
+///     its own subtree only (reduction none);
 ///  4. the per-row losses and hidden gradients go back (the reverse `all_to_all`) and are added to
 ///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
 ///     replicas receive the same update.
@@ -24,10 +25,15 @@
 /// its loss and hidden gradient back, and an all-reduce over the union of the ranks' touched top
 /// rows (`mpi_communicator` sums in rank order: S times the data, see mpi_communicator.hpp).
 ///
-/// Cost: one `hierarchical_softmax` call per rank and step for the subtrees, whatever their number
-/// (it packs, sorts and plans the received rows once, reading them where they arrived; the first
-/// version's call per subtree that received rows cost a fixed amount per subtree: see
-/// bench/RESULTS.md, "one head call per rank"); the top-k search is one search call per round on
+/// Cost: the rows a rank receives go through one head over all of its subtrees (`local_head()`,
+/// a forest) in calls of whole subtrees of at least `rows_per_call()` rows (default: 32 KiB of
+/// hidden rows). Not one call per subtree, as the first version did: each call's fixed cost
+/// (packing, sorting, planning its rows) added up when a rank owns many subtrees with few rows
+/// each; nor one call for all of them, which walks the tree level by level over every row (at
+/// d = 256, 2.6k rows per rank, slower than a call per subtree: presumably the rows leave the
+/// core's caches between levels). Measured on 2 ranks over a 1M-class Huffman tree cut into 653 to
+/// 2217 subtrees, d = 128 and 256: the subtrees' compute per step 20 to 39 % below the first
+/// version's (bench/RESULTS.md, "one head call per rank"). `topk` is one search call per round on
 /// the owner, each row started at its subtree's root. Rows and gradients cross the transport
 /// through host memory, so only host backends (serial, omp) are offered.
 

@@ -115,12 +115,13 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type&
 
 // Step 4 of the routed step: the received rows (classes of this rank's forest, -1: a row the verb
 // ignores, left at 0 in `reply`) through the forest head, in calls of whole subtrees of at least
-// `rows_per_call()` rows each (default: 32 KiB of hidden rows): one call for the whole batch would pay the call's fixed
-// cost once, but it walks the tree level by level over all its rows, which then fall out of the
-// core's caches between levels (at d = 256 and 2.6k rows slower than a call per subtree); calls of
-// a few dozen rows keep them cached and still amortise the fixed cost (bench/RESULTS.md, "one head
-// call per rank"). Each row is scored alone in its subtree, so the results do not depend on the
-// grouping. reply: per row, the loss (log-probability), then the hidden gradient when training.
+// `rows_per_call()` rows each (default: 32 KiB of hidden rows). One call for the whole batch
+// would pay the call's fixed cost once, but it walks the tree level by level over all its rows (at
+// d = 256 and 2.6k rows slower than a call per subtree; presumably the rows leave the core's
+// caches between levels); the default's calls (64 rows at d = 128, 32 at d = 256) were faster
+// than both in every run measured (bench/RESULTS.md, "one head call per rank"). Each row is scored
+// alone in its subtree, so the results do not depend on the grouping. reply: per row, the loss
+// (log-probability), then the hidden gradient when training.
 template <class C, class F, class P, class B, int D>
 void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_route_mode mode,
                                                                   const std::vector<float>& recv_h,
@@ -147,8 +148,10 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
   }
   for (size_t k = 0; k < trees; ++k) first[k + 1] += first[k];
   std::vector<index_t> rows(static_cast<size_t>(first[trees])), next(first.begin(), first.end() - 1);
-  for (index_t r = 0; r < received; ++r)
-    if (tree_of[static_cast<size_t>(r)] >= 0) rows[static_cast<size_t>(next[static_cast<size_t>(tree_of[static_cast<size_t>(r)])]++)] = r;
+  for (index_t r = 0; r < received; ++r) {
+    const index_t k = tree_of[static_cast<size_t>(r)];
+    if (k >= 0) rows[static_cast<size_t>(next[static_cast<size_t>(k)]++)] = r;
+  }
 
   loss_options none;
   none.reduce = reduction::none;
