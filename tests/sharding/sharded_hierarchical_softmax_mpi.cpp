@@ -116,7 +116,7 @@ std::vector<float> dense_over(const G& g, index_t n_rows, index_t width, bool bi
 
 template <class B, class F>
 void compare(const tree& full, const xs::hs_shard_options& options, const std::vector<index_t>& hot_subtree_only,
-             bool with_bias) {
+             bool with_bias, index_t rows_per_call = 0) {
   using plan_type = xs::hs_shard_plan<64, F>;
   using sharded = xs::sharded_hierarchical_softmax<xs::mpi_communicator, F, xs::fp32, B>;
   using reference_type = xs::hierarchical_softmax<tree, xs::fp32, B, F>;
@@ -136,9 +136,10 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
   std::vector<float> top_w = pick_rows(w, top_rows, dim), local_w = pick_rows(w, local_rows, dim);
   std::vector<float> top_b = pick_rows(bias, top_rows, 1), local_b = pick_rows(bias, local_rows, 1);
   const index_t n_top = static_cast<index_t>(top_rows.size()), n_local = static_cast<index_t>(local_rows.size());
-  const sharded head(plan, comm, xs::matrix_view<float>(top_w.data(), n_top, dim),
-                     xs::matrix_view<float>(local_w.data(), n_local, dim), with_bias ? top_b.data() : nullptr,
-                     with_bias ? local_b.data() : nullptr);
+  sharded head(plan, comm, xs::matrix_view<float>(top_w.data(), n_top, dim),
+               xs::matrix_view<float>(local_w.data(), n_local, dim), with_bias ? top_b.data() : nullptr,
+               with_bias ? local_b.data() : nullptr);
+  if (rows_per_call > 0) head.set_rows_per_call(rows_per_call);  // the subtrees in several calls
 
   std::vector<batch> all;
   for (int q = 0; q < size; ++q) all.push_back(batch_of(q, hot_subtree_only));
@@ -282,6 +283,8 @@ TEST_CASE_TEMPLATE("sharded hierarchical softmax equals the unsharded head: Huff
     compare<B, xs::softmax_nodes>(huffman, o, {}, true);
     compare<B, xs::sigmoid_nodes>(huffman, o, {}, false);
     compare<B, xs::sigmoid_nodes>(huffman, o, {}, true);
+    compare<B, xs::softmax_nodes>(huffman, o, {}, true, 1);  // one subtree a call
+    compare<B, xs::sigmoid_nodes>(huffman, o, {}, true, 3);
   }
 }
 

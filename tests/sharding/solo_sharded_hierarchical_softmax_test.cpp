@@ -3,7 +3,8 @@
 // MPI needed): the routed path (top head, all_to_all to the only owner, each subtree's head, the
 // rows' results back, the top gradient "summed" over one rank) equals the unsharded head on the same
 // weights — loss, per-sample losses, grad_hidden, every weight-gradient row mapped back through the
-// plan, log_prob, top-k — for both node forms. The multi-rank tests run under mpiexec
+// plan, log_prob, top-k — for both node forms; the subtrees scored in calls of one subtree or a few
+// rows give the same bits as one call. The multi-rank tests run under mpiexec
 // (sharded_hierarchical_softmax_mpi.cpp).
 
 #include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
@@ -71,6 +72,33 @@ void check_solo(const tree& full, int cut) {
   for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += from_local[i];
   const std::vector<double> ref = dense(ref_g, n_rows, d, {});
   for (std::size_t i = 0; i < mine.size(); ++i) CHECK(mine[i] == doctest::Approx(ref[i]).epsilon(1e-5).scale(1e-2));
+
+  // The subtrees in calls of few rows (down to one subtree a call): the same bits as one call.
+  CHECK(head.rows_per_call() == 8192 / d);
+  for (const index_t per_call : {index_t(1), index_t(5)}) {
+    sharded chunked(plan, xs::solo_communicator{},
+                    xs::matrix_view<float>(top.data(), static_cast<index_t>(plan.top_rows().size()), d),
+                    xs::matrix_view<float>(local.data(), static_cast<index_t>(plan.local_rows(0).size()), d));
+    chunked.set_rows_per_call(per_call);
+    std::vector<float> gh2(h.size()), per2(per.size());
+    typename sharded::gradient_type g_top2, g_local2;
+    const float loss2 = chunked.forward_backward(hv, tv, xs::matrix_view<float>(gh2.data(), rows, d), g_top2, g_local2,
+                                                 {}, xs::vector_view<float>(per2.data(), rows));
+    CAPTURE(per_call);
+    CHECK(loss2 == loss);
+    CHECK(per2 == per);
+    CHECK(gh2 == gh);
+    CHECK(g_top2.rows == g_top.rows);
+    CHECK(g_top2.values == g_top.values);
+    CHECK(dense(g_local2, n_rows, d, plan.local_rows(0)) == from_local);
+    CHECK(g_local2.num_rows() == g_local.num_rows());
+  }
+  {
+    sharded bad(plan, xs::solo_communicator{},
+                xs::matrix_view<float>(top.data(), static_cast<index_t>(plan.top_rows().size()), d),
+                xs::matrix_view<float>(local.data(), static_cast<index_t>(plan.local_rows(0).size()), d));
+    CHECK_THROWS_AS(bad.set_rows_per_call(0), xs::invalid_argument);
+  }
 
   for (auto& x : t) x = x < 0 ? 0 : x;
   std::vector<float> lp(static_cast<std::size_t>(rows)), ref_lp(lp.size());

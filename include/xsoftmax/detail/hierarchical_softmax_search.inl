@@ -12,8 +12,17 @@
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 
 #include <type_traits>
+#include <utility>
 
 namespace xsoftmax {
+
+namespace detail {
+/// Whether `T` may be a forest (`runtime_tree::forest`): it then says how many trees it holds.
+template <class T, class = void>
+struct has_num_trees : std::false_type {};
+template <class T>
+struct has_num_trees<T, std::void_t<decltype(std::declval<const T&>().num_trees())>> : std::true_type {};
+}  // namespace detail
 
 template <class Tree, class P, class B, class F>
 template <class H>
@@ -26,6 +35,11 @@ void hierarchical_softmax<Tree, P, B, F>::topk_(matrix_view<const H> hidden, ind
   // The search packs a weight row into 32 bits of its open-list keys (tree_search.hpp).
   detail::expects(tree_.num_rows() <= index_t(0xFFFFFFFF), "hierarchical_softmax::topk: the tree has ",
                   tree_.num_rows(), " weight rows; the search supports at most 2^32 - 1");
+  // The search starts at the root's block: a forest has one per tree (and widest_block would
+  // miss the other roots' blocks).
+  if constexpr (detail::has_num_trees<Tree>::value)
+    detail::expects(tree_.num_trees() <= 1, "hierarchical_softmax::topk: the tree is a forest of ",
+                    tree_.num_trees(), " trees; search each tree on its own");
   const detail::execution<B> ex{resources_};
   if (widest_block_ == 0) widest_block_ = detail::widest_block(tree_.view());
   const auto tv = detail::tree_access<B, Tree>::view(tree_, backend_cache_, resources_);

@@ -145,6 +145,21 @@ class hs_shard_plan {
   [[nodiscard]] const std::vector<index_t>& local_rows(int q) const { return local_rows_[static_cast<std::size_t>(q)]; }
   /// First local weight row of subtree s on its owner.
   [[nodiscard]] index_t local_row_offset(index_t s) const { return row_offset_[static_cast<std::size_t>(s)]; }
+  /// First class of subtree s in its owner's `local_forest` (subtree s's class j is its class
+  /// local_class_offset(s) + j).
+  [[nodiscard]] index_t local_class_offset(index_t s) const { return class_offset_[static_cast<std::size_t>(s)]; }
+  /// Rank q's subtrees as one forest (`runtime_tree::forest`, subtrees ascending): a head over it
+  /// has exactly rank q's local weight rows (`local_rows(q)`, in that order), and its classes are
+  /// the subtrees' (`local_class_offset`), so one call scores rows of all of q's subtrees, each in
+  /// its own subtree. Built on each call (O(size of q's subtrees)). Throws `out_of_range` unless
+  /// 0 <= q < ranks().
+  [[nodiscard]] tree_type local_forest(int q) const {
+    detail::expects<out_of_range>(q >= 0 && q < ranks_, "hs_shard_plan::local_forest: q = ", q,
+                                  " is not a rank in [0, ", ranks_, ")");
+    std::vector<const tree_type*> trees;
+    for (index_t s : subtrees_of(q)) trees.push_back(&subtree(s));
+    return tree_type::forest(trees);
+  }
   /// Weight rows a head over `t` needs under the plan's node form.
   [[nodiscard]] static index_t weight_rows(const tree_type& t) {
     return hierarchical_softmax<tree_type, fp32, serial, NodeForm>::weight_rows(t);
@@ -176,7 +191,7 @@ class hs_shard_plan {
   std::vector<double> work_, rank_work_;
   std::vector<index_t> top_rows_;
   std::vector<std::vector<index_t>> local_rows_;
-  std::vector<index_t> row_offset_;
+  std::vector<index_t> row_offset_, class_offset_;
 };
 
 }  // namespace xsoftmax

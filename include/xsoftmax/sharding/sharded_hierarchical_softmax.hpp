@@ -9,8 +9,10 @@
 ///  1. the top tree's head runs on the rank's own rows (targets mapped to their top leaves);
 ///  2. each row whose target lies below the frontier goes to the owner of its subtree
 ///     (`all_to_all`; started one micro-batch ahead by `route_rows_async`), then its class in the
-///     subtree and its upstream gradient (two small `all_to_all`s);
-///  3. the owner runs each of its subtrees' heads on the rows it received for it (reduction none);
+///     owner's forest of subtrees and its upstream gradient (two small `all_to_all`s);
+///  3. the owner runs the rows it received through one head over all of its subtrees (a forest:
+///     `hs_shard_plan::local_forest`; calls of a few dozen rows, see the cost), each row scored in
+///     its own subtree only (reduction none);
 ///  4. the per-row losses and hidden gradients go back (the reverse `all_to_all`) and are added to
 ///     the top part's; the top tree's weight gradient is summed over the ranks (rank order), so the
 ///     replicas receive the same update.
@@ -18,15 +20,22 @@
 /// order of floating-point additions, and repeated runs are bitwise equal. `log_prob` routes the
 /// same way; `topk` is an exact search in two routed rounds (see its documentation).
 ///
-/// Traffic per step: each routed row's hidden vector and upstream gradient out (plus two indices),
+/// Traffic per step: each routed row's hidden vector and upstream gradient out (plus one index),
 /// in four all-to-alls (row counts, hidden rows, indices, upstream gradients),
 /// its loss and hidden gradient back, and an all-reduce over the union of the ranks' touched top
 /// rows (`mpi_communicator` sums in rank order: S times the data, see mpi_communicator.hpp).
 ///
-/// Cost of this first version: one `hierarchical_softmax` call per subtree that received rows
-/// (each packs, sorts and plans its rows on its own: a fixed cost per subtree and step, which
-/// dominates when a rank owns many subtrees with few rows each); rows and gradients cross the
-/// transport through host memory, so only host backends (serial, omp) are offered.
+/// Cost: the rows a rank receives go through one head over all of its subtrees (`local_head()`,
+/// a forest) in calls of whole subtrees of at least `rows_per_call()` rows (default: 32 KiB of
+/// hidden rows). Not one call per subtree, as the first version did: each call's fixed cost
+/// (packing, sorting, planning its rows) added up when a rank owns many subtrees with few rows
+/// each; nor one call for all of them, which walks the tree level by level over every row (at
+/// d = 256, 2.6k rows per rank, slower than a call per subtree: presumably the rows leave the
+/// core's caches between levels). Measured on 2 ranks over a 1M-class Huffman tree cut into 653 to
+/// 2217 subtrees, d = 128 and 256: the subtrees' compute per step 20 to 39 % below the first
+/// version's (bench/RESULTS.md, "one head call per rank"). `topk` is one search call per round on
+/// the owner, each row started at its subtree's root. Rows and gradients cross the transport
+/// through host memory, so only host backends (serial, omp) are offered.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/sharding/prefetch.hpp>
@@ -107,8 +116,19 @@ class sharded_hierarchical_softmax {
   [[nodiscard]] index_t dim() const { return top_.dim(); }
   /// The replicated top tree's head (weights: `plan().top_rows()`).
   [[nodiscard]] const head_type& top_head() const { return top_; }
-  /// The head of this rank's subtree `plan().subtrees_of(rank())[i]`.
-  [[nodiscard]] const head_type& subtree_head(index_t i) const { return subs_[static_cast<std::size_t>(i)]; }
+  /// The head over this rank's subtrees as one forest (`plan().local_forest(rank())`; weights: the
+  /// local rows). Its classes are the subtrees' classes (`plan().local_class_offset(s)` + the
+  /// class in subtree s); it scores each row in its own subtree.
+  [[nodiscard]] const head_type& local_head() const { return local_; }
+  /// Rows per call of `local_head()` in a step: whole subtrees, until a call has at least this
+  /// many rows (see the file comment's cost). Default max(1, 8192 / dim): 32 KiB of hidden rows.
+  /// The results do not depend on it (each row is scored alone in its subtree); for benchmarking
+  /// and tests. `set_rows_per_call` throws `invalid_argument` when rows < 1.
+  [[nodiscard]] index_t rows_per_call() const { return rows_per_call_; }
+  void set_rows_per_call(index_t rows) {
+    detail::expects(rows >= 1, head_name, "::set_rows_per_call: rows = ", rows, " must be >= 1");
+    rows_per_call_ = rows;
+  }
   /// The communicator (collectives are not const: they change the transport's state).
   [[nodiscard]] Communicator& communicator() const { return comm_; }
 
@@ -126,8 +146,9 @@ class sharded_hierarchical_softmax {
 
   /// `forward` with the gradients: `grad_hidden` (B x dim, this rank's rows) is overwritten;
   /// `grad_top` gets the top tree's touched rows (ascending), of the sum over every rank's loss,
-  /// the same on every rank; `grad_local` this rank's local rows touched by any rank's rows
-  /// (subtree by subtree). `grad_output` as in `hierarchical_softmax::forward_backward`.
+  /// the same on every rank; `grad_local` this rank's local rows touched by any rank's rows (each
+  /// once; in the order of `local_head()`'s calls, see the file comment's cost). `grad_output` as
+  /// in `hierarchical_softmax::forward_backward`.
   float forward_backward(matrix_view<const float> hidden, vector_view<const index_t> targets,
                          matrix_view<float> grad_hidden, gradient_type& grad_top, gradient_type& grad_local,
                          loss_options options = {}, vector_view<float> per_sample = {},
@@ -188,6 +209,9 @@ class sharded_hierarchical_softmax {
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
              gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output,
              detail::hs_routed_state<Communicator>* pre) const;
+  /// Step 4 of the routed step: the received rows through `local_` (see its definition).
+  void score_subtrees_(detail::hs_route_mode mode, const std::vector<float>& recv_h, const std::vector<index_t>& recv_i,
+                       const std::vector<float>& recv_up, std::vector<float>& reply, gradient_type* grad_local) const;
   void route_(detail::hs_routed_state<Communicator>& st, matrix_view<const float> hidden,
               vector_view<const index_t> targets, bool can_ignore, index_t ignore_index, bool start) const;
   /// The state of `rows` when this head may use it (see the prefetch verbs), marked used.
@@ -201,8 +225,12 @@ class sharded_hierarchical_softmax {
   mutable Communicator comm_;
   int rank_ = 0;
   head_type top_;
-  std::vector<head_type> subs_;      ///< this rank's subtrees' heads, in plan_.subtrees_of(rank_) order
-  std::vector<index_t> slot_;        ///< subtree -> index in subs_ (-1 when another rank owns it)
+  head_type local_;                  ///< this rank's subtrees as one forest (plan_.local_forest(rank_))
+  std::vector<index_t> slot_;        ///< subtree -> its tree in local_ (-1 when another rank owns it)
+  std::vector<index_t> local_classes_;  ///< the full tree's class of each of local_'s classes
+  std::vector<index_t> class_begin_;    ///< first class in local_ of each of its trees (ascending)
+  index_t rows_per_call_ = 1;           ///< see rows_per_call()
+  index_t widest_local_ = 0;         ///< local_'s widest block (its search's scratch per row)
   mutable detail::float_buffer_pool pool_;  ///< the routing's row buffers, reused step to step
 };
 

@@ -26,6 +26,7 @@
 #include <xsoftmax/tree/detail/huffman.hpp>
 #include <xsoftmax/tree/detail/parent_validation.hpp>
 #include <xsoftmax/tree/detail/tree_compile.hpp>
+#include <xsoftmax/tree/detail/tree_forest.hpp>
 #include <xsoftmax/tree/tree_types.hpp>
 
 #include <cstddef>
@@ -196,6 +197,38 @@ class runtime_tree {
   [[nodiscard]] static runtime_tree huffman(const std::vector<double>& counts, int arity = 2) {
     return huffman<double>(counts, arity);
   }
+
+  /// The *forest* of `trees`, in that order: one runtime_tree whose classes, weight rows and
+  /// internal nodes are trees[0]'s, then trees[1]'s, ... (tree i's class j and row r become
+  /// j + the classes, r + the rows of the trees before it), every class's path starting at its
+  /// own tree's root block. A `hierarchical_softmax` over a forest scores each row in its
+  /// target's tree only: its loss, gradients and `log_prob` are those of a head over that tree
+  /// alone on that row, bitwise (the step never mixes rows of different trees' nodes); one call
+  /// thus serves rows of many trees at a single call's fixed cost (the sharded hierarchical
+  /// softmax's subtrees on one rank). There is no single root: `num_trees()` says how many,
+  /// `root_nodes()` where each starts, `root_block_size()` is the first tree's, and
+  /// `hierarchical_softmax::topk` refuses a forest of several trees. A forest of one tree equals
+  /// that tree. Throws `invalid_argument` for an empty list, a null pointer or an empty
+  /// (default-constructed) tree, naming its index. O(total size of the trees).
+  [[nodiscard]] static runtime_tree forest(const std::vector<const runtime_tree*>& trees) {
+    constexpr const char* who = "runtime_tree::forest: ";
+    detail::expects(!trees.empty(), who, "trees is empty");
+    std::vector<const detail::runtime_tree_data*> data;
+    for (std::size_t i = 0; i < trees.size(); ++i) {
+      detail::expects(trees[i] != nullptr, who, "trees[", i, "] is null");
+      detail::expects(trees[i]->num_classes() >= 1, who, "trees[", i, "] is empty (default-constructed)");
+      data.push_back(&trees[i]->data_);
+    }
+    return runtime_tree(detail::concatenate_trees(data));
+  }
+
+  /// Trees in this forest: 1 for a tree built by `from_parents` or `huffman`, 0 when empty.
+  [[nodiscard]] index_t num_trees() const {
+    return data_.num_classes == 0 ? 0 : static_cast<index_t>(data_.root_node.size());
+  }
+  /// The internal node of each tree's root (its block: `block_offsets()[k]` to `[k + 1]`); {0}
+  /// for a tree.
+  [[nodiscard]] const std::vector<index_t>& root_nodes() const { return data_.root_node; }
 
   /// The trivially copyable view over this tree's arrays; valid while the tree lives unmodified.
   [[nodiscard]] view_type view() const {

@@ -205,6 +205,10 @@ struct topk_search_step {
   matrix_view<index_t> classes;
   matrix_view<float> log_probs;
   int* overflow;
+  /// Per row, or null: the block (first row, size) the search starts at instead of the root's
+  /// (a forest's rows, each searched in its own tree).
+  const index_t* start_begin = nullptr;
+  const index_t* start_size = nullptr;
 
   XSOFTMAX_HD void operator()(index_t t) const {
     const index_t i0 = t * G, m = n - i0 < G ? n - i0 : G;
@@ -218,8 +222,8 @@ struct topk_search_step {
       heap[j] = open_heap{open_key + (i0 + j) * capacity, 0, capacity};
       found[j] = 0;
       leaves[j] = 0;
-      node[j] = 0;
-      size[j] = tv.root_block_size();
+      node[j] = start_begin ? start_begin[row0 + i0 + j] : 0;
+      size[j] = start_begin ? start_size[row0 + i0 + j] : tv.root_block_size();
       base[j] = 0.f;
       live[j] = j;
       overflow[i0 + j] = 0;
@@ -328,10 +332,13 @@ index_t widest_block(const View& tv) {
 inline constexpr std::size_t tree_search_budget_bytes = std::size_t(256) << 20;
 
 /// Top-k classes and their log-probabilities of every row of `h` (fp32, the execution's memory).
+/// `start_begin` / `start_size`: null (every search starts at the root), or per row the block its
+/// search starts at (a forest's root blocks; `max_block` must cover them).
 template <bool Sigmoid, class B, class T, class View>
 void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> h, matrix_view<const T> w,
                const T* bias, index_t max_block, index_t k, index_t beam, matrix_view<index_t> classes,
-               matrix_view<float> log_probs) {
+               matrix_view<float> log_probs, const index_t* start_begin = nullptr,
+               const index_t* start_size = nullptr) {
   const index_t rows = h.rows;
   if (rows == 0 || k == 0) return;
   // An exact search grows by (block - 1) per expansion and may expand many nodes before its k-th
@@ -353,7 +360,7 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
       parallel_for(ex, (n + G - 1) / G,
                    topk_search_step<Sigmoid, T, View, G>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block,
                                                          row0, n, open_key.data(), child_lp.data(), leaf_lp.data(), classes,
-                                                         log_probs, raw(overflow)});
+                                                         log_probs, raw(overflow), start_begin, start_size});
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
     if (!outgrown) return;

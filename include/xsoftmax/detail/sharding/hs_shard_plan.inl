@@ -238,12 +238,16 @@ hs_shard_plan<MaxDepth, NodeForm>::hs_shard_plan(const tree_type& tree, int rank
     by_rank_[static_cast<size_t>(best)].push_back(s);
   }
   row_offset_.assign(static_cast<size_t>(subtrees), 0);
+  class_offset_.assign(static_cast<size_t>(subtrees), 0);
   local_rows_.assign(static_cast<size_t>(ranks), {});
   for (int q = 0; q < ranks; ++q) {
     auto& mine = by_rank_[static_cast<size_t>(q)];
     std::sort(mine.begin(), mine.end());
     auto& rows = local_rows_[static_cast<size_t>(q)];
+    index_t forest_classes = 0;
     for (index_t s : mine) {
+      class_offset_[static_cast<size_t>(s)] = forest_classes;
+      forest_classes += subtrees_[static_cast<size_t>(s)].num_classes();
       row_offset_[static_cast<size_t>(s)] = static_cast<index_t>(rows.size());
       rows.insert(rows.end(), sub_rows[static_cast<size_t>(s)].begin(), sub_rows[static_cast<size_t>(s)].end());
     }

@@ -52,17 +52,20 @@ sharded_hierarchical_softmax<C, F, P, B, D>::sharded_hierarchical_softmax(
       top_(plan_.top_tree(),
            detail::checked_hs_shard_weights(plan_, comm_.size(), comm_.rank(), top_weights, local_weights, top_bias,
                                             local_bias),
-           top_bias, resources) {
+           top_bias, resources),
+      local_(plan_.local_forest(rank_), local_weights, local_bias, resources) {
   slot_.assign(static_cast<std::size_t>(plan_.num_subtrees()), -1);
   const auto& mine = plan_.subtrees_of(rank_);
-  subs_.reserve(mine.size());
   for (std::size_t i = 0; i < mine.size(); ++i) {
-    const index_t s = mine[i], at = plan_.local_row_offset(s), rows = plan_type::weight_rows(plan_.subtree(s));
-    slot_[static_cast<std::size_t>(s)] = static_cast<index_t>(i);
-    subs_.emplace_back(plan_.subtree(s), matrix_view<storage_type>(local_weights.row(at), rows, local_weights.cols,
-                                                                   local_weights.stride),
-                       local_bias ? local_bias + at : nullptr, resources);
+    slot_[static_cast<std::size_t>(mine[i])] = static_cast<index_t>(i);
+    class_begin_.push_back(plan_.local_class_offset(mine[i]));
+    const auto& classes = plan_.subtree_classes(mine[i]);
+    local_classes_.insert(local_classes_.end(), classes.begin(), classes.end());
   }
+  rows_per_call_ = std::max<index_t>(1, 8192 / std::max<index_t>(1, dim()));  // 32 KiB of fp32 rows
+  // Every block, the roots' included (a forest has several: detail::widest_block sees one).
+  const auto& bo = local_.tree().block_offsets();
+  for (std::size_t k = 0; k + 1 < bo.size(); ++k) widest_local_ = std::max(widest_local_, bo[k + 1] - bo[k]);
 }
 
 template <class C, class F, class P, class B, int D>
@@ -107,20 +110,93 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type&
     detail::expects<non_finite_error>(std::isfinite(grad_local.bias_values[i]), where, ": grad_local.bias_values[",
                                       i, "] = ", static_cast<float>(grad_local.bias_values[i]), " is not finite");
   top_.apply_sgd(grad_top, lr);
-  // Each subtree's share of grad_local, in its own rows.
-  const auto& mine = plan_.subtrees_of(rank_);
-  for (size_t k = 0; k < subs_.size(); ++k) {
-    const index_t begin = plan_.local_row_offset(mine[k]), end = begin + plan_type::weight_rows(plan_.subtree(mine[k]));
-    gradient_type part;
-    part.dim = d;
-    for (index_t e = 0; e < rows; ++e) {
-      const index_t r = grad_local.rows[static_cast<size_t>(e)];
-      if (r < begin || r >= end) continue;
-      part.rows.push_back(r - begin);
-      part.values.insert(part.values.end(), grad_local.values.begin() + e * d, grad_local.values.begin() + (e + 1) * d);
-      if (top_.has_bias()) part.bias_values.push_back(grad_local.bias_values[static_cast<size_t>(e)]);
+  if (rows > 0) local_.apply_sgd(grad_local, lr);  // the forest's rows are the local rows
+}
+
+// Step 4 of the routed step: the received rows (classes of this rank's forest, -1: a row the verb
+// ignores, left at 0 in `reply`) through the forest head, in calls of whole subtrees of at least
+// `rows_per_call()` rows each (default: 32 KiB of hidden rows). One call for the whole batch
+// would pay the call's fixed cost once, but it walks the tree level by level over all its rows (at
+// d = 256 and 2.6k rows slower than a call per subtree; presumably the rows leave the core's
+// caches between levels); the default's calls (64 rows at d = 128, 32 at d = 256) were faster
+// than both in every run measured (bench/RESULTS.md, "one head call per rank"). Each row is scored
+// alone in its subtree, so the results do not depend on the grouping. reply: per row, the loss
+// (log-probability), then the hidden gradient when training.
+template <class C, class F, class P, class B, int D>
+void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_route_mode mode,
+                                                                  const std::vector<float>& recv_h,
+                                                                  const std::vector<index_t>& recv_i,
+                                                                  const std::vector<float>& recv_up,
+                                                                  std::vector<float>& reply,
+                                                                  gradient_type* grad_local) const {
+  using std::size_t;
+  const bool train = mode == detail::hs_route_mode::train;
+  const index_t d = dim(), received = static_cast<index_t>(recv_i.size()), rw = 1 + (train ? d : 0);
+  if (train) {
+    grad_local->dim = d;
+    grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
+  }
+  // The scored rows grouped by subtree (a stable counting sort: each subtree's rows in arrival order).
+  const size_t trees = class_begin_.size();
+  std::vector<index_t> tree_of(static_cast<size_t>(received), -1), first(trees + 1, 0);
+  for (index_t r = 0; r < received; ++r) {
+    const index_t c = recv_i[static_cast<size_t>(r)];
+    if (c < 0) continue;
+    const auto k = std::upper_bound(class_begin_.begin(), class_begin_.end(), c) - class_begin_.begin() - 1;
+    tree_of[static_cast<size_t>(r)] = static_cast<index_t>(k);
+    ++first[static_cast<size_t>(k) + 1];
+  }
+  for (size_t k = 0; k < trees; ++k) first[k + 1] += first[k];
+  std::vector<index_t> rows(static_cast<size_t>(first[trees])), next(first.begin(), first.end() - 1);
+  for (index_t r = 0; r < received; ++r) {
+    const index_t k = tree_of[static_cast<size_t>(r)];
+    if (k >= 0) rows[static_cast<size_t>(next[static_cast<size_t>(k)]++)] = r;
+  }
+
+  loss_options none;
+  none.reduce = reduction::none;
+  none.ignore_index = -1;
+  const index_t per_call = rows_per_call_;
+  std::vector<float> h, up, out, gh;
+  std::vector<index_t> t;
+  gradient_type g;
+  for (size_t b = 0; b < rows.size();) {
+    size_t e = b;  // whole subtrees, until the call has per_call rows
+    while (e < rows.size() && (static_cast<index_t>(e - b) < per_call ||
+                               tree_of[static_cast<size_t>(rows[e])] == tree_of[static_cast<size_t>(rows[e - 1])]))
+      ++e;
+    const index_t m = static_cast<index_t>(e - b);
+    h.resize(static_cast<size_t>(m * d)), t.resize(static_cast<size_t>(m)), out.resize(static_cast<size_t>(m));
+    up.resize(train ? static_cast<size_t>(m) : 0), gh.resize(train ? static_cast<size_t>(m * d) : 0);
+    for (index_t j = 0; j < m; ++j) {
+      const size_t r = static_cast<size_t>(rows[b + static_cast<size_t>(j)]);
+      std::copy(recv_h.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(d)),
+                recv_h.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(d)), h.begin() + j * d);
+      t[static_cast<size_t>(j)] = recv_i[r];
+      if (train) up[static_cast<size_t>(j)] = recv_up[r];
     }
-    if (part.num_rows() > 0) subs_[k].apply_sgd(part, lr);
+    const matrix_view<const float> hv(h.data(), m, d);
+    const vector_view<const index_t> tv(t.data(), m);
+    const vector_view<float> ov(out.data(), m);
+    if (train) {
+      local_.forward_backward(hv, tv, matrix_view<float>(gh.data(), m, d), g, none, ov,
+                              vector_view<const float>(up.data(), m));
+      grad_local->rows.insert(grad_local->rows.end(), g.rows.begin(), g.rows.end());  // forest rows = local rows
+      grad_local->values.insert(grad_local->values.end(), g.values.begin(), g.values.end());
+      grad_local->bias_values.insert(grad_local->bias_values.end(), g.bias_values.begin(), g.bias_values.end());
+    } else if (mode == detail::hs_route_mode::forward) {
+      local_.forward(hv, tv, none, ov);
+    } else {
+      local_.log_prob(hv, tv, ov);
+    }
+    for (index_t j = 0; j < m; ++j) {
+      const size_t r = static_cast<size_t>(rows[b + static_cast<size_t>(j)]);
+      reply[r * static_cast<size_t>(rw)] = out[static_cast<size_t>(j)];
+      if (train)
+        std::copy(gh.begin() + j * d, gh.begin() + (j + 1) * d,
+                  reply.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(rw) + 1));
+    }
+    b = e;
   }
 }
 
@@ -216,7 +292,7 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   else top_.log_prob(hidden, top_view, part_view);
 
   // 3. Rows below the frontier to their subtree's owner (routed already when prefetched): the
-  //    hidden rows; then, per routed row, (subtree, class in the subtree, or -1 for a row this verb
+  //    hidden rows; then, per routed row, its class in the owner's forest (-1 for a row this verb
   //    ignores) and, when training, the unsharded head's upstream gradient.
   float scale = 1.f;
   if (mode == mode_t::train) {
@@ -228,76 +304,28 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   detail::hs_routed_state<C>& st = pre ? *pre : blocking;
   if (!pre) route_(st, hidden, targets, can_ignore, options.ignore_index, false);
   const std::vector<index_t>& order = st.order;
-  std::vector<index_t> send_i(order.size() * 2);
+  std::vector<index_t> send_i(order.size());
   std::vector<float> send_up(mode == mode_t::train ? order.size() : 0);
   for (size_t p = 0; p < order.size(); ++p) {
     const index_t i = order[p], t = targets[i];
-    send_i[2 * p] = plan_.subtree_of(t);
-    send_i[2 * p + 1] = ignored(i) ? -1 : plan_.local_class(t);
+    send_i[p] = ignored(i) ? -1 : plan_.local_class_offset(plan_.subtree_of(t)) + plan_.local_class(t);
     if (mode == mode_t::train) send_up[p] = per_row_upstream ? grad_output[i] : scale;
   }
   const std::vector<index_t>&send_rows = st.send_rows, &recv_rows = st.recv_rows;
   index_t received = 0;
   for (index_t r : recv_rows) received += r;
-  std::vector<index_t> recv_i(static_cast<size_t>(received * 2));
+  std::vector<index_t> recv_i(static_cast<size_t>(received));
   std::vector<float> recv_up(mode == mode_t::train ? static_cast<size_t>(received) : 0);
-  comm_.all_to_all(send_i.data(), detail::element_counts(send_rows, 2).data(), recv_i.data(), detail::element_counts(recv_rows, 2).data());
+  comm_.all_to_all(send_i.data(), send_rows.data(), recv_i.data(), recv_rows.data());
   if (mode == mode_t::train) comm_.all_to_all(send_up.data(), send_rows.data(), recv_up.data(), recv_rows.data());
   st.complete();
   const std::vector<float>& recv_h = st.recv_hidden;
 
-  // 4. Each of this rank's subtrees on the rows it received (reduction none, upstream per row).
+  // 4. This rank's subtrees, through the forest head, on the received rows (reduction none,
+  //    upstream per row).
   const index_t rw = 1 + (mode == mode_t::train ? d : 0);
   std::vector<float> reply(static_cast<size_t>(received * rw), 0.f);
-  std::vector<std::vector<index_t>> by_slot(subs_.size());
-  for (index_t r = 0; r < received; ++r)
-    if (recv_i[static_cast<size_t>(2 * r + 1)] >= 0)
-      by_slot[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(2 * r)])])].push_back(r);
-  if (mode == mode_t::train) {
-    grad_local->dim = d;
-    grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
-  }
-  loss_options none;
-  none.reduce = reduction::none;
-  none.ignore_index = -1;
-  for (size_t k = 0; k < subs_.size(); ++k) {
-    const std::vector<index_t>& mine = by_slot[k];
-    const index_t m = static_cast<index_t>(mine.size());
-    if (m == 0) continue;
-    std::vector<float> h(static_cast<size_t>(m * d)), up(static_cast<size_t>(m)), out(static_cast<size_t>(m)),
-        gh(mode == mode_t::train ? static_cast<size_t>(m * d) : 0);
-    std::vector<index_t> t(static_cast<size_t>(m));
-    for (index_t j = 0; j < m; ++j) {
-      const size_t r = static_cast<size_t>(mine[static_cast<size_t>(j)]);
-      std::copy(recv_h.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(d)),
-                recv_h.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(d)), h.begin() + j * d);
-      if (mode == mode_t::train) up[static_cast<size_t>(j)] = recv_up[r];
-      t[static_cast<size_t>(j)] = recv_i[2 * r + 1];
-    }
-    const matrix_view<const float> hv(h.data(), m, d);
-    const vector_view<const index_t> tv(t.data(), m);
-    const vector_view<float> ov(out.data(), m);
-    const head_type& head = subs_[k];
-    if (mode == mode_t::train) {
-      gradient_type g;
-      head.forward_backward(hv, tv, matrix_view<float>(gh.data(), m, d), g, none, ov,
-                            vector_view<const float>(up.data(), m));
-      const index_t at = plan_.local_row_offset(plan_.subtrees_of(rank_)[k]);
-      for (index_t e = 0; e < g.num_rows(); ++e) grad_local->rows.push_back(g.rows[static_cast<size_t>(e)] + at);
-      grad_local->values.insert(grad_local->values.end(), g.values.begin(), g.values.end());
-      grad_local->bias_values.insert(grad_local->bias_values.end(), g.bias_values.begin(), g.bias_values.end());
-    } else if (mode == mode_t::forward) {
-      head.forward(hv, tv, none, ov);
-    } else {
-      head.log_prob(hv, tv, ov);
-    }
-    for (index_t j = 0; j < m; ++j) {
-      const size_t r = static_cast<size_t>(mine[static_cast<size_t>(j)]);
-      reply[r * static_cast<size_t>(rw)] = out[static_cast<size_t>(j)];
-      if (mode == mode_t::train)
-        std::copy(gh.begin() + j * d, gh.begin() + (j + 1) * d, reply.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(rw) + 1));
-    }
-  }
+  score_subtrees_(mode, recv_h, recv_i, recv_up, reply, grad_local);
 
   // 5. Back to the rows' ranks, added to the top part.
   std::vector<float> back(order.size() * static_cast<size_t>(rw));

@@ -6,6 +6,9 @@
 /// below a row's k-th best candidate cannot hold a better class; round 1 explores the top tree's
 /// best leaves, round 2 every other leaf that reaches the k-th best of round 1.
 
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/hierarchical/tree_search.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -32,6 +35,9 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
                                    log_probs.cols == k,
                                where, ": classes is ", classes.rows, " x ", classes.cols, " and log_probs ",
                                log_probs.rows, " x ", log_probs.cols, " but hidden has ", rows, " rows and k = ", k);
+  // The search packs a weight row into 32 bits (tree_search.hpp), as hierarchical_softmax::topk.
+  detail::expects(local_.tree().num_rows() <= index_t(0xFFFFFFFF), where, ": this rank's subtrees have ",
+                  local_.tree().num_rows(), " weight rows; the search supports at most 2^32 - 1");
   detail::hs_topk_candidates candidates(static_cast<size_t>(rows));
   std::vector<detail::hs_topk_request> requests;
   const auto add_leaf = [&](index_t i, index_t j, float lp) {
@@ -116,32 +122,28 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::explore_(matrix_view<const flo
                    detail::element_counts(recv_rows, d).data());
   comm_.all_to_all(send_i.data(), send_rows.data(), recv_i.data(), recv_rows.data());
 
-  // Each subtree's best min(k, its classes) for the rows asking it; unfilled slots are class -1.
+  // Each request's subtree's best min(k, its classes), in one search over this rank's forest, each
+  // row started at its subtree's root block (a subtree of fewer than k classes leaves slots of
+  // class -1, as the reply's unfilled ones).
   std::vector<float> reply_f(static_cast<size_t>(received * k), -INFINITY);
-  std::vector<index_t> reply_i(reply_f.size(), -1);
-  std::vector<std::vector<index_t>> by_slot(subs_.size());
-  for (index_t r = 0; r < received; ++r)
-    by_slot[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(r)])])].push_back(r);
-  for (size_t slot = 0; slot < subs_.size(); ++slot) {
-    const std::vector<index_t>& mine = by_slot[slot];
-    const index_t ms = static_cast<index_t>(mine.size());
-    if (ms == 0) continue;
-    const index_t s = plan_.subtrees_of(rank_)[slot];
-    const std::vector<index_t>& global = plan_.subtree_classes(s);
-    const index_t ks = std::min(k, static_cast<index_t>(global.size()));
-    std::vector<float> h(static_cast<size_t>(ms * d)), lps(static_cast<size_t>(ms * ks));
-    std::vector<index_t> cls(lps.size());
-    for (index_t j = 0; j < ms; ++j)
-      std::copy(recv_f.begin() + mine[static_cast<size_t>(j)] * d, recv_f.begin() + (mine[static_cast<size_t>(j)] + 1) * d,
-                h.begin() + j * d);
-    subs_[slot].topk(matrix_view<const float>(h.data(), ms, d), ks, matrix_view<index_t>(cls.data(), ms, ks),
-                     matrix_view<float>(lps.data(), ms, ks));
-    for (index_t j = 0; j < ms; ++j)
-      for (index_t e = 0; e < ks; ++e) {
-        const size_t at = static_cast<size_t>(mine[static_cast<size_t>(j)] * k + e);
-        reply_f[at] = lps[static_cast<size_t>(j * ks + e)];
-        reply_i[at] = global[static_cast<size_t>(cls[static_cast<size_t>(j * ks + e)])];
-      }
+  std::vector<index_t> reply_i(reply_f.size(), -1), start_begin(static_cast<size_t>(received)),
+      start_size(start_begin.size());
+  const auto& tree = local_.tree();
+  const auto& bo = tree.block_offsets();
+  for (index_t r = 0; r < received; ++r) {
+    const index_t root = tree.root_nodes()[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(r)])])];
+    start_begin[static_cast<size_t>(r)] = bo[static_cast<size_t>(root)];
+    start_size[static_cast<size_t>(r)] = bo[static_cast<size_t>(root) + 1] - bo[static_cast<size_t>(root)];
+  }
+  if (received > 0) {
+    const detail::execution<B> ex{local_.resources()};
+    detail::tree_topk<head_type::sigmoid_form>(ex, tree.view(), matrix_view<const float>(recv_f.data(), received, d),
+                                               matrix_view<const storage_type>(local_.weights()), local_.bias(),
+                                               widest_local_, k, 0, matrix_view<index_t>(reply_i.data(), received, k),
+                                               matrix_view<float>(reply_f.data(), received, k), start_begin.data(),
+                                               start_size.data());
+    for (index_t& c : reply_i)
+      if (c >= 0) c = local_classes_[static_cast<size_t>(c)];
   }
 
   std::vector<float> back_f(order.size() * static_cast<size_t>(k));

@@ -34,6 +34,9 @@ struct runtime_tree_data {
   std::vector<index_t> row_child;    ///< R: internal node (BFS number) >= 0, or -(class + 1)
   std::vector<index_t>
       block_offset;  ///< I + 1: node k's block is [block_offset[k], block_offset[k+1])
+  /// The internal node of each tree's root: {0} for a tree, one per tree for a forest
+  /// (tree_forest.hpp), whose paths start at their own tree's root block.
+  std::vector<index_t> root_node{0};
 
   [[nodiscard]] index_t num_internal_nodes() const {
     return static_cast<index_t>(block_offset.size()) - 1;
