@@ -133,13 +133,13 @@ struct sigmoid_pair_step {
         row_state& s = st[e_slot[e]];
         const index_t cb = e_block[e];
         const float g0 = e_lp[e] - minus2[e], g1 = e_lp[e] - plus2[e];
-        const std::uint64_t kc = open_heap::pack(e_lp[e], e_row[e]), k0 = open_heap::pack(g0, cb),
-                            k1 = open_heap::pack(g1, cb + 1);
-        if (k0 < kc && k1 < kc) {
+        const std::uint64_t k0 = open_heap::pack(g0, cb), k1 = open_heap::pack(g1, cb + 1);
+        // Keys below the child's: a smaller value is enough (the usual case: no key to build).
+        if ((g0 < e_lp[e] && g1 < e_lp[e]) || below(k0, k1, open_heap::pack(e_lp[e], e_row[e]))) {
           consider(s, g0, cb, k0);
           consider(s, g1, cb + 1, k1);
         } else {
-          s.heap.push_key(kc);  // kept whole: expanded again when popped (see the file comment)
+          s.heap.push_key(open_heap::pack(e_lp[e], e_row[e]));  // kept whole (see the file comment)
         }
       }
       index_t q = 0;
@@ -158,6 +158,9 @@ struct sigmoid_pair_step {
         log_probs(row0 + i0 + j, f) = -INFINITY;
       }
   }
+
+  /// Whether both keys are below kc.
+  XSOFTMAX_HD static bool below(std::uint64_t k0, std::uint64_t k1, std::uint64_t kc) { return k0 < kc && k1 < kc; }
 
   /// Records a pushed leaf's log-probability v among the row's k best (descending).
   XSOFTMAX_HD void note_leaf(row_state& s, float v) const {
