@@ -87,9 +87,12 @@ XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix
 /// Rows are scored four at a time (`dot_rows8`), the softplus pairs 8 lanes at a time when L
 /// allows (`softplus_pair8`, lane for lane `softplus_pair`). For callers whose entries are not one
 /// per lockstep row (the paired search's grandchildren), and which read the lanes in place.
+/// (hr and wrow are read only; they are not pointers to const because the callers' arrays are
+/// filled only up to m, and GCC's -Wmaybe-uninitialized takes a pointer-to-const argument as a
+/// read of the whole array; initialising them instead costs 2 % of a search's instructions.)
 template <index_t L, class T>
-XSOFTMAX_HD void sigmoid_pair_terms(const float* const* hr, const index_t* wrow, index_t m, matrix_view<const T> w,
-                                    const T* bias, float* minus, float* plus) {
+XSOFTMAX_HD void sigmoid_pair_terms(const float** hr, index_t* wrow, index_t m, matrix_view<const T> w, const T* bias,
+                                    float* minus, float* plus) {
   static_assert(L < node_lanes || L % node_lanes == 0);
   constexpr index_t lanes = L < node_lanes ? node_lanes : L;
   float sc[lanes] = {};
