@@ -41,23 +41,23 @@ namespace xsoftmax::detail {
 /// runs again, larger).
 template <class T, class View, index_t G>
 struct sigmoid_pair_step {
-  View tv;
-  const float* h;
-  index_t d;
-  matrix_view<const T> w;
-  const T* bias;
-  index_t k, capacity, row0, n;  ///< n: the tile's rows
-  std::uint64_t* open_key;
+  View tv;                 ///< the tree
+  const float* h;          ///< fp32 hidden rows, d apart
+  index_t d;               ///< hidden width
+  matrix_view<const T> w;  ///< one weight row per internal node (block_begin / 2)
+  const T* bias;           ///< one per internal node, or null
+  index_t k, capacity, row0, n;  ///< k; open-list entries per row; the tile's first row and its rows
+  std::uint64_t* open_key;       ///< `capacity` keys per row of the tile
   float* leaf_lp;  ///< k per row: the k best leaf log-probabilities pushed so far, descending
-  matrix_view<index_t> classes;
-  matrix_view<float> log_probs;
-  int* overflow;
+  matrix_view<index_t> classes;  ///< output classes (all rows of the call)
+  matrix_view<float> log_probs;  ///< output log-probabilities
+  int* overflow;                 ///< per row of the tile: set when its open list outgrew `capacity`
 
   /// One lockstep row's search state, together (one base address per row in the round's loops).
   struct row_state {
     open_heap heap;
     float* best;    ///< its `leaf_lp` row
-    index_t found;  ///< output entries taken
+    index_t found;  ///< output entries taken (-1: the open list would overflow; the call reruns)
     index_t leaves; ///< entries of `best` filled (<= k)
     index_t node;   ///< the node being expanded: its block's first row
     float base;     ///< its log-probability
@@ -66,6 +66,7 @@ struct sigmoid_pair_step {
   /// Second-pass entries (internal children being expanded early) per round: two per row.
   static constexpr index_t E = 2 * G;
 
+  /// Runs task t: rows [G t, G t + G) of the tile.
   XSOFTMAX_HD void operator()(index_t t) const {
     const index_t i0 = t * G, m = n - i0 < G ? n - i0 : G;
     row_state st[G];
