@@ -9,7 +9,9 @@
 /// execution's memory (log-probability, then the smaller row first, packed into one integer key:
 /// a total order, so the result does not depend on the heap's layout). An exact search that outgrows its capacity stops and
 /// flags the row; the call then runs again with four times the capacity. A beam search keeps at
-/// most `beam_width` open nodes and never outgrows beam + widest block.
+/// most `beam_width` open nodes and never outgrows beam + widest block. An exact search on a
+/// sigmoid (binary) tree expands two levels per pop (sigmoid_pair_search.hpp), with the same
+/// result; the node scores and the open list are in search_nodes.hpp.
 ///
 /// log_distribution: the range's paths are planned once on the host (the unique nodes they pass
 /// through, and per class the offsets of its path's children); then per row every such node's child
@@ -17,13 +19,9 @@
 /// whose node log-probabilities fit a fixed budget.
 
 #include <xsoftmax/detail/execution.hpp>
-#include <xsoftmax/detail/hierarchical/node_runs.hpp>
-#include <xsoftmax/detail/primitives/row_kernels.hpp>
-#include <xsoftmax/detail/primitives/dot_rows.hpp>
+#include <xsoftmax/detail/hierarchical/search_nodes.hpp>
+#include <xsoftmax/detail/hierarchical/sigmoid_pair_search.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
-#include <xsoftmax/detail/primitives/fast_exp.hpp>
-#include <xsoftmax/detail/primitives/gather_dot.hpp>
-#include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
 #include <thrust/extrema.h>
 #include <thrust/fill.h>
@@ -36,148 +34,6 @@
 #include <vector>
 
 namespace xsoftmax::detail {
-
-/// A sigmoid node's score from its dot product h . w_node: + bias_node when there is a bias.
-template <class T>
-XSOFTMAX_HD float sigmoid_score_of_dot(float dot, const T* bias, index_t node) {
-  return bias ? dot + to_float(bias[node]) : dot;
-}
-
-/// A sigmoid node's score: h . w_node (+ bias_node), the fp32 row `h`, in `dot_row8`'s order.
-template <class T>
-XSOFTMAX_HD float sigmoid_node_score(const float* h, matrix_view<const T> w, const T* bias, index_t node) {
-  return sigmoid_score_of_dot(dot_row8(h, w.row(node), w.cols), bias, node);
-}
-
-/// log p(child j | node) for the node whose block is [block_begin, block_begin + block_size), of
-/// the fp32 row `h`, into out[0, block_size) (two entries for sigmoid nodes).
-template <bool Sigmoid, class T>
-XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T* bias, index_t block_begin,
-                                 index_t block_size, float* out) {
-  if constexpr (Sigmoid) {
-    // softplus(-s) and softplus(s) share log1p(exp(-|s|)) (see `softplus_pair`): one exp and one
-    // log1p per node instead of two each, bitwise the same values.
-    softplus_pair(sigmoid_node_score(h, w, bias, block_begin / 2), out[0], out[1]);
-    out[0] = -out[0];
-    out[1] = -out[1];
-  } else {
-    gather_dot(h, w, bias, block_begin, block_size, out);
-    const float lse = row_logsumexp(out, block_size);
-    for (index_t j = 0; j < block_size; ++j) out[j] -= lse;
-  }
-}
-
-/// `child_log_probs<true>`'s values for m <= G rows at once, bitwise: the a-th is hidden row
-/// h + slot[a] d at the node of block block_begin[slot[a]], into out[slot[a] stride, + 2).
-/// In two loops: the m scores, then their softplus pairs, 8 lanes at a time when G allows
-/// (`softplus_pair8`, lane for lane `softplus_pair`): independent chains side by side in the core
-/// instead of one dot-exp-log1p chain at a time.
-template <class T, index_t G>
-XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix_view<const T> w, const T* bias,
-                                               const index_t* slot, const index_t* block_begin, index_t m, float* out,
-                                               index_t stride) {
-  static_assert(G < node_lanes || G % node_lanes == 0);
-  constexpr index_t L = G < node_lanes ? node_lanes : G;
-  float sc[L] = {}, minus[L], plus[L];
-  index_t a = 0;
-  for (; a + 4 <= m; a += 4) {  // four dots per pass (`dot_rows8`: each bitwise dot_row8's)
-    const float* hr[4];
-    const T* wr[4];
-    for (int r = 0; r < 4; ++r) {
-      hr[r] = h + slot[a + r] * d;
-      wr[r] = w.row(block_begin[slot[a + r]] / 2);
-    }
-    dot_rows8<4>(hr, wr, w.cols, sc + a);
-    for (int r = 0; r < 4; ++r) sc[a + r] = sigmoid_score_of_dot(sc[a + r], bias, block_begin[slot[a + r]] / 2);
-  }
-  for (; a < m; ++a) sc[a] = sigmoid_node_score(h + slot[a] * d, w, bias, block_begin[slot[a]] / 2);
-  if constexpr (G % node_lanes == 0)
-    for (a = 0; a < m; a += node_lanes) softplus_pair8(sc + a, minus + a, plus + a);
-  else
-    for (a = 0; a < m; ++a) softplus_pair(sc[a], minus[a], plus[a]);
-  for (a = 0; a < m; ++a) {
-    out[slot[a] * stride] = -minus[a];
-    out[slot[a] * stride + 1] = -plus[a];
-  }
-}
-
-/// A row's open list: a binary max-heap of (log-probability, weight row) packed into one 64-bit key
-/// each: the high half is the log-probability's bits mapped so that unsigned order is float order
-/// (-0 taken as +0), the low half 2^32 - 1 - row. Key order is then exactly "larger
-/// log-probability, then smaller row" (a total order, so the result does not depend on the heap's
-/// layout), compared in one integer comparison; rows must be < 2^32 (checked by the head).
-struct open_heap {
-  std::uint64_t* key;
-  index_t size, capacity;
-
-  XSOFTMAX_HD static std::uint64_t pack(float lp, index_t row) {
-    const std::uint32_t b = static_cast<std::uint32_t>(bits_of_float(lp + 0.f));  // + 0.f: -0 -> +0
-    // Negative: all bits flipped; else the sign bit set. Without a branch: the xor mask is all
-    // ones or the sign bit alone, from b's sign (an arithmetic shift).
-    const std::uint32_t ordered = b ^ (static_cast<std::uint32_t>(static_cast<std::int32_t>(b) >> 31) | 0x80000000u);
-    return (static_cast<std::uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<std::uint32_t>(row));
-  }
-  XSOFTMAX_HD static float lp_of(std::uint64_t k) {
-    const std::uint32_t ordered = static_cast<std::uint32_t>(k >> 32);
-    // pack's map backwards: sign bit set (from a non-negative value): clear it; else flip all.
-    return float_from_bits(static_cast<std::int32_t>(
-        ordered ^ (~static_cast<std::uint32_t>(static_cast<std::int32_t>(ordered) >> 31) | 0x80000000u)));
-  }
-  XSOFTMAX_HD static index_t row_of(std::uint64_t k) {
-    return static_cast<index_t>(0xFFFFFFFFu - static_cast<std::uint32_t>(k));
-  }
-  /// Adds an entry; false (nothing added) when full.
-  XSOFTMAX_HD bool push(float l, index_t r) {
-    if (size == capacity) return false;
-    const std::uint64_t x = pack(l, r);
-    index_t i = size++;
-    while (i > 0) {
-      const index_t p = (i - 1) / 2;
-      if (key[p] >= x) break;
-      key[i] = key[p];
-      i = p;
-    }
-    key[i] = x;
-    return true;
-  }
-  /// Moves the best entry to position size - 1 and shrinks the heap by one (as std::pop_heap).
-  /// Bottom-up: the hole left at the top walks down to a leaf along the larger children, picked
-  /// without a branch (key[size], about to take the popped entry, is 0 meanwhile: below every key,
-  /// so a last child without a sibling needs no test), then the last entry rises from there. The
-  /// last entry is usually among the smallest, so it rises little; the child choices were a coin
-  /// toss for the branch predictor.
-  XSOFTMAX_HD void pop_to_back() {
-    const std::uint64_t top = key[0], x = key[size - 1];
-    --size;
-    key[size] = 0;
-    index_t i = 0;
-    for (index_t c = 1; c < size; c = 2 * i + 1) {
-      c += key[c + 1] > key[c] ? 1 : 0;
-      key[i] = key[c];
-      i = c;
-    }
-    while (i > 0) {
-      const index_t p = (i - 1) / 2;
-      if (key[p] >= x) break;
-      key[i] = key[p];
-      i = p;
-    }
-    key[i] = x;
-    key[size] = top;
-  }
-  /// Keeps the `keep` best entries: heap-sorts, reverses into descending order (which is a valid
-  /// heap) and truncates.
-  XSOFTMAX_HD void keep_best(index_t keep) {
-    const index_t n = size;
-    while (size > 1) pop_to_back();
-    for (index_t i = 0, j = n - 1; i < j; ++i, --j) {
-      const std::uint64_t t = key[i];
-      key[i] = key[j];
-      key[j] = t;
-    }
-    size = keep < n ? keep : n;
-  }
-};
 
 /// How many rows one search task runs in lockstep: on a host backend 16, so that their node scores
 /// (a dot product and an exp/log1p chain, each latency-bound: two 8-lane chains) overlap in the
@@ -357,10 +213,16 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
       const index_t n = std::min(tile, rows - row0);
       constexpr index_t G = search_rows_per_task<B>;
-      parallel_for(ex, (n + G - 1) / G,
-                   topk_search_step<Sigmoid, T, View, G>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block,
-                                                         row0, n, open_key.data(), child_lp.data(), leaf_lp.data(), classes,
-                                                         log_probs, raw(overflow), start_begin, start_size});
+      if (Sigmoid && beam == 0)  // exact on a binary tree: two levels per pop (sigmoid_pair_search.hpp)
+        parallel_for(ex, (n + G - 1) / G,
+                     sigmoid_pair_step<T, View, G>{tv, h.data, h.cols, w, bias, k, capacity, row0, n, open_key.data(),
+                                                   leaf_lp.data(), classes, log_probs, raw(overflow), start_begin});
+      else
+        parallel_for(ex, (n + G - 1) / G,
+                     topk_search_step<Sigmoid, T, View, G>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block,
+                                                           row0, n, open_key.data(), child_lp.data(), leaf_lp.data(),
+                                                           classes, log_probs, raw(overflow), start_begin,
+                                                           start_size});
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
     if (!outgrown) return;

@@ -63,6 +63,13 @@ struct row_has_non_finite {
   matrix_view<const H> m;
   XSOFTMAX_HD bool operator()(index_t r) const {
     const H* row = m.row(r);
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+    // fp32 rows on 8 AVX2 lanes when the host CPU has them: 1 * v keeps v's exponent bits (NaN and
+    // infinities stay, a denormal flushed to 0 is finite either way), so the same answer. The
+    // scalar loop below costs about two instructions a value (3.7 % of a top-1 call at d = 100).
+    if constexpr (std::is_same_v<H, float>)
+      if (row_simd::has_avx2) return any_non_finite_scaled_avx2(row, m.cols, 1.f);
+#endif
     std::uint32_t bad = 0;
     for (index_t j = 0; j < m.cols; ++j) bad |= non_finite_bit(to_float(row[j]));
     return bad != 0;
