@@ -185,6 +185,24 @@ TEST_CASE_TEMPLATE("checkpoint: hierarchical_softmax over a Huffman runtime tree
   CHECK_THROWS_AS(xs::load_checkpoint(dir.path, flat_head), xs::checkpoint_error);
 }
 
+TEST_CASE_TEMPLATE("checkpoint: a head over a forest round-trips into a head over the same forest; load_runtime_tree "
+                   "refuses it", B, XSOFTMAX_TEST_BACKENDS) {
+  scratch_dir dir(std::string("hs_forest_") + xs::backend_traits<B>::name);
+  std::vector<double> a(30, 1.0), b;
+  for (int c = 0; c < 17; ++c) b.push_back(100.0 / (c + 1));
+  const auto ta = xs::runtime_tree<>::huffman(a, 2), tb = xs::runtime_tree<>::huffman(b, 2);
+  const auto forest = xs::runtime_tree<>::forest({&ta, &tb});
+  using head = xs::hierarchical_softmax<xs::runtime_tree<>, xs::fp32, B, xs::sigmoid_nodes>;
+  head saved(forest, 4, true, seeded(5));
+  randomize_bias(saved, 6);
+  xs::save_checkpoint(dir.path, saved);
+  head loaded(forest, 4, true, seeded(7));
+  xs::load_checkpoint(dir.path, loaded);
+  CHECK(weight_bits(loaded) == weight_bits(saved));
+  // One tree cannot be rebuilt from a forest's codes: a clear refusal, not a complaint about a row.
+  check_rejected([&] { (void)xs::load_runtime_tree(dir.path); }, dir.path, "forest of 2 trees");
+}
+
 TEST_CASE_TEMPLATE("checkpoint: knn_softmax round-trips its weights and graph", B, XSOFTMAX_TEST_BACKENDS) {
   scratch_dir dir(std::string("knn_") + xs::backend_traits<B>::name);
   xs::knn_options options;

@@ -273,7 +273,8 @@ void load_checkpoint(const std::string& dir, Head& head, sparse_optimizer<Rule, 
 /// The runtime tree saved in `dir` by a hierarchical_softmax over a `runtime_tree`, rebuilt through
 /// `runtime_tree<MaxDepth>::from_parents` (same rows, blocks and leaf order), so that a head can be
 /// made for it before `load_checkpoint`. Throws `checkpoint_error` naming the file when it holds
-/// no runtime tree or its codes do not form a valid tree of depth <= MaxDepth.
+/// no runtime tree, a forest of several trees (`runtime_tree::forest`), or codes that do not form
+/// a valid tree of depth <= MaxDepth.
 template <int MaxDepth = 64>
 [[nodiscard]] runtime_tree<MaxDepth> load_runtime_tree(const std::string& dir) {
   const auto f = io::safetensors_file::read(io::detail::path_in(dir, checkpoint_head_file));
@@ -282,6 +283,11 @@ template <int MaxDepth = 64>
   const index_t internal = io::detail::metadata_integer(f, "tree.internal_nodes");
   const index_t rows = io::detail::metadata_integer(f, "weight_rows");
   if (n < 1 || internal < 1 || rows < 1) f.fail("num_classes, tree.internal_nodes and weight_rows must be >= 1");
+  // Checkpoints written before forests existed have no count: one tree.
+  if (f.metadata().count("tree.trees") && io::detail::metadata_integer(f, "tree.trees") != 1)
+    f.fail("the head's tree is a forest of ", io::detail::metadata_integer(f, "tree.trees"),
+           " trees (runtime_tree::forest): load_runtime_tree rebuilds a single tree; build the forest again and "
+           "load_checkpoint into a head over it");
   const auto parent_node = f.values<index_t>("tree.row_parent", {rows});
   const auto child_code = f.values<index_t>("tree.row_child", {rows});
   // Node ids for from_parents: the root is node 0, row r is node r + 1. Children are ordered by node

@@ -129,6 +129,9 @@ void save_tree(safetensors_writer& w, const runtime_tree<M>& t) {
   w.set_metadata("tree", "runtime");
   w.set_metadata("tree.internal_nodes", std::to_string(t.num_internal_nodes()));
   w.set_metadata("tree.height", std::to_string(t.height()));
+  // A forest (runtime_tree::forest) has a root per tree: the codes are saved the same way, and
+  // load_runtime_tree, which rebuilds one tree, refuses it by this count.
+  w.set_metadata("tree.trees", std::to_string(t.num_trees()));
   w.add("tree.row_parent", {t.num_rows()}, t.row_parents().data());
   w.add("tree.row_child", {t.num_rows()}, t.row_children().data());
 }
