@@ -10,6 +10,7 @@
 // and bit for bit, and against the same search on the breadth-first tree; fails when the key test
 // is dropped (checked once by hand).
 
+#include "hierarchical/reference_search.hpp"
 #include "support/head_checks.hpp"
 
 #include <xsoftmax/hierarchical_softmax.hpp>
@@ -18,20 +19,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <cstring>
-#include <queue>
 #include <vector>
 
 namespace {
 
 using namespace xsoftmax_test;
 using xsoftmax::index_t;
-
-std::uint32_t bits(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
 
 /// A binary runtime tree's view with its non-root blocks stored in reverse order (the root's block
 /// stays rows [0, 2)): `old_of_new` / `new_of_old` map the rows.
@@ -47,50 +40,6 @@ struct reversed_view {
     return c;
   }
 };
-
-struct open_entry {
-  float lp;
-  index_t row;
-};
-/// priority_queue's "less": the top is the larger log-probability, then the smaller row.
-struct worse {
-  bool operator()(const open_entry& a, const open_entry& b) const {
-    return a.lp < b.lp || (a.lp == b.lp && a.row > b.row);
-  }
-};
-
-/// The plain best-first search of one row over sigmoid nodes (as search_tie_order_test.cpp's);
-/// counts into `ties` the children whose value equals their parent's.
-template <class View>
-void plain_search(const View& tv, const float* h, xsoftmax::matrix_view<const float> w, const float* bias, index_t k,
-                  index_t* cls, float* lps, index_t& ties) {
-  std::priority_queue<open_entry, std::vector<open_entry>, worse> open;
-  const auto expand = [&](float base, index_t block_begin) {
-    float child[2];
-    xsoftmax::detail::child_log_probs<true>(h, w, bias, block_begin, 2, child);
-    for (index_t j = 0; j < 2; ++j) {
-      open.push({base + child[j], block_begin + j});
-      if (block_begin > 0 && base + child[j] == base) ++ties;
-    }
-  };
-  expand(0.f, 0);
-  index_t found = 0;
-  while (found < k && !open.empty()) {
-    const open_entry e = open.top();
-    open.pop();
-    const xsoftmax::child_ref c = tv.child(e.row);
-    if (c.is_leaf) {
-      cls[found] = c.leaf_class;
-      lps[found++] = e.lp;
-    } else {
-      expand(e.lp, c.block_begin);
-    }
-  }
-  for (; found < k; ++found) {
-    cls[found] = -1;
-    lps[found] = -INFINITY;
-  }
-}
 
 /// kind 0: saturated random weights (scores in the tens); kind 1: zero weights and a bias of 0 or
 /// +-100 per node: equal siblings (bias 0) whose likely children tie them (+-100), so many open
@@ -144,7 +93,7 @@ void check_reversed(int kind) {
                                       xsoftmax::matrix_view<index_t>(cls2.data(), batch, k),
                                       xsoftmax::matrix_view<float>(lps2.data(), batch, k));
     for (index_t i = 0; i < batch; ++i) {
-      plain_search(rv, p.h.data() + i * d, wr, b2.data(), k, rc.data(), rl.data(), ties);
+      plain_search<true>(rv, p.h.data() + i * d, wr, b2.data(), k, rc.data(), rl.data(), &ties);
       for (index_t j = 0; j < k; ++j) {
         INFO("k = ", k, ", row ", i, ", rank ", j);
         const size_t o = static_cast<size_t>(i * k + j);

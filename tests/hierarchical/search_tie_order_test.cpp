@@ -8,6 +8,7 @@
 // the hundreds: a likely child's log-probability rounds to -0, so a child ties its parent) and
 // ordinary random ones. A heap or pruning change that reorders tied entries fails here.
 
+#include "hierarchical/reference_search.hpp"
 #include "support/head_checks.hpp"
 
 #include <xsoftmax/hierarchical_softmax.hpp>
@@ -15,9 +16,6 @@
 
 #include <doctest/doctest.h>
 
-#include <cstdint>
-#include <cstring>
-#include <queue>
 #include <string>
 #include <vector>
 
@@ -25,54 +23,6 @@ namespace {
 
 using namespace xsoftmax_test;
 using xsoftmax::index_t;
-
-std::uint32_t bits(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-struct open_entry {
-  float lp;
-  index_t row;
-};
-/// priority_queue's "less": the top is the larger log-probability, then the smaller row.
-struct worse {
-  bool operator()(const open_entry& a, const open_entry& b) const {
-    return a.lp < b.lp || (a.lp == b.lp && a.row > b.row);
-  }
-};
-
-/// The plain best-first search of one fp32 row: pop the best open entry; a leaf goes to the
-/// output, an internal node's children are pushed with the parent's log-probability added.
-template <bool Sigmoid, class View>
-void plain_search(const View& tv, const float* h, xsoftmax::matrix_view<const float> w, const float* bias, index_t k,
-                  index_t* cls, float* lps) {
-  std::priority_queue<open_entry, std::vector<open_entry>, worse> open;
-  std::vector<float> child(64);
-  const auto expand = [&](float base, index_t block_begin, index_t block_size) {
-    child.resize(static_cast<size_t>(block_size));
-    xsoftmax::detail::child_log_probs<Sigmoid>(h, w, bias, block_begin, block_size, child.data());
-    for (index_t j = 0; j < block_size; ++j) open.push({base + child[static_cast<size_t>(j)], block_begin + j});
-  };
-  expand(0.f, 0, tv.root_block_size());
-  index_t found = 0;
-  while (found < k && !open.empty()) {
-    const open_entry e = open.top();
-    open.pop();
-    const xsoftmax::child_ref c = tv.child(e.row);
-    if (c.is_leaf) {
-      cls[found] = c.leaf_class;
-      lps[found++] = e.lp;
-    } else {
-      expand(e.lp, c.block_begin, c.block_size);
-    }
-  }
-  for (; found < k; ++found) {
-    cls[found] = -1;
-    lps[found] = -INFINITY;
-  }
-}
 
 enum class weights { zero, saturated, random };
 
