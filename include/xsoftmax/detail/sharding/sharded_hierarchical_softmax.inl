@@ -4,6 +4,8 @@
 /// `sharded_hierarchical_softmax`: construction and the one routed step behind every verb (see the
 /// header's file comment). Host memory throughout: the head is offered on host backends only.
 
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/sparse_gradient_checks.hpp>
 #include <xsoftmax/head_verbs.hpp>
 
 #include <algorithm>
@@ -82,33 +84,15 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::log_prob(matrix_view<const flo
 template <class C, class F, class P, class B, int D>
 void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type& grad_top,
                                                             const gradient_type& grad_local, float lr) {
-  using std::size_t;
   const std::string where = detail::verb_where(head_name, "apply_sgd");
   const index_t d = dim(), n_local = static_cast<index_t>(plan_.local_rows(rank_).size()), rows = grad_local.num_rows();
   detail::expects(std::isfinite(lr), where, ": lr = ", lr, " is not finite");
-  // grad_local whole first; then the top head checks grad_top before changing anything; only then
-  // is anything written.
-  detail::expects<shape_error>(rows == 0 || grad_local.dim == d, where, ": grad_local.dim = ", grad_local.dim,
-                               " but the head's dim is ", d);
-  detail::expects<shape_error>(static_cast<index_t>(grad_local.values.size()) == rows * d, where,
-                               ": grad_local.values has ", grad_local.values.size(), " entries for ", rows, " rows");
-  detail::expects<shape_error>(static_cast<index_t>(grad_local.bias_values.size()) == (top_.has_bias() ? rows : 0),
-                               where, ": grad_local.bias_values has ", grad_local.bias_values.size(), " entries for ",
-                               rows, " rows", top_.has_bias() ? "" : " (the head has no bias)");
-  std::vector<char> seen(static_cast<size_t>(n_local), 0);
-  for (index_t e = 0; e < rows; ++e) {
-    const index_t r = grad_local.rows[static_cast<size_t>(e)];
-    detail::expects<out_of_range>(r >= 0 && r < n_local, where, ": grad_local.rows[", e, "] = ", r,
-                                  " is outside this rank's local rows [0, ", n_local, ")");
-    detail::expects(!seen[static_cast<size_t>(r)], where, ": grad_local.rows[", e, "] = ", r, " is listed twice");
-    seen[static_cast<size_t>(r)] = 1;
-  }
-  for (size_t i = 0; i < grad_local.values.size(); ++i)
-    detail::expects<non_finite_error>(std::isfinite(grad_local.values[i]), where, ": grad_local.values[", i, "] = ",
-                                      static_cast<float>(grad_local.values[i]), " is not finite");
-  for (size_t i = 0; i < grad_local.bias_values.size(); ++i)
-    detail::expects<non_finite_error>(std::isfinite(grad_local.bias_values[i]), where, ": grad_local.bias_values[",
-                                      i, "] = ", static_cast<float>(grad_local.bias_values[i]), " is not finite");
+  // grad_local whole first, by the check the forest head's own apply_sgd makes (the forest's rows
+  // are the local rows); then the top head checks grad_top before changing anything; only then is
+  // anything written.
+  if (rows > 0)
+    detail::check_sparse_gradient(where.c_str(), detail::execution<B>{local_.resources()}, grad_local, n_local, d,
+                                  local_.has_bias(), lr);
   top_.apply_sgd(grad_top, lr);
   if (rows > 0) local_.apply_sgd(grad_local, lr);  // the forest's rows are the local rows
 }
