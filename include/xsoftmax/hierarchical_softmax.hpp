@@ -147,6 +147,19 @@ class hierarchical_softmax
   /// \endcond
 
   // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
+  /// For a head over a forest (`runtime_tree::forest`): the exact top-k of each row of `hidden`
+  /// (fp32, B x dim, the backend's memory) among the classes of one tree of the forest,
+  /// `trees[r]` for row r (B entries, the backend's memory), best first (ties: smaller class
+  /// first). Classes are the forest's; a tree of fewer than k classes leaves its row's remaining
+  /// slots at class -1 and log-probability -inf. `classes` and `log_probs` are B x k. Throws
+  /// `shape_error` for sizes that disagree, `out_of_range` for a tree index outside
+  /// [0, num_trees), `invalid_argument` unless k >= 1 (k may exceed a tree's classes: see above,
+  /// as the sharded head asks each owner for k of a subtree), `non_finite_error` for a
+  /// non-finite hidden value. The sharded hierarchical softmax's owners search their subtrees
+  /// with it.
+  void topk_in_trees(matrix_view<const float> hidden, vector_view<const index_t> trees, index_t k,
+                     matrix_view<index_t> classes, matrix_view<float> log_probs) const;
+
   // forms, apply_sgd) are head_verbs'. What is particular to this head:
   // * `grad_weights` holds the rows of the nodes on the batch's paths, block by block, level by level.
   // * topk: exact best-first search over the tree (ties: smaller class first), or a beam search

@@ -58,6 +58,62 @@ void hierarchical_softmax<Tree, P, B, F>::topk_(matrix_view<const H> hidden, ind
 }
 
 template <class Tree, class P, class B, class F>
+void hierarchical_softmax<Tree, P, B, F>::topk_in_trees(matrix_view<const float> hidden,
+                                                        vector_view<const index_t> trees, index_t k,
+                                                        matrix_view<index_t> classes,
+                                                        matrix_view<float> log_probs) const {
+  static_assert(detail::has_num_trees<Tree>::value,
+                "xsoftmax: hierarchical_softmax::topk_in_trees needs a runtime_tree (a forest of trees)");
+  constexpr const char* where = "hierarchical_softmax::topk_in_trees";
+  const detail::execution<B> ex{resources_};
+  const index_t rows = hidden.rows;
+  detail::check_hidden(ex, where, hidden, dim());
+  detail::expects(k >= 1, where, ": k = ", k, " must be >= 1");
+  detail::expects<shape_error>(trees.size == rows && (trees.data != nullptr || rows == 0), where, ": trees has ",
+                               trees.size, " entries but hidden has ", rows, " rows");
+  detail::expects<shape_error>(classes.rows == rows && classes.cols == k && log_probs.rows == rows &&
+                                   log_probs.cols == k,
+                               where, ": classes is ", classes.rows, " x ", classes.cols, " and log_probs ",
+                               log_probs.rows, " x ", log_probs.cols, " but hidden has ", rows, " rows and k = ", k);
+  detail::expects(tree_.num_rows() <= index_t(0xFFFFFFFF), where, ": the tree has ", tree_.num_rows(),
+                  " weight rows; the search supports at most 2^32 - 1");
+  if (rows == 0) return;
+  // Each row's search starts at its tree's root block (host arithmetic on B tree indices).
+  std::vector<index_t> tree_of(static_cast<std::size_t>(rows)), begin(tree_of.size()), size(tree_of.size());
+  detail::backend_ops<B>::copy(resources_, tree_of.data(), trees.data, rows);
+  detail::backend_ops<B>::synchronize(resources_);
+  const auto& roots = tree_.root_nodes();
+  const auto& bo = tree_.block_offsets();
+  for (index_t r = 0; r < rows; ++r) {
+    const index_t t = tree_of[static_cast<std::size_t>(r)];
+    detail::expects<out_of_range>(t >= 0 && t < tree_.num_trees(), where, ": trees[", r, "] = ", t,
+                                  " is out of range [0, ", tree_.num_trees(), ")");
+    const auto root = static_cast<std::size_t>(roots[static_cast<std::size_t>(t)]);
+    begin[static_cast<std::size_t>(r)] = bo[root];
+    size[static_cast<std::size_t>(r)] = bo[root + 1] - bo[root];
+  }
+  // The widest block over every block, the roots' included (detail::widest_block sees one root),
+  // found once (a sigmoid head's tree is binary).
+  if (widest_block_ == 0) {
+    if (sigmoid_form) widest_block_ = 2;
+    for (std::size_t b = 0; !sigmoid_form && b + 1 < bo.size(); ++b) widest_block_ = std::max(widest_block_, bo[b + 1] - bo[b]);
+  }
+  const backend_vector<B, index_t> begin_d(begin.begin(), begin.end()), size_d(size.begin(), size.end());
+  detail::parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    for (index_t e = 0; e < k; ++e) classes(r, e) = -1, log_probs(r, e) = -INFINITY;
+  });
+  const auto tv = detail::tree_access<B, Tree>::view(tree_, backend_cache_, resources_);
+  const auto search = [&](matrix_view<const float> h) {
+    detail::tree_topk<sigmoid_form>(ex, tv, h, matrix_view<const storage_type>(weights()), store_.bias(), widest_block_, k,
+                                    0, classes, log_probs, thrust::raw_pointer_cast(begin_d.data()),
+                                    thrust::raw_pointer_cast(size_d.data()));
+  };
+  if (hidden.stride == hidden.cols) search(hidden);
+  else search(detail::pack_rows(ex, hidden, {}, 0).hidden_view());
+  detail::backend_ops<B>::synchronize(resources_);
+}
+
+template <class Tree, class P, class B, class F>
 template <class H>
 void hierarchical_softmax<Tree, P, B, F>::log_distribution_(matrix_view<const H> hidden, index_t class_begin,
                                                             index_t class_end, matrix_view<float> out) const {

@@ -34,11 +34,18 @@
 /// core's caches between levels). Measured on 2 ranks over a 1M-class Huffman tree cut into 653 to
 /// 2217 subtrees, d = 128 and 256: the subtrees' compute per step 20 to 39 % below the first
 /// version's (bench/RESULTS.md, "one head call per rank"). `topk` is one search call per round on
-/// the owner, each row started at its subtree's root. Rows and gradients cross the transport
-/// through host memory, so only host backends (serial, omp) are offered.
+/// the owner, each row started at its subtree's root. On a GPU (cuda backend) the default is one
+/// call for all the received rows.
+///
+/// Memory: the verbs take and return the backend's memory, as every head's. The routing's
+/// bookkeeping (which row goes to which rank, row counts, each routed row's class and upstream
+/// gradient: a few bytes a row) is done on the host; hidden rows, losses and gradients stay in the
+/// backend's memory and are handed to a device-memory communicator (`nccl_communicator`) as they
+/// are, or staged through host copies for a host-memory one (`mpi_communicator` on cuda).
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/sharding/prefetch.hpp>
+#include <xsoftmax/detail/sharding/routing.hpp>
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>
 #include <xsoftmax/sharding/class_sharding.hpp>
@@ -67,10 +74,11 @@ using hs_topk_candidates = std::vector<std::vector<std::pair<float, index_t>>>;
 /// Hierarchical softmax over the full tree of `plan`, sharded across `Communicator`'s ranks (see
 /// the file comment).
 ///
-/// \tparam Communicator `mpi_communicator`, `solo_communicator` (see class_sharding.hpp).
+/// \tparam Communicator `mpi_communicator`, `solo_communicator`, `nccl_communicator` (cuda backend;
+///                      see class_sharding.hpp).
 /// \tparam NodeForm     `softmax_nodes` or `sigmoid_nodes` (the plan's).
 /// \tparam Precision    `fp32`, `bf16`, `fp16` weight storage (only fp32 is tested).
-/// \tparam Backend      `serial` or `omp`.
+/// \tparam Backend      `serial`, `omp` or `cuda` (under nvcc).
 /// \tparam MaxDepth     the plan's trees' depth bound.
 ///
 /// Weights: the replicated top tree's (`plan.top_rows()`, in that order) and this rank's local rows
@@ -79,14 +87,13 @@ using hs_topk_candidates = std::vector<std::vector<std::pair<float, index_t>>>;
 /// rank) and `grad_local` (local rows, from every rank's rows routed here).
 ///
 /// Not offered yet: `backward` alone, `log_distribution`, the replicated hidden layout, the
-/// `_async` verbs, `topk` of prefetched rows, hidden rows other than fp32, device backends.
+/// `_async` verbs, `topk` of prefetched rows, hidden rows other than fp32.
 template <class Communicator, class NodeForm = softmax_nodes, class Precision = fp32, class Backend = serial,
           int MaxDepth = 64>
 class sharded_hierarchical_softmax {
-  static_assert(is_host_backend<Backend>,
-                "xsoftmax: sharded_hierarchical_softmax routes rows through host memory: serial or omp backend");
-  static_assert(!detail::takes_device_memory<Communicator> || detail::device_communicator_on_host<Communicator>,
-                "xsoftmax: sharded_hierarchical_softmax needs a host-memory communicator (mpi_communicator)");
+  static_assert(!detail::takes_device_memory<Communicator> || !is_host_backend<Backend> ||
+                    detail::device_communicator_on_host<Communicator>,
+                "xsoftmax: a device-memory communicator (nccl_communicator) needs a device backend (cuda)");
 
  public:
   /// The prefix of every message a verb throws.
@@ -121,7 +128,8 @@ class sharded_hierarchical_softmax {
   /// class in subtree s); it scores each row in its own subtree.
   [[nodiscard]] const head_type& local_head() const { return local_; }
   /// Rows per call of `local_head()` in a step: whole subtrees, until a call has at least this
-  /// many rows (see the file comment's cost). Default max(1, 8192 / dim): 32 KiB of hidden rows.
+  /// many rows (see the file comment's cost). Default on a host backend max(1, 8192 / dim): 32 KiB
+  /// of hidden rows; on a device backend the largest index_t (one call).
   /// The results do not depend on it (each row is scored alone in its subtree); for benchmarking
   /// and tests. `set_rows_per_call` throws `invalid_argument` when rows < 1.
   [[nodiscard]] index_t rows_per_call() const { return rows_per_call_; }
@@ -179,7 +187,7 @@ class sharded_hierarchical_softmax {
   /// full softmax's `gather_rows_async`, the overlap is the transport's: OpenMPI progresses a
   /// started exchange only inside MPI calls (bench/RESULTS.md, the sharded HS's prefetch).
   /// @{
-  using routed_batch = xsoftmax::routed_batch<Communicator>;
+  using routed_batch = xsoftmax::routed_batch<Backend, Communicator>;
   [[nodiscard]] routed_batch route_rows_async(matrix_view<const float> hidden, vector_view<const index_t> targets) const;
   float forward(routed_batch& rows, loss_options options = {}, vector_view<float> per_sample = {}) const;
   float forward_backward(routed_batch& rows, matrix_view<float> grad_hidden, gradient_type& grad_top,
@@ -208,14 +216,15 @@ class sharded_hierarchical_softmax {
   float run_(detail::hs_route_mode mode, matrix_view<const float> hidden, vector_view<const index_t> targets,
              loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
              gradient_type* grad_top, gradient_type* grad_local, vector_view<const float> grad_output,
-             detail::hs_routed_state<Communicator>* pre) const;
+             detail::hs_routed_state<Backend, Communicator>* pre) const;
   /// Step 4 of the routed step: the received rows through `local_` (see its definition).
-  void score_subtrees_(detail::hs_route_mode mode, const std::vector<float>& recv_h, const std::vector<index_t>& recv_i,
-                       const std::vector<float>& recv_up, std::vector<float>& reply, gradient_type* grad_local) const;
-  void route_(detail::hs_routed_state<Communicator>& st, matrix_view<const float> hidden,
-              vector_view<const index_t> targets, bool can_ignore, index_t ignore_index, bool start) const;
+  void score_subtrees_(detail::hs_route_mode mode, const backend_vector<Backend, float>& recv_h,
+                       const std::vector<index_t>& recv_i, const std::vector<float>& recv_up,
+                       backend_vector<Backend, float>& reply, gradient_type* grad_local) const;
+  void route_(detail::hs_routed_state<Backend, Communicator>& st, matrix_view<const float> hidden,
+              const std::vector<index_t>& targets, bool can_ignore, index_t ignore_index, bool start) const;
   /// The state of `rows` when this head may use it (see the prefetch verbs), marked used.
-  detail::hs_routed_state<Communicator>& take_(const char* where, routed_batch& rows) const;
+  detail::hs_routed_state<Backend, Communicator>& take_(const char* where, routed_batch& rows) const;
   /// Sends each request's row to its subtree's owner, which searches the subtree's best k classes;
   /// adds them (base + log p_sub) to the row's candidates. Collective (every rank calls it).
   void explore_(matrix_view<const float> hidden, index_t k, const std::vector<detail::hs_topk_request>& requests,
@@ -230,8 +239,7 @@ class sharded_hierarchical_softmax {
   std::vector<index_t> local_classes_;  ///< the full tree's class of each of local_'s classes
   std::vector<index_t> class_begin_;    ///< first class in local_ of each of its trees (ascending)
   index_t rows_per_call_ = 1;           ///< see rows_per_call()
-  index_t widest_local_ = 0;         ///< local_'s widest block (its search's scratch per row)
-  mutable detail::float_buffer_pool pool_;  ///< the routing's row buffers, reused step to step
+  mutable detail::buffer_pool<backend_vector<Backend, float>> pool_;  ///< the routing's row buffers, reused step to step
 };
 
 }  // namespace xsoftmax

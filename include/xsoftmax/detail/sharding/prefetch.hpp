@@ -247,14 +247,16 @@ struct exchange_request_of<Comm, T, true> {
                                                                std::declval<T*>(), std::declval<const index_t*>()));
 };
 
-/// Host float buffers kept from one step to the next: a fresh allocation of megabytes per step
-/// costs its page faults again whenever the allocator has returned the memory to the system
-/// (measured: bench/RESULTS.md, the sharded HS's prefetch).
-struct float_buffer_pool {
-  std::vector<std::vector<float>> free;
+/// Buffers (`Vector`: a host or backend vector) kept from one step to the next: a fresh allocation
+/// of megabytes per step costs its page faults again whenever the allocator has returned the memory
+/// to the system (measured: bench/RESULTS.md, the sharded HS's prefetch); on a GPU, an allocation
+/// and a free per step.
+template <class Vector>
+struct buffer_pool {
+  std::vector<Vector> free;
   /// A buffer of `n` elements (their values unspecified): the smallest kept one that holds them
   /// without growing, else the largest kept one, else a new one.
-  std::vector<float> take(std::size_t n) {
+  Vector take(std::size_t n) {
     std::size_t best = free.size();
     for (std::size_t i = 0; i < free.size(); ++i) {
       const std::size_t c = free[i].capacity();
@@ -263,41 +265,42 @@ struct float_buffer_pool {
       const std::size_t b = free[best].capacity();
       if (fits ? (b < n || c < b) : (b < n && c > b)) best = i;
     }
-    std::vector<float> v;
+    Vector v;
     if (best < free.size()) v = std::move(free[best]), free.erase(free.begin() + static_cast<std::ptrdiff_t>(best));
     v.resize(n);
     return v;
   }
   /// Keeps `v` for a later `take` (at most 8 buffers).
-  void give(std::vector<float>&& v) {
+  void give(Vector&& v) {
     if (v.capacity() > 0 && free.size() < 8) free.push_back(std::move(v));
   }
 };
 
-/// One micro-batch routed by the sharded hierarchical softmax (host memory): this rank's rows and
-/// targets, the rows sent to each rank (`order`, grouped by destination) and the rows received.
-template <class Comm>
+/// One micro-batch routed by the sharded hierarchical softmax: this rank's rows and targets, the
+/// rows sent to each rank (`order`, grouped by destination; host bookkeeping) and the rows
+/// received (the execution's memory).
+template <class B, class Comm>
 struct hs_routed_state {
   const void* owner = nullptr;  ///< the head that routed the rows
   index_t rows = 0, dim = 0;    ///< this rank's batch
   bool used = false;
-  std::vector<float> own;             ///< this rank's rows (rows x dim), prefetch only
-  std::vector<index_t> targets;       ///< this rank's targets, prefetch only
-  std::vector<index_t> order;         ///< this rank's routed rows, by destination rank then row
-  std::vector<index_t> send_rows, recv_rows;  ///< routed rows to / from each rank
-  std::vector<float> send_hidden, recv_hidden;  ///< their hidden rows, out and in
+  backend_vector<B, float> own;        ///< this rank's rows (rows x dim), prefetch only
+  backend_vector<B, index_t> targets;  ///< this rank's targets, prefetch only
+  std::vector<index_t> order;          ///< this rank's routed rows, by destination rank then row
+  std::vector<index_t> send_rows, recv_rows;          ///< routed rows to / from each rank
+  backend_vector<B, float> send_hidden, recv_hidden;  ///< their hidden rows, out and in
+  std::vector<float> host_send, host_recv;  ///< staging (device backend, host-memory communicator)
   /// The running exchange of the hidden rows. Declared last: destroyed (which waits for it) before
   /// the buffers it uses.
   std::optional<typename exchange_request_of<Comm, float>::type> pending;
-
   /// Waits for the exchange (if still running): `recv_hidden` then holds the received rows.
   void complete() {
     if (!pending) return;
     pending->wait();
     pending.reset();
+    if (!host_recv.empty()) thrust::copy(host_recv.begin(), host_recv.end(), recv_hidden.begin());
   }
 };
-
 }  // namespace xsoftmax::detail
 
 namespace xsoftmax {
@@ -311,7 +314,7 @@ struct routed_access;
 /// and passed, once, to that head's `forward`, `forward_backward` or `log_prob` in place of
 /// `hidden` and `targets`. Owns copies of this rank's rows and targets, the routed rows, and the
 /// exchange while it runs: destroying it unused waits for the exchange. Move-only.
-template <class Communicator>
+template <class Backend, class Communicator>
 class routed_batch {
  public:
   routed_batch() = default;
@@ -323,20 +326,20 @@ class routed_batch {
 
  private:
   friend struct detail::routed_access;
-  std::unique_ptr<detail::hs_routed_state<Communicator>> state_;
+  std::unique_ptr<detail::hs_routed_state<Backend, Communicator>> state_;
 };
 
 namespace detail {
 /// The head's access to a `routed_batch`'s state.
 struct routed_access {
-  template <class C>
-  static routed_batch<C> make(std::unique_ptr<hs_routed_state<C>> s) {
-    routed_batch<C> g;
+  template <class B, class C>
+  static routed_batch<B, C> make(std::unique_ptr<hs_routed_state<B, C>> s) {
+    routed_batch<B, C> g;
     g.state_ = std::move(s);
     return g;
   }
-  template <class C>
-  static hs_routed_state<C>* state(const routed_batch<C>& g) { return g.state_.get(); }
+  template <class B, class C>
+  static hs_routed_state<B, C>* state(const routed_batch<B, C>& g) { return g.state_.get(); }
 };
 }  // namespace detail
 

@@ -2,14 +2,17 @@
 #pragma once
 /// \file
 /// `sharded_hierarchical_softmax`: construction and the one routed step behind every verb (see the
-/// header's file comment). Host memory throughout: the head is offered on host backends only.
+/// header's file comment). The routing's bookkeeping (targets, destinations, row counts) is on the
+/// host; rows, losses and gradients stay in the backend's memory (routing.hpp).
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/sparse_gradient_checks.hpp>
+#include <xsoftmax/detail/sharding/routing.hpp>
 #include <xsoftmax/head_verbs.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,10 +67,8 @@ sharded_hierarchical_softmax<C, F, P, B, D>::sharded_hierarchical_softmax(
     const auto& classes = plan_.subtree_classes(mine[i]);
     local_classes_.insert(local_classes_.end(), classes.begin(), classes.end());
   }
-  rows_per_call_ = std::max<index_t>(1, 8192 / std::max<index_t>(1, dim()));  // 32 KiB of fp32 rows
-  // Every block, the roots' included (a forest has several: detail::widest_block sees one).
-  const auto& bo = local_.tree().block_offsets();
-  for (std::size_t k = 0; k + 1 < bo.size(); ++k) widest_local_ = std::max(widest_local_, bo[k + 1] - bo[k]);
+  if constexpr (is_host_backend<B>) rows_per_call_ = std::max<index_t>(1, 8192 / std::max<index_t>(1, dim()));  // 32 KiB
+  else rows_per_call_ = std::numeric_limits<index_t>::max();  // a GPU wants one wide call
 }
 
 template <class C, class F, class P, class B, int D>
@@ -99,21 +100,23 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::apply_sgd(const gradient_type&
 
 // Step 4 of the routed step: the received rows (classes of this rank's forest, -1: a row the verb
 // ignores, left at 0 in `reply`) through the forest head, in calls of whole subtrees of at least
-// `rows_per_call()` rows each (default: 32 KiB of hidden rows). One call for the whole batch
-// would pay the call's fixed cost once, but it walks the tree level by level over all its rows (at
-// d = 256 and 2.6k rows slower than a call per subtree; presumably the rows leave the core's
-// caches between levels); the default's calls (64 rows at d = 128, 32 at d = 256) were faster
-// than both in every run measured (bench/RESULTS.md, "one head call per rank"). Each row is scored
-// alone in its subtree, so the results do not depend on the grouping. reply: per row, the loss
-// (log-probability), then the hidden gradient when training.
+// `rows_per_call()` rows each (host default: 32 KiB of hidden rows; device: one call). One call for
+// the whole batch would pay the call's fixed cost once, but on a CPU it walks the tree level by
+// level over all its rows (at d = 256 and 2.6k rows slower than a call per subtree; presumably the
+// rows leave the core's caches between levels); the default's calls (64 rows at d = 128, 32 at
+// d = 256) were faster than both in every run measured (bench/RESULTS.md, "one head call per
+// rank"). Each row is scored alone in its subtree, so the results do not depend on the grouping.
+// reply (received x rw, the backend's memory): per row, the loss (log-probability), then the hidden
+// gradient when training.
 template <class C, class F, class P, class B, int D>
 void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_route_mode mode,
-                                                                  const std::vector<float>& recv_h,
+                                                                  const backend_vector<B, float>& recv_h,
                                                                   const std::vector<index_t>& recv_i,
                                                                   const std::vector<float>& recv_up,
-                                                                  std::vector<float>& reply,
+                                                                  backend_vector<B, float>& reply,
                                                                   gradient_type* grad_local) const {
   using std::size_t;
+  const detail::execution<B> ex{local_.resources()};
   const bool train = mode == detail::hs_route_mode::train;
   const index_t d = dim(), received = static_cast<index_t>(recv_i.size()), rw = 1 + (train ? d : 0);
   if (train) {
@@ -136,13 +139,25 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
     const index_t k = tree_of[static_cast<size_t>(r)];
     if (k >= 0) rows[static_cast<size_t>(next[static_cast<size_t>(k)]++)] = r;
   }
+  if (rows.empty()) return;
+  // The grouped rows' classes and upstream gradients, moved to the backend's memory once.
+  std::vector<index_t> t_host(rows.size());
+  std::vector<float> up_host(train ? rows.size() : 0);
+  for (size_t j = 0; j < rows.size(); ++j) {
+    t_host[j] = recv_i[static_cast<size_t>(rows[j])];
+    if (train) up_host[j] = recv_up[static_cast<size_t>(rows[j])];
+  }
+  const auto rows_d = detail::to_backend<B>(rows);
+  const auto t_all = detail::to_backend<B>(t_host);
+  const auto up_all = detail::to_backend<B>(up_host);
 
   loss_options none;
   none.reduce = reduction::none;
   none.ignore_index = -1;
   const index_t per_call = rows_per_call_;
-  std::vector<float> h, up, out, gh;
-  std::vector<index_t> t;
+  const matrix_view<const float> received_rows(detail::raw(recv_h), received, d);
+  float* rp = detail::raw(reply);
+  backend_vector<B, float> h, out, gh;
   gradient_type g;
   for (size_t b = 0; b < rows.size();) {
     size_t e = b;  // whole subtrees, until the call has per_call rows
@@ -150,21 +165,16 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
                                tree_of[static_cast<size_t>(rows[e])] == tree_of[static_cast<size_t>(rows[e - 1])]))
       ++e;
     const index_t m = static_cast<index_t>(e - b);
-    h.resize(static_cast<size_t>(m * d)), t.resize(static_cast<size_t>(m)), out.resize(static_cast<size_t>(m));
-    up.resize(train ? static_cast<size_t>(m) : 0), gh.resize(train ? static_cast<size_t>(m * d) : 0);
-    for (index_t j = 0; j < m; ++j) {
-      const size_t r = static_cast<size_t>(rows[b + static_cast<size_t>(j)]);
-      std::copy(recv_h.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(d)),
-                recv_h.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(d)), h.begin() + j * d);
-      t[static_cast<size_t>(j)] = recv_i[r];
-      if (train) up[static_cast<size_t>(j)] = recv_up[r];
-    }
-    const matrix_view<const float> hv(h.data(), m, d);
-    const vector_view<const index_t> tv(t.data(), m);
-    const vector_view<float> ov(out.data(), m);
+    const index_t* call_rows = detail::raw(rows_d) + b;
+    h.resize(static_cast<size_t>(m * d)), out.resize(static_cast<size_t>(m));
+    gh.resize(train ? static_cast<size_t>(m * d) : 0);
+    detail::gather_rows_by(ex, received_rows, call_rows, m, detail::raw(h));
+    const matrix_view<const float> hv(detail::raw(h), m, d);
+    const vector_view<const index_t> tv(detail::raw(t_all) + b, m);
+    const vector_view<float> ov(detail::raw(out), m);
     if (train) {
-      local_.forward_backward(hv, tv, matrix_view<float>(gh.data(), m, d), g, none, ov,
-                              vector_view<const float>(up.data(), m));
+      local_.forward_backward(hv, tv, matrix_view<float>(detail::raw(gh), m, d), g, none, ov,
+                              vector_view<const float>(detail::raw(up_all) + b, m));
       grad_local->rows.insert(grad_local->rows.end(), g.rows.begin(), g.rows.end());  // forest rows = local rows
       grad_local->values.insert(grad_local->values.end(), g.values.begin(), g.values.end());
       grad_local->bias_values.insert(grad_local->bias_values.end(), g.bias_values.begin(), g.bias_values.end());
@@ -173,58 +183,66 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
     } else {
       local_.log_prob(hv, tv, ov);
     }
-    for (index_t j = 0; j < m; ++j) {
-      const size_t r = static_cast<size_t>(rows[b + static_cast<size_t>(j)]);
-      reply[r * static_cast<size_t>(rw)] = out[static_cast<size_t>(j)];
-      if (train)
-        std::copy(gh.begin() + j * d, gh.begin() + (j + 1) * d,
-                  reply.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(rw) + 1));
-    }
+    const float* o = detail::raw(out);
+    const float* gp = train ? detail::raw(gh) : nullptr;
+    detail::parallel_for(ex, m, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
+      float* to = rp + call_rows[j] * rw;
+      to[0] = o[j];
+      if (gp)
+        for (index_t c = 0; c < d; ++c) to[1 + c] = gp[j * d + c];
+    });
+    detail::backend_ops<B>::synchronize(ex.res);  // before the next call resizes h, out, gh
     b = e;
   }
 }
 
 // Routes this rank's rows whose target is a class below the frontier (less the ignored ones when
 // `can_ignore`) to their subtree's owner: the row counts (blocking), then the hidden rows, started
-// (`start_all_to_all`) when `start` and the communicator has it, else at once. Collective.
+// (`start_all_to_all`) when `start` and the communicator has it, else at once. `targets`: a host
+// copy. Collective.
 template <class C, class F, class P, class B, int D>
-void sharded_hierarchical_softmax<C, F, P, B, D>::route_(detail::hs_routed_state<C>& st,
+void sharded_hierarchical_softmax<C, F, P, B, D>::route_(detail::hs_routed_state<B, C>& st,
                                                          matrix_view<const float> hidden,
-                                                         vector_view<const index_t> targets, bool can_ignore,
+                                                         const std::vector<index_t>& targets, bool can_ignore,
                                                          index_t ignore_index, bool start) const {
   using std::size_t;
+  const detail::execution<B> ex{top_.resources()};
   const index_t d = dim(), n = num_classes();
   const int ranks = size();
   std::vector<std::vector<index_t>> to(static_cast<size_t>(ranks));
   for (index_t i = 0; i < hidden.rows; ++i) {
-    const index_t t = targets[i];
+    const index_t t = targets[static_cast<size_t>(i)];
     if ((can_ignore && t == ignore_index) || t < 0 || t >= n || plan_.subtree_of(t) < 0) continue;
     to[static_cast<size_t>(plan_.owner(plan_.subtree_of(t)))].push_back(i);
   }
   st.order.clear();
   st.send_rows.assign(static_cast<size_t>(ranks), 0);
-  st.recv_rows.assign(static_cast<size_t>(ranks), 0);
-  const std::vector<index_t> ones(static_cast<size_t>(ranks), 1);
   for (int q = 0; q < ranks; ++q) {
     st.send_rows[static_cast<size_t>(q)] = static_cast<index_t>(to[static_cast<size_t>(q)].size());
     st.order.insert(st.order.end(), to[static_cast<size_t>(q)].begin(), to[static_cast<size_t>(q)].end());
   }
-  st.send_hidden = pool_.take(st.order.size() * static_cast<size_t>(d));
-  for (size_t p = 0; p < st.order.size(); ++p)
-    std::copy(hidden.row(st.order[p]), hidden.row(st.order[p]) + d,
-              st.send_hidden.begin() + static_cast<std::ptrdiff_t>(p * static_cast<size_t>(d)));
-  comm_.all_to_all(st.send_rows.data(), ones.data(), st.recv_rows.data(), ones.data());
-  index_t received = 0;
-  for (index_t r : st.recv_rows) received += r;
+  const index_t routed = static_cast<index_t>(st.order.size());
+  st.send_hidden = pool_.take(static_cast<size_t>(routed * d));
+  const auto order_d = detail::to_backend<B>(st.order);
+  detail::gather_rows_by(ex, hidden, detail::raw(order_d), routed, detail::raw(st.send_hidden));
+  st.recv_rows = detail::exchange_counts(ex, comm_, st.send_rows);
+  const index_t received = detail::total_of(st.recv_rows);
   st.recv_hidden = pool_.take(static_cast<size_t>(received * d));
   const std::vector<index_t> out = detail::element_counts(st.send_rows, d), in = detail::element_counts(st.recv_rows, d);
   if constexpr (detail::has_start_all_to_all<C, float>) {
     if (start) {
-      st.pending.emplace(comm_.start_all_to_all(st.send_hidden.data(), out.data(), st.recv_hidden.data(), in.data()));
+      if constexpr (detail::takes_device_memory<C> || is_host_backend<B>) {
+        detail::backend_ops<B>::synchronize(ex.res);
+        st.pending.emplace(comm_.start_all_to_all(detail::raw(st.send_hidden), out.data(), detail::raw(st.recv_hidden), in.data()));
+      } else {  // a device backend's rows through host buffers that live as long as the exchange
+        st.host_send = detail::to_host(ex, detail::raw(st.send_hidden), routed * d);
+        st.host_recv.resize(static_cast<size_t>(received * d));
+        st.pending.emplace(comm_.start_all_to_all(st.host_send.data(), out.data(), st.host_recv.data(), in.data()));
+      }
       return;
     }
   }
-  comm_.all_to_all(st.send_hidden.data(), out.data(), st.recv_hidden.data(), in.data());
+  detail::all_to_all_into(ex, comm_, detail::raw(st.send_hidden), out, detail::raw(st.recv_hidden), in);
 }
 
 // The routed step (see the header). Every check that can differ between ranks (shapes, targets,
@@ -235,20 +253,24 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
                                                         vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                         gradient_type* grad_top, gradient_type* grad_local,
                                                         vector_view<const float> grad_output,
-                                                        detail::hs_routed_state<C>* pre) const {
+                                                        detail::hs_routed_state<B, C>* pre) const {
   using std::size_t;
   using mode_t = detail::hs_route_mode;
+  const detail::execution<B> ex{top_.resources()};
   const std::string where = detail::verb_where(
       head_name, mode == mode_t::train ? "forward_backward" : mode == mode_t::forward ? "forward" : "log_prob");
   const index_t rows = hidden.rows, d = dim(), n = num_classes();
   const int ranks = size();
+  const bool train = mode == mode_t::train;
 
-  // 1. Checks of what the top head cannot see (global targets, the caller's per-sample buffer).
-  detail::expects<shape_error>(targets.size == rows, where, ": targets has ", targets.size, " entries but hidden has ",
-                               rows, " rows");
+  // 1. Checks of what the top head cannot see (global targets, the caller's per-sample buffer), on
+  //    a host copy of the targets (the routing's bookkeeping reads them there too).
+  detail::expects<shape_error>(targets.size == rows && (targets.data != nullptr || rows == 0), where, ": targets has ",
+                               targets.size, " entries but hidden has ", rows, " rows");
+  const std::vector<index_t> target = detail::to_host(ex, targets.data, rows);
   const bool can_ignore = mode != mode_t::log_prob;
   for (index_t i = 0; i < rows; ++i) {
-    const index_t t = targets[i];
+    const index_t t = target[static_cast<size_t>(i)];
     detail::expects<out_of_range>((can_ignore && t == options.ignore_index) || (t >= 0 && t < n), where, ": targets[", i,
                                   "] = ", t, " is out of range [0, ", n, ")",
                                   can_ignore ? " and is not ignore_index" : "");
@@ -256,101 +278,114 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   if (per_sample.size != 0 || (mode == mode_t::forward && options.reduce == reduction::none))
     detail::expects<shape_error>(per_sample.size == rows && per_sample.data != nullptr, where, ": per_sample has ",
                                  per_sample.size, " entries but hidden has ", rows, " rows");
-  const auto ignored = [&](index_t i) { return can_ignore && targets[i] == options.ignore_index; };
+  const auto ignored = [&](index_t i) { return can_ignore && target[static_cast<size_t>(i)] == options.ignore_index; };
 
   // 2. The top tree on this rank's rows (its checks: hidden, options, grad shapes).
   std::vector<index_t> top_targets(static_cast<size_t>(rows));
   index_t valid = 0;
   for (index_t i = 0; i < rows; ++i) {
-    top_targets[static_cast<size_t>(i)] = ignored(i) ? -1 : plan_.top_class(targets[i]);
+    top_targets[static_cast<size_t>(i)] = ignored(i) ? -1 : plan_.top_class(target[static_cast<size_t>(i)]);
     valid += ignored(i) ? 0 : 1;
   }
-  std::vector<float> part(static_cast<size_t>(rows), 0.f);  // per row: loss (or log-probability)
-  const vector_view<float> part_view(part.data(), rows);
-  const vector_view<const index_t> top_view(top_targets.data(), rows);
+  backend_vector<B, float> part(static_cast<size_t>(rows), 0.f);  // per row: loss (or log-probability)
+  const vector_view<float> part_view(detail::raw(part), rows);
+  const auto top_targets_d = detail::to_backend<B>(top_targets);
+  const vector_view<const index_t> top_view(detail::raw(top_targets_d), rows);
   loss_options top_options = options;
   top_options.ignore_index = -1;
   gradient_type own_top;
-  if (mode == mode_t::train) top_.forward_backward(hidden, top_view, *grad_hidden, own_top, top_options, part_view, grad_output);
+  if (train) top_.forward_backward(hidden, top_view, *grad_hidden, own_top, top_options, part_view, grad_output);
   else if (mode == mode_t::forward) top_.forward(hidden, top_view, top_options, part_view);
   else top_.log_prob(hidden, top_view, part_view);
 
   // 3. Rows below the frontier to their subtree's owner (routed already when prefetched): the
   //    hidden rows; then, per routed row, its class in the owner's forest (-1 for a row this verb
-  //    ignores) and, when training, the unsharded head's upstream gradient.
+  //    ignores) and, when training, the unsharded head's upstream gradient (grad_output was
+  //    checked by the top head).
+  const std::vector<float> upstream = train ? detail::to_host(ex, grad_output.data, grad_output.size) : std::vector<float>{};
   float scale = 1.f;
-  if (mode == mode_t::train) {
-    if (options.reduce != reduction::none && grad_output.size == 1) scale = grad_output[0];
+  if (train) {
+    if (options.reduce != reduction::none && upstream.size() == 1) scale = upstream[0];
     if (options.reduce == reduction::mean && valid > 0) scale /= static_cast<float>(valid);
   }
-  const bool per_row_upstream = mode == mode_t::train && options.reduce == reduction::none && grad_output.size != 0;
-  detail::hs_routed_state<C> blocking;
-  detail::hs_routed_state<C>& st = pre ? *pre : blocking;
-  if (!pre) route_(st, hidden, targets, can_ignore, options.ignore_index, false);
+  const bool per_row_upstream = train && options.reduce == reduction::none && !upstream.empty();
+  detail::hs_routed_state<B, C> blocking;
+  detail::hs_routed_state<B, C>& st = pre ? *pre : blocking;
+  if (!pre) route_(st, hidden, target, can_ignore, options.ignore_index, false);
   const std::vector<index_t>& order = st.order;
   std::vector<index_t> send_i(order.size());
-  std::vector<float> send_up(mode == mode_t::train ? order.size() : 0);
+  std::vector<float> send_up(train ? order.size() : 0);
   for (size_t p = 0; p < order.size(); ++p) {
-    const index_t i = order[p], t = targets[i];
+    const index_t i = order[p], t = target[static_cast<size_t>(i)];
     send_i[p] = ignored(i) ? -1 : plan_.local_class_offset(plan_.subtree_of(t)) + plan_.local_class(t);
-    if (mode == mode_t::train) send_up[p] = per_row_upstream ? grad_output[i] : scale;
+    if (train) send_up[p] = per_row_upstream ? upstream[static_cast<size_t>(i)] : scale;
   }
   const std::vector<index_t>&send_rows = st.send_rows, &recv_rows = st.recv_rows;
-  index_t received = 0;
-  for (index_t r : recv_rows) received += r;
+  const index_t received = detail::total_of(recv_rows);
   std::vector<index_t> recv_i(static_cast<size_t>(received));
-  std::vector<float> recv_up(mode == mode_t::train ? static_cast<size_t>(received) : 0);
-  comm_.all_to_all(send_i.data(), send_rows.data(), recv_i.data(), recv_rows.data());
-  if (mode == mode_t::train) comm_.all_to_all(send_up.data(), send_rows.data(), recv_up.data(), recv_rows.data());
+  std::vector<float> recv_up(train ? static_cast<size_t>(received) : 0);
+  detail::host_all_to_all(ex, comm_, send_i.data(), send_rows, recv_i.data(), recv_rows);
+  if (train) detail::host_all_to_all(ex, comm_, send_up.data(), send_rows, recv_up.data(), recv_rows);
   st.complete();
-  const std::vector<float>& recv_h = st.recv_hidden;
 
   // 4. This rank's subtrees, through the forest head, on the received rows (reduction none,
   //    upstream per row).
-  const index_t rw = 1 + (mode == mode_t::train ? d : 0);
-  std::vector<float> reply(static_cast<size_t>(received * rw), 0.f);
-  score_subtrees_(mode, recv_h, recv_i, recv_up, reply, grad_local);
+  const index_t rw = 1 + (train ? d : 0);
+  backend_vector<B, float> reply(static_cast<size_t>(received * rw), 0.f);
+  score_subtrees_(mode, st.recv_hidden, recv_i, recv_up, reply, grad_local);
 
-  // 5. Back to the rows' ranks, added to the top part.
-  std::vector<float> back(order.size() * static_cast<size_t>(rw));
-  comm_.all_to_all(reply.data(), detail::element_counts(recv_rows, rw).data(), back.data(), detail::element_counts(send_rows, rw).data());
-  for (size_t p = 0; p < order.size(); ++p) {
-    const index_t i = order[p];
-    if (ignored(i)) continue;  // routed by a prefetch, not scored
-    part[static_cast<size_t>(i)] += back[p * static_cast<size_t>(rw)];
-    if (mode == mode_t::train) {
-      float* g = grad_hidden->row(i);
-      const float* from = back.data() + p * static_cast<size_t>(rw) + 1;
-      for (index_t c = 0; c < d; ++c) g[c] += from[c];
-    }
+  // 5. Back to the rows' ranks, added to the top part (a row appears once in `order`; a row a
+  //    prefetch routed but this verb ignores is skipped).
+  backend_vector<B, float> back(order.size() * static_cast<size_t>(rw));
+  detail::all_to_all_into(ex, comm_, detail::raw(reply), detail::element_counts(recv_rows, rw), detail::raw(back),
+                          detail::element_counts(send_rows, rw));
+  std::vector<index_t> dest(order.size());
+  for (size_t p = 0; p < order.size(); ++p) dest[p] = ignored(order[p]) ? -1 : order[p];
+  const auto dest_d = detail::to_backend<B>(dest);
+  {
+    const index_t* to = detail::raw(dest_d);
+    const float* from = detail::raw(back);
+    float* pp = detail::raw(part);
+    const matrix_view<float> gh = train ? *grad_hidden : matrix_view<float>{};
+    detail::parallel_for(ex, static_cast<index_t>(order.size()), [=] XSOFTMAX_HD_LAMBDA(index_t p) {
+      const index_t i = to[p];
+      if (i < 0) return;
+      const float* f = from + p * rw;
+      pp[i] += f[0];
+      if (rw > 1) {
+        float* g = gh.row(i);
+        for (index_t c = 0; c < d; ++c) g[c] += f[1 + c];
+      }
+    });
   }
 
   // 6. The top tree's gradient: the union of every rank's touched rows, summed in rank order.
-  if (mode == mode_t::train) {
-    std::vector<index_t> mine_count{own_top.num_rows()}, counts(static_cast<size_t>(ranks)),
-        ones(static_cast<size_t>(ranks), 1);
-    comm_.all_gather(mine_count.data(), 1, counts.data(), ones.data());
-    index_t all = 0;
-    for (index_t c : counts) all += c;
-    std::vector<index_t> own_rows(own_top.rows.begin(), own_top.rows.end()), union_rows(static_cast<size_t>(all));
-    comm_.all_gather(own_rows.data(), own_top.num_rows(), union_rows.data(), counts.data());
+  if (train) {
+    const index_t own_n = own_top.num_rows();
+    std::vector<index_t> counts(static_cast<size_t>(ranks));
+    detail::host_all_gather(ex, comm_, &own_n, 1, counts.data(), std::vector<index_t>(static_cast<size_t>(ranks), 1));
+    const std::vector<index_t> own_rows = detail::to_host(ex, detail::raw(own_top.rows), own_n);
+    std::vector<index_t> union_rows(static_cast<size_t>(detail::total_of(counts)));
+    detail::host_all_gather(ex, comm_, own_rows.data(), own_n, union_rows.data(), counts);
     std::sort(union_rows.begin(), union_rows.end());
     union_rows.erase(std::unique(union_rows.begin(), union_rows.end()), union_rows.end());
     const index_t u = static_cast<index_t>(union_rows.size());
     const bool bias = top_.has_bias();
-    std::vector<float> values(static_cast<size_t>(u * d), 0.f), bias_values(bias ? static_cast<size_t>(u) : 0, 0.f);
-    for (index_t e = 0; e < own_top.num_rows(); ++e) {
-      const auto at = std::lower_bound(union_rows.begin(), union_rows.end(), own_rows[static_cast<size_t>(e)]) -
-                      union_rows.begin();
-      std::copy(own_top.values.begin() + e * d, own_top.values.begin() + (e + 1) * d, values.begin() + at * d);
-      if (bias) bias_values[static_cast<size_t>(at)] = own_top.bias_values[static_cast<size_t>(e)];
-    }
-    comm_.all_reduce(values.data(), u * d, reduce_op::sum);
-    if (bias) comm_.all_reduce(bias_values.data(), u, reduce_op::sum);
+    std::vector<index_t> at(static_cast<size_t>(own_n));  // each own row's place in the union
+    for (index_t e = 0; e < own_n; ++e)
+      at[static_cast<size_t>(e)] = static_cast<index_t>(
+          std::lower_bound(union_rows.begin(), union_rows.end(), own_rows[static_cast<size_t>(e)]) - union_rows.begin());
+    const auto at_d = detail::to_backend<B>(at);
+    backend_vector<B, float> values(static_cast<size_t>(u * d), 0.f), bias_values(bias ? static_cast<size_t>(u) : 0, 0.f);
+    detail::scatter_rows_to(ex, detail::raw(own_top.values), d, detail::raw(at_d), own_n, detail::raw(values));
+    if (bias) detail::scatter_rows_to(ex, detail::raw(own_top.bias_values), 1, detail::raw(at_d), own_n, detail::raw(bias_values));
+    detail::in_comm_memory<C>(ex, detail::raw(values), u * d, true, [&](float* p) { comm_.all_reduce(p, u * d, reduce_op::sum); });
+    if (bias)
+      detail::in_comm_memory<C>(ex, detail::raw(bias_values), u, true, [&](float* p) { comm_.all_reduce(p, u, reduce_op::sum); });
     grad_top->dim = d;
     grad_top->rows.assign(union_rows.begin(), union_rows.end());
-    grad_top->values.assign(values.begin(), values.end());
-    grad_top->bias_values.assign(bias_values.begin(), bias_values.end());
+    grad_top->values.swap(values);
+    grad_top->bias_values.swap(bias_values);
   }
 
   // 7. The routing's buffers back to the pool (`hidden` is the prefetched batch's `own`: no longer
@@ -358,9 +393,10 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   pool_.give(std::move(st.send_hidden));
   pool_.give(std::move(st.recv_hidden));
   if (pre) pool_.give(std::move(st.own));
-  if (per_sample.size != 0) std::copy(part.begin(), part.end(), per_sample.data);
+  if (per_sample.size != 0) detail::backend_ops<B>::copy(ex.res, per_sample.data, detail::raw(part), rows);
+  const std::vector<float> part_host = detail::to_host(ex, detail::raw(part), rows);
   double total = 0;
-  for (float x : part) total += x;
+  for (float x : part_host) total += x;
   if (options.reduce == reduction::mean) total = valid > 0 ? total / static_cast<double>(valid) : 0.0;
   return static_cast<float>(total);
 }

@@ -4,10 +4,11 @@
 /// `sharded_hierarchical_softmax::topk`: an exact search in two rounds (see the header). Since
 /// log p(c) = log p_top(s(c)) + log p_sub(c) <= log p_top(s(c)), a top leaf whose log-probability is
 /// below a row's k-th best candidate cannot hold a better class; round 1 explores the top tree's
-/// best leaves, round 2 every other leaf that reaches the k-th best of round 1.
+/// best leaves, round 2 every other leaf that reaches the k-th best of round 1. The candidates are
+/// merged on the host (k per explored subtree); rows and searches stay in the backend's memory.
 
 #include <xsoftmax/detail/execution.hpp>
-#include <xsoftmax/detail/hierarchical/tree_search.hpp>
+#include <xsoftmax/detail/sharding/routing.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +29,7 @@ template <class C, class F, class P, class B, int D>
 void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> hidden, index_t k,
                                                        matrix_view<index_t> classes, matrix_view<float> log_probs) const {
   using std::size_t;
+  const detail::execution<B> ex{top_.resources()};
   const std::string where = detail::verb_where(head_name, "topk");
   const index_t rows = hidden.rows, n = num_classes(), m = plan_.top_tree().num_classes();
   detail::expects(k >= 1 && k <= n, where, ": k = ", k, " must be in [1, num_classes = ", n, "]");
@@ -45,16 +47,16 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
     if (c >= 0) candidates[static_cast<size_t>(i)].push_back({lp, c});
     else requests.push_back({i, plan_.top_leaf_subtree(j), lp});
   };
-
   // Round 1: the top tree's best leaves (the top head checks hidden).
   const index_t k1 = std::min(k, m);
-  std::vector<index_t> first(static_cast<size_t>(rows * k1));
-  std::vector<float> first_lp(first.size());
-  top_.topk(hidden, k1, matrix_view<index_t>(first.data(), rows, k1), matrix_view<float>(first_lp.data(), rows, k1));
+  backend_vector<B, index_t> first_d(static_cast<size_t>(rows * k1));
+  backend_vector<B, float> first_lp_d(first_d.size());
+  top_.topk(hidden, k1, matrix_view<index_t>(detail::raw(first_d), rows, k1), matrix_view<float>(detail::raw(first_lp_d), rows, k1));
+  std::vector<index_t> first = detail::to_host(ex, detail::raw(first_d), rows * k1);
+  const std::vector<float> first_lp = detail::to_host(ex, detail::raw(first_lp_d), rows * k1);
   for (index_t i = 0; i < rows; ++i)
     for (index_t e = 0; e < k1; ++e) add_leaf(i, first[static_cast<size_t>(i * k1 + e)], first_lp[static_cast<size_t>(i * k1 + e)]);
   explore_(hidden, k, requests, candidates);
-
   // Round 2: every other top leaf that reaches the row's k-th best so far (all of them while a
   // row has fewer than k candidates), scanned a chunk of top classes at a time.
   std::vector<float> bound(static_cast<size_t>(rows), -INFINITY);
@@ -66,10 +68,11 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
   }
   requests.clear();
   constexpr index_t chunk = 1024;
-  std::vector<float> lp(static_cast<size_t>(rows * std::min(chunk, m)));
+  backend_vector<B, float> lp_d(static_cast<size_t>(rows * std::min(chunk, m)));
   for (index_t j0 = 0; j0 < m; j0 += chunk) {
     const index_t jn = std::min(chunk, m - j0);
-    top_.log_distribution(hidden, j0, j0 + jn, matrix_view<float>(lp.data(), rows, jn));
+    top_.log_distribution(hidden, j0, j0 + jn, matrix_view<float>(detail::raw(lp_d), rows, jn));
+    const std::vector<float> lp = detail::to_host(ex, detail::raw(lp_d), rows * jn);
     for (index_t i = 0; i < rows; ++i)
       for (index_t e = 0; e < jn; ++e) {
         const float v = lp[static_cast<size_t>(i * jn + e)];
@@ -79,15 +82,25 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
       }
   }
   explore_(hidden, k, requests, candidates);
-
+  std::vector<index_t> best(static_cast<size_t>(rows * k));
+  std::vector<float> best_lp(best.size());
   for (index_t i = 0; i < rows; ++i) {
     auto& c = candidates[static_cast<size_t>(i)];
     std::partial_sort(c.begin(), c.begin() + k, c.end(), detail::hs_topk_before);  // >= k: see the header
     for (index_t e = 0; e < k; ++e) {
-      classes(i, e) = c[static_cast<size_t>(e)].second;
-      log_probs(i, e) = c[static_cast<size_t>(e)].first;
+      best[static_cast<size_t>(i * k + e)] = c[static_cast<size_t>(e)].second;
+      best_lp[static_cast<size_t>(i * k + e)] = c[static_cast<size_t>(e)].first;
     }
   }
+  // Into the caller's outputs (the backend's memory, any row stride).
+  const auto best_d = detail::to_backend<B>(best);
+  const auto best_lp_d = detail::to_backend<B>(best_lp);
+  const index_t* bc = detail::raw(best_d);
+  const float* bl = detail::raw(best_lp_d);
+  detail::parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+    for (index_t e = 0; e < k; ++e) classes(i, e) = bc[i * k + e], log_probs(i, e) = bl[i * k + e];
+  });
+  detail::backend_ops<B>::synchronize(ex.res);
 }
 
 template <class C, class F, class P, class B, int D>
@@ -95,63 +108,57 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::explore_(matrix_view<const flo
                                                            const std::vector<detail::hs_topk_request>& requests,
                                                            detail::hs_topk_candidates& candidates) const {
   using std::size_t;
+  const detail::execution<B> ex{top_.resources()};
   const int ranks = size();
   const index_t d = dim();
   std::vector<std::vector<size_t>> to(static_cast<size_t>(ranks));
   for (size_t r = 0; r < requests.size(); ++r)
     to[static_cast<size_t>(plan_.owner(requests[r].subtree))].push_back(r);
   std::vector<size_t> order;
-  std::vector<index_t> send_rows(static_cast<size_t>(ranks)), recv_rows(send_rows.size()), ones(send_rows.size(), 1);
+  std::vector<index_t> send_rows(static_cast<size_t>(ranks));
   for (int q = 0; q < ranks; ++q) {
     send_rows[static_cast<size_t>(q)] = static_cast<index_t>(to[static_cast<size_t>(q)].size());
     order.insert(order.end(), to[static_cast<size_t>(q)].begin(), to[static_cast<size_t>(q)].end());
   }
-  std::vector<float> send_f(order.size() * static_cast<size_t>(d));
-  std::vector<index_t> send_i(order.size());
+  std::vector<index_t> send_row(order.size()), send_i(order.size());
   for (size_t p = 0; p < order.size(); ++p) {
-    const detail::hs_topk_request& r = requests[order[p]];
-    std::copy(hidden.row(r.row), hidden.row(r.row) + d, send_f.begin() + static_cast<std::ptrdiff_t>(p * static_cast<size_t>(d)));
-    send_i[p] = r.subtree;
+    send_row[p] = requests[order[p]].row;
+    send_i[p] = requests[order[p]].subtree;
   }
-  comm_.all_to_all(send_rows.data(), ones.data(), recv_rows.data(), ones.data());
-  index_t received = 0;
-  for (index_t r : recv_rows) received += r;
-  std::vector<float> recv_f(static_cast<size_t>(received * d));
+  const std::vector<index_t> recv_rows = detail::exchange_counts(ex, comm_, send_rows);
+  const index_t sent = static_cast<index_t>(order.size()), received = detail::total_of(recv_rows);
+  backend_vector<B, float> send_f(static_cast<size_t>(sent * d)), recv_f(static_cast<size_t>(received * d));
+  const auto send_row_d = detail::to_backend<B>(send_row);
+  detail::gather_rows_by(ex, hidden, detail::raw(send_row_d), sent, detail::raw(send_f));
   std::vector<index_t> recv_i(static_cast<size_t>(received));
-  comm_.all_to_all(send_f.data(), detail::element_counts(send_rows, d).data(), recv_f.data(),
-                   detail::element_counts(recv_rows, d).data());
-  comm_.all_to_all(send_i.data(), send_rows.data(), recv_i.data(), recv_rows.data());
-
+  detail::all_to_all_into(ex, comm_, detail::raw(send_f), detail::element_counts(send_rows, d), detail::raw(recv_f),
+                          detail::element_counts(recv_rows, d));
+  detail::host_all_to_all(ex, comm_, send_i.data(), send_rows, recv_i.data(), recv_rows);
   // Each request's subtree's best min(k, its classes), in one search over this rank's forest, each
-  // row started at its subtree's root block (a subtree of fewer than k classes leaves slots of
-  // class -1, as the reply's unfilled ones).
+  // row in its subtree's tree (a subtree of fewer than k classes leaves slots of class -1).
   std::vector<float> reply_f(static_cast<size_t>(received * k), -INFINITY);
-  std::vector<index_t> reply_i(reply_f.size(), -1), start_begin(static_cast<size_t>(received)),
-      start_size(start_begin.size());
-  const auto& tree = local_.tree();
-  const auto& bo = tree.block_offsets();
-  for (index_t r = 0; r < received; ++r) {
-    const index_t root = tree.root_nodes()[static_cast<size_t>(slot_[static_cast<size_t>(recv_i[static_cast<size_t>(r)])])];
-    start_begin[static_cast<size_t>(r)] = bo[static_cast<size_t>(root)];
-    start_size[static_cast<size_t>(r)] = bo[static_cast<size_t>(root) + 1] - bo[static_cast<size_t>(root)];
-  }
+  std::vector<index_t> reply_i(reply_f.size(), -1);
   if (received > 0) {
-    const detail::execution<B> ex{local_.resources()};
-    detail::tree_topk<head_type::sigmoid_form>(ex, tree.view(), matrix_view<const float>(recv_f.data(), received, d),
-                                               matrix_view<const storage_type>(local_.weights()), local_.bias(),
-                                               widest_local_, k, 0, matrix_view<index_t>(reply_i.data(), received, k),
-                                               matrix_view<float>(reply_f.data(), received, k), start_begin.data(),
-                                               start_size.data());
+    std::vector<index_t> tree(static_cast<size_t>(received));
+    for (index_t r = 0; r < received; ++r)
+      tree[static_cast<size_t>(r)] = slot_[static_cast<size_t>(recv_i[static_cast<size_t>(r)])];
+    const auto tree_d = detail::to_backend<B>(tree);
+    backend_vector<B, index_t> found(reply_i.size());
+    backend_vector<B, float> found_lp(reply_f.size());
+    local_.topk_in_trees(matrix_view<const float>(detail::raw(recv_f), received, d),
+                         vector_view<const index_t>(detail::raw(tree_d), received), k,
+                         matrix_view<index_t>(detail::raw(found), received, k), matrix_view<float>(detail::raw(found_lp), received, k));
+    reply_i = detail::to_host(ex, detail::raw(found), received * k);
+    reply_f = detail::to_host(ex, detail::raw(found_lp), received * k);
     for (index_t& c : reply_i)
       if (c >= 0) c = local_classes_[static_cast<size_t>(c)];
   }
-
   std::vector<float> back_f(order.size() * static_cast<size_t>(k));
   std::vector<index_t> back_i(back_f.size());
-  comm_.all_to_all(reply_f.data(), detail::element_counts(recv_rows, k).data(), back_f.data(),
-                   detail::element_counts(send_rows, k).data());
-  comm_.all_to_all(reply_i.data(), detail::element_counts(recv_rows, k).data(), back_i.data(),
-                   detail::element_counts(send_rows, k).data());
+  detail::host_all_to_all(ex, comm_, reply_f.data(), detail::element_counts(recv_rows, k), back_f.data(),
+                          detail::element_counts(send_rows, k));
+  detail::host_all_to_all(ex, comm_, reply_i.data(), detail::element_counts(recv_rows, k), back_i.data(),
+                          detail::element_counts(send_rows, k));
   for (size_t p = 0; p < order.size(); ++p) {
     const detail::hs_topk_request& r = requests[order[p]];
     for (index_t e = 0; e < k; ++e) {
