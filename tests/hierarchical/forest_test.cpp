@@ -5,7 +5,8 @@
 // bitwise what each tree's own head gives on that tree's rows (losses, hidden gradients, weight
 // gradients, log_prob), with targets of every tree mixed in one batch and some rows ignored,
 // softmax nodes (ternary trees) and sigmoid nodes (binary), on every host backend; topk refuses a
-// forest of several trees; bad arguments throw.
+// forest of several trees, and topk_in_trees gives each row its own tree's head's top-k (bitwise,
+// classes shifted; unfilled slots past a small tree's classes); bad arguments throw.
 
 #include "support/head_checks.hpp"
 
@@ -16,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -145,6 +147,13 @@ void check_forest_head(int arity) {
   for (auto& t : valid) t = t < 0 ? 0 : t;
   whole.log_prob(cview(h, batch, d), cvec(valid), mvec(lp));
 
+  // topk_in_trees: each row's best K classes in its own tree (the middle tree has fewer than K).
+  constexpr index_t K = 3;
+  test_vector<index_t> tree_ids(static_cast<size_t>(batch)), in_cls(static_cast<size_t>(batch * K));
+  test_vector<float> in_lp(static_cast<size_t>(batch * K));
+  for (index_t i = 0; i < batch; ++i) tree_ids[static_cast<size_t>(i)] = tree_of[static_cast<size_t>(i)];
+  whole.topk_in_trees(cview(h, batch, d), cvec(tree_ids), K, mview(in_cls, batch, K), mview(in_lp, batch, K));
+
   std::map<index_t, std::vector<float>> sub_grad;
   for (std::size_t k = 0; k < trees.size(); ++k) {
     const index_t n_rows = head_t::weight_rows(trees[k]), at = first_row[k];
@@ -193,6 +202,23 @@ void check_forest_head(int arity) {
     for (index_t a = 0; a < ms; ++a)
       CHECK(bits(lp[static_cast<size_t>(mine[static_cast<size_t>(scored[static_cast<size_t>(a)])])]) ==
             bits(ls[static_cast<size_t>(a)]));
+    // The tree's own head's top-min(K, classes), shifted to forest classes; the rest unfilled.
+    const index_t kk = std::min(K, trees[k].num_classes());
+    test_vector<index_t> ck(static_cast<size_t>(m * kk));
+    test_vector<float> lck(static_cast<size_t>(m * kk));
+    if (m > 0) part.topk(cview(hk, m, d), kk, mview(ck, m, kk), mview(lck, m, kk));
+    for (index_t j = 0; j < m; ++j)
+      for (index_t e = 0; e < K; ++e) {
+        const size_t at_in = static_cast<size_t>(mine[static_cast<size_t>(j)] * K + e);
+        INFO("topk_in_trees: tree ", k, ", row ", mine[static_cast<size_t>(j)], ", slot ", e);
+        if (e < kk) {
+          CHECK(in_cls[at_in] == ck[static_cast<size_t>(j * kk + e)] + first_class[k]);
+          CHECK(bits(in_lp[at_in]) == bits(lck[static_cast<size_t>(j * kk + e)]));
+        } else {
+          CHECK(in_cls[at_in] == -1);
+          CHECK(in_lp[at_in] == -std::numeric_limits<float>::infinity());
+        }
+      }
   }
   REQUIRE(grad.size() == sub_grad.size());
   for (const auto& [row, x] : grad) {
@@ -206,6 +232,16 @@ void check_forest_head(int arity) {
   test_vector<float> lps(static_cast<size_t>(batch));
   CHECK_THROWS_WITH_AS(whole.topk(cview(h, batch, d), 1, mview(cls, batch, 1), mview(lps, batch, 1)),
                        doctest::Contains("forest of 3 trees"), xsoftmax::invalid_argument);
+  tree_ids[5] = 3;
+  CHECK_THROWS_WITH_AS(whole.topk_in_trees(cview(h, batch, d), cvec(tree_ids), K, mview(in_cls, batch, K),
+                                           mview(in_lp, batch, K)),
+                       doctest::Contains("trees[5] = 3"), xsoftmax::out_of_range);
+  CHECK_THROWS_AS(whole.topk_in_trees(cview(h, batch, d), cvec(tree_ids), 0, mview(in_cls, batch, 0),
+                                      mview(in_lp, batch, 0)),
+                  xsoftmax::invalid_argument);
+  CHECK_THROWS_AS(whole.topk_in_trees(cview(h, batch - 1, d), cvec(tree_ids), K, mview(in_cls, batch - 1, K),
+                                      mview(in_lp, batch - 1, K)),
+                  xsoftmax::shape_error);
 }
 
 TEST_CASE_TEMPLATE("hierarchical_softmax over a forest: each row bitwise its own tree's head", B,

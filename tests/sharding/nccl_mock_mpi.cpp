@@ -249,6 +249,18 @@ TEST_CASE("sharded_hierarchical_softmax<nccl_communicator> (mock transport) equa
   CHECK(std::vector<float>(ln.values.begin(), ln.values.end()) == std::vector<float>(lm.values.begin(), lm.values.end()));
   REQUIRE(tn.values.size() == tm.values.size());
   for (std::size_t i = 0; i < tn.values.size(); ++i) CHECK(tn.values[i] == doctest::Approx(tm.values[i]).epsilon(1e-5).scale(1e-3));
+  // log_prob and topk route rows, classes and candidates through the communicator's memory too.
+  std::vector<float> pn(static_cast<std::size_t>(rows)), pm(pn.size());
+  hn.log_prob(hv, xs::vector_view<const index_t>(t.data(), rows), xs::vector_view<float>(pn.data(), rows));
+  hm.log_prob(hv, xs::vector_view<const index_t>(t.data(), rows), xs::vector_view<float>(pm.data(), rows));
+  CHECK(pn == pm);
+  constexpr index_t k = 5;
+  std::vector<index_t> cn(static_cast<std::size_t>(rows * k)), cm(cn.size());
+  std::vector<float> vn(cn.size()), vm(cn.size());
+  hn.topk(hv, k, xs::matrix_view<index_t>(cn.data(), rows, k), xs::matrix_view<float>(vn.data(), rows, k));
+  hm.topk(hv, k, xs::matrix_view<index_t>(cm.data(), rows, k), xs::matrix_view<float>(vm.data(), rows, k));
+  CHECK(cn == cm);
+  CHECK(vn == vm);
 }
 
 namespace {
