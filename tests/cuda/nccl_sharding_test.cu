@@ -8,7 +8,9 @@
 // refuses one GPU twice in a communicator): the multi-rank algorithm is tested under MPI. A
 // sharded checkpoint of the NCCL head (device weights) reloads bit for bit. start_all_gather (on the
 // communicator's second stream) equals all_gather, and the prefetched verbs of the head
-// (gather_rows_async) are bitwise its verbs on hidden.
+// (gather_rows_async) are bitwise its verbs on hidden. The cuda sharded hierarchical softmax over
+// the one-rank NCCL communicator (device buffers handed as they are) equals it over
+// solo_communicator (staged through the host) bit for bit.
 
 // First: this test is the self-containment check of the NCCL header.
 #include <xsoftmax/sharding/nccl_communicator.cuh>
@@ -17,6 +19,8 @@
 
 #include <xsoftmax/cuda.cuh>
 #include <xsoftmax/io/sharded_checkpoint.hpp>
+#include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
+#include <xsoftmax/sharding/solo_communicator.hpp>
 
 #include <doctest/doctest.h>
 
@@ -186,4 +190,81 @@ TEST_CASE("nccl_communicator: start_all_gather on a second stream, and prefetche
     CHECK(bitwise_equal(got, want));
     CHECK_THROWS_AS(head.forward(next, db.target_view()), xs::invalid_argument);  // used already
   }
+}
+
+namespace {
+/// One step of a cuda sharded HS (loss, per-sample losses, grad_hidden, both weight gradients),
+/// log_prob and top-k, copied back to the host.
+struct hs_outputs {
+  float loss = 0.f;
+  std::vector<float> per_sample, grad_hidden, top_values, local_values, log_prob, topk_lp;
+  std::vector<index_t> top_rows, local_rows, topk_classes;
+};
+
+template <class Head>
+hs_outputs run_sharded_hs(const Head& head, const thrust::device_vector<float>& h,
+                          const thrust::device_vector<index_t>& t, index_t rows, index_t dim, index_t k) {
+  hs_outputs o;
+  thrust::device_vector<float> per(static_cast<std::size_t>(rows)), gh(static_cast<std::size_t>(rows * dim));
+  typename Head::gradient_type gt, gl;
+  const matrix_view<const float> hv(raw(h), rows, dim);
+  const vector_view<const index_t> tv(raw(t), rows);
+  o.loss = head.forward_backward(hv, tv, matrix_view<float>(raw(gh), rows, dim), gt, gl, {},
+                                 vector_view<float>(raw(per), rows));
+  o.per_sample = to_host(per), o.grad_hidden = to_host(gh);
+  o.top_rows = to_host(gt.rows), o.top_values = to_host(gt.values);
+  o.local_rows = to_host(gl.rows), o.local_values = to_host(gl.values);
+  head.log_prob(hv, tv, vector_view<float>(raw(per), rows));
+  o.log_prob = to_host(per);
+  thrust::device_vector<index_t> c(static_cast<std::size_t>(rows * k));
+  thrust::device_vector<float> v(c.size());
+  head.topk(hv, k, matrix_view<index_t>(raw(c), rows, k), matrix_view<float>(raw(v), rows, k));
+  o.topk_classes = to_host(c), o.topk_lp = to_host(v);
+  return o;
+}
+}  // namespace
+
+TEST_CASE("cuda sharded_hierarchical_softmax over nccl_communicator (one rank) equals it over solo_communicator") {
+  // NCCL takes the head's device buffers as they are (device_memory); solo_communicator is a
+  // host-memory communicator, so the same head stages rows through host copies. With one rank
+  // both are copies: every output is bitwise the same. (The multi-rank routing is tested under MPI
+  // and with the host mock of NCCL, tests/sharding/nccl_mock_mpi.cpp.)
+  one_rank_nccl nccl;
+  constexpr index_t classes = 301, dim = 16, rows = 53, k = 5;
+  std::vector<double> freq(static_cast<std::size_t>(classes));
+  for (index_t c = 0; c < classes; ++c) freq[static_cast<std::size_t>(c)] = 1.0 / static_cast<double>(c + 1);
+  xs::hs_shard_options o;
+  o.cut_depth = 4;
+  const xs::hs_shard_plan<> plan(xs::runtime_tree<>::huffman(freq), 1, o);
+  rng g(51);
+  std::vector<float> top_h(plan.top_rows().size() * dim), local_h(plan.local_rows(0).size() * dim),
+      h_h(static_cast<std::size_t>(rows * dim));
+  for (auto& x : top_h) x = g.uniform(-0.8f, 0.8f);
+  for (auto& x : local_h) x = g.uniform(-0.8f, 0.8f);
+  for (auto& x : h_h) x = g.uniform(-1.f, 1.f);
+  std::vector<index_t> targets(static_cast<std::size_t>(rows));
+  for (auto& x : targets) x = g.integer(0, classes - 1);
+  targets[3] = -100;  // ignored
+  thrust::device_vector<float> top = to_device(top_h), local = to_device(local_h);
+  const thrust::device_vector<float> h = to_device(h_h);
+  const thrust::device_vector<index_t> t = to_device(targets);
+  const matrix_view<float> tv(raw(top), static_cast<index_t>(plan.top_rows().size()), dim);
+  const matrix_view<float> lv(raw(local), static_cast<index_t>(plan.local_rows(0).size()), dim);
+  using nccl_head = xs::sharded_hierarchical_softmax<xs::nccl_communicator, xs::softmax_nodes, xs::fp32, xs::cuda>;
+  using solo_head = xs::sharded_hierarchical_softmax<xs::solo_communicator, xs::softmax_nodes, xs::fp32, xs::cuda>;
+  const nccl_head hn(plan, nccl.communicator(), tv, lv);
+  const solo_head hs(plan, xs::solo_communicator{}, tv, lv);
+  const hs_outputs a = run_sharded_hs(hn, h, t, rows, dim, k);
+  const hs_outputs c = run_sharded_hs(hs, h, t, rows, dim, k);
+  CHECK(bitwise_equal(std::vector<float>{a.loss}, std::vector<float>{c.loss}));
+  CHECK(bitwise_equal(a.per_sample, c.per_sample));
+  CHECK(bitwise_equal(a.grad_hidden, c.grad_hidden));
+  CHECK(a.top_rows == c.top_rows);
+  CHECK(bitwise_equal(a.top_values, c.top_values));
+  CHECK(a.local_rows == c.local_rows);
+  CHECK(bitwise_equal(a.local_values, c.local_values));
+  CHECK(bitwise_equal(a.log_prob, c.log_prob));
+  CHECK(a.topk_classes == c.topk_classes);
+  CHECK(bitwise_equal(a.topk_lp, c.topk_lp));
+  CHECK(std::isfinite(a.loss));
 }

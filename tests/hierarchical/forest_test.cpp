@@ -6,7 +6,8 @@
 // gradients, log_prob), with targets of every tree mixed in one batch and some rows ignored,
 // softmax nodes (ternary trees) and sigmoid nodes (binary), on every host backend; topk refuses a
 // forest of several trees, and topk_in_trees gives each row its own tree's head's top-k (bitwise,
-// classes shifted; unfilled slots past a small tree's classes); bad arguments throw.
+// classes shifted; unfilled slots past a small tree's classes); bad arguments throw. Compiled for
+// the cuda backend too (tests/cuda/CMakeLists.txt).
 
 #include "support/head_checks.hpp"
 
@@ -138,10 +139,14 @@ void check_forest_head(int arity) {
   typename head_t::gradient_type g;
   whole.forward_backward(cview(h, batch, d), cvec(targets), mview(gh, batch, d), g, none, mvec(loss), cvec(up));
   std::map<index_t, std::vector<float>> grad;  // forest row -> gradient (row, then bias)
-  for (index_t e = 0; e < g.num_rows(); ++e) {
-    auto& x = grad[g.rows[static_cast<size_t>(e)]];
-    x.assign(g.values.begin() + e * d, g.values.begin() + (e + 1) * d);
-    x.push_back(g.bias_values[static_cast<size_t>(e)]);
+  {
+    const auto ids = on_host(g.rows);
+    const auto values = on_host(g.values), biases = on_host(g.bias_values);
+    for (index_t e = 0; e < g.num_rows(); ++e) {
+      auto& x = grad[ids[static_cast<size_t>(e)]];
+      x.assign(values.begin() + e * d, values.begin() + (e + 1) * d);
+      x.push_back(biases[static_cast<size_t>(e)]);
+    }
   }
   test_vector<index_t> valid(targets);
   for (auto& t : valid) t = t < 0 ? 0 : t;
@@ -175,10 +180,12 @@ void check_forest_head(int arity) {
     }
     typename head_t::gradient_type gk;
     part.forward_backward(cview(hk, m, d), cvec(tk), mview(ghk, m, d), gk, none, mvec(lk), cvec(upk));
+    const auto ids = on_host(gk.rows);
+    const auto values = on_host(gk.values), biases = on_host(gk.bias_values);
     for (index_t e = 0; e < gk.num_rows(); ++e) {
-      auto& x = sub_grad[gk.rows[static_cast<size_t>(e)] + at];
-      x.assign(gk.values.begin() + e * d, gk.values.begin() + (e + 1) * d);
-      x.push_back(gk.bias_values[static_cast<size_t>(e)]);
+      auto& x = sub_grad[ids[static_cast<size_t>(e)] + at];
+      x.assign(values.begin() + e * d, values.begin() + (e + 1) * d);
+      x.push_back(biases[static_cast<size_t>(e)]);
     }
     for (index_t j = 0; j < m; ++j) {
       const index_t i = mine[static_cast<size_t>(j)];
@@ -221,7 +228,9 @@ void check_forest_head(int arity) {
       }
   }
   REQUIRE(grad.size() == sub_grad.size());
-  for (const auto& [row, x] : grad) {
+  for (const auto& entry : grad) {  // no structured binding: INFO captures `row` (C++20 under nvcc)
+    const index_t row = entry.first;
+    const std::vector<float>& x = entry.second;
     INFO("gradient row ", row);
     REQUIRE(sub_grad.count(row) == 1);
     const auto& y = sub_grad[row];

@@ -114,4 +114,40 @@ void scatter_rows_to(const execution<B>& ex, const T* src, index_t width, const 
   });
 }
 
+/// reply row rows[j] = (loss[j], then grad row j when `grad` is not null) for the n rows j of one
+/// scoring call: a row of `reply` is 1 + d wide with gradients, 1 without (all in the execution's
+/// memory).
+template <class B>
+void place_replies(const execution<B>& ex, const float* loss, const float* grad, index_t d, const index_t* rows,
+                   index_t n, float* reply) {
+  const index_t width = grad ? 1 + d : 1;
+  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
+    float* to = reply + rows[j] * width;
+    to[0] = loss[j];
+    if (grad)
+      for (index_t c = 0; c < d; ++c) to[1 + c] = grad[j * d + c];
+  });
+}
+
+/// The routed rows' results added to their own rows: for each of the n routed rows p with
+/// dest[p] >= 0, part[dest[p]] += back row p's loss and, with gradients (`grad_hidden` not empty),
+/// grad_hidden row dest[p] += its gradient (`back` rows are 1 + d wide then, else 1). Each row
+/// appears once in `dest` (all in the execution's memory).
+template <class B>
+void add_routed_results(const execution<B>& ex, const float* back, const index_t* dest, index_t n, float* part,
+                        matrix_view<float> grad_hidden) {
+  const bool with_grad = grad_hidden.data != nullptr;
+  const index_t d = grad_hidden.cols, width = with_grad ? 1 + d : 1;
+  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t p) {
+    const index_t i = dest[p];
+    if (i < 0) return;
+    const float* f = back + p * width;
+    part[i] += f[0];
+    if (with_grad) {
+      float* g = grad_hidden.row(i);
+      for (index_t c = 0; c < d; ++c) g[c] += f[1 + c];
+    }
+  });
+}
+
 }  // namespace xsoftmax::detail

@@ -118,7 +118,7 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
   using std::size_t;
   const detail::execution<B> ex{local_.resources()};
   const bool train = mode == detail::hs_route_mode::train;
-  const index_t d = dim(), received = static_cast<index_t>(recv_i.size()), rw = 1 + (train ? d : 0);
+  const index_t d = dim(), received = static_cast<index_t>(recv_i.size());
   if (train) {
     grad_local->dim = d;
     grad_local->rows.clear(), grad_local->values.clear(), grad_local->bias_values.clear();
@@ -183,14 +183,7 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
     } else {
       local_.log_prob(hv, tv, ov);
     }
-    const float* o = detail::raw(out);
-    const float* gp = train ? detail::raw(gh) : nullptr;
-    detail::parallel_for(ex, m, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
-      float* to = rp + call_rows[j] * rw;
-      to[0] = o[j];
-      if (gp)
-        for (index_t c = 0; c < d; ++c) to[1 + c] = gp[j * d + c];
-    });
+    detail::place_replies(ex, detail::raw(out), train ? detail::raw(gh) : nullptr, d, call_rows, m, rp);
     detail::backend_ops<B>::synchronize(ex.res);  // before the next call resizes h, out, gh
     b = e;
   }
@@ -342,22 +335,8 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   std::vector<index_t> dest(order.size());
   for (size_t p = 0; p < order.size(); ++p) dest[p] = ignored(order[p]) ? -1 : order[p];
   const auto dest_d = detail::to_backend<B>(dest);
-  {
-    const index_t* to = detail::raw(dest_d);
-    const float* from = detail::raw(back);
-    float* pp = detail::raw(part);
-    const matrix_view<float> gh = train ? *grad_hidden : matrix_view<float>{};
-    detail::parallel_for(ex, static_cast<index_t>(order.size()), [=] XSOFTMAX_HD_LAMBDA(index_t p) {
-      const index_t i = to[p];
-      if (i < 0) return;
-      const float* f = from + p * rw;
-      pp[i] += f[0];
-      if (rw > 1) {
-        float* g = gh.row(i);
-        for (index_t c = 0; c < d; ++c) g[c] += f[1 + c];
-      }
-    });
-  }
+  detail::add_routed_results(ex, detail::raw(back), detail::raw(dest_d), static_cast<index_t>(order.size()),
+                             detail::raw(part), train ? *grad_hidden : matrix_view<float>{});
 
   // 6. The top tree's gradient: the union of every rank's touched rows, summed in rank order.
   if (train) {
