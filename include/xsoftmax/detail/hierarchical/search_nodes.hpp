@@ -141,8 +141,10 @@ struct open_heap {
     return true;
   }
   /// Adds the key x (`pack`'s); the caller has checked that there is room.
-  XSOFTMAX_HD void push_key(std::uint64_t x) {
-    index_t i = size++;
+  XSOFTMAX_HD void push_key(std::uint64_t x) { rise_from(size++, x); }
+  /// Puts x into the hole at i after moving the hole up past every parent smaller than x: the
+  /// sift-up of both push_key and pop_to_back.
+  XSOFTMAX_HD void rise_from(index_t i, std::uint64_t x) {
     while (i > 0) {
       const index_t p = (i - 1) / 2;
       if (key[p] >= x) break;
@@ -167,13 +169,7 @@ struct open_heap {
       key[i] = key[c];
       i = c;
     }
-    while (i > 0) {
-      const index_t p = (i - 1) / 2;
-      if (key[p] >= x) break;
-      key[i] = key[p];
-      i = p;
-    }
-    key[i] = x;
+    rise_from(i, x);
     key[size] = top;
   }
   /// Keeps the `keep` best entries: heap-sorts, reverses into descending order (which is a valid
