@@ -24,6 +24,7 @@
 // (shape, non-finite, tree errors) -> ValueError, anything else -> RuntimeError; the message is
 // the library's, which names the verb, the argument and the offending value.
 
+#include "head_states.hpp"
 #include "tensor_args.hpp"
 
 #include <torch/extension.h>
@@ -48,114 +49,6 @@
 namespace {
 
 using namespace xsoftmax_torch;
-using tree_type = xs::runtime_tree<64>;
-
-// ------------------------------------------------------------------------------------------------
-// Head states: handles held by the Python modules
-// ------------------------------------------------------------------------------------------------
-
-/// What a cached head was built over; the head is rebuilt when any of it changes.
-struct head_key {
-  const void* weight = nullptr;
-  const void* bias = nullptr;
-  int64_t rows = 0, cols = 0, stride = 0;
-  int dtype = -1;
-  bool operator==(const head_key& o) const {
-    return weight == o.weight && bias == o.bias && rows == o.rows && cols == o.cols && stride == o.stride &&
-           dtype == o.dtype;
-  }
-};
-
-head_key key_of(const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  head_key k;
-  k.weight = weight.data_ptr();
-  k.bias = bias.has_value() && bias->defined() ? bias->data_ptr() : nullptr;
-  k.rows = weight.size(0);
-  k.cols = weight.size(1);
-  k.stride = weight.stride(0);
-  k.dtype = static_cast<int>(weight.scalar_type());
-  return k;
-}
-
-struct head_cache {
-  head_key key;
-  std::shared_ptr<void> head;
-  bool fresh = false;  ///< true right after (re)construction
-
-  template <class Head, class Make>
-  Head& get(const head_key& k, Make&& make) {
-    fresh = false;
-    if (!head || !(key == k)) {
-      head.reset();  // a KNN head may hold a large graph: free it before building the next
-      head = std::shared_ptr<void>(make());
-      key = k;
-      fresh = true;
-    }
-    return *static_cast<Head*>(head.get());
-  }
-};
-
-struct state {
-  virtual ~state() = default;
-  std::mutex mu;
-  head_cache cache;
-};
-
-/// A full softmax with a score-cache budget other than the library's default (the head itself is a
-/// view made per call, like handle 0's).
-struct full_state final : state {
-  explicit full_state(int64_t b) : score_cache_bytes(b) {}
-  int64_t score_cache_bytes;
-};
-
-struct tree_state final : state {
-  explicit tree_state(tree_type t, bool s) : tree(std::move(t)), sigmoid(s) {}
-  tree_type tree;
-  bool sigmoid;
-};
-
-struct sampled_state final : state {
-  explicit sampled_state(xs::sampled_negatives s) : sampler(std::move(s)) {}
-  xs::sampled_negatives sampler;
-};
-
-struct knn_state final : state {
-  explicit knn_state(xs::knn_options o) : options(o) {}
-  xs::knn_options options;
-  int64_t built_step = 0;  ///< the step whose weights the graph was last built from
-};
-
-std::mutex registry_mutex;
-std::unordered_map<int64_t, std::shared_ptr<state>>& registry() {
-  static auto* r = new std::unordered_map<int64_t, std::shared_ptr<state>>();  // never destroyed
-  return *r;
-}
-int64_t next_handle = 1;
-
-int64_t register_state(std::shared_ptr<state> s) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  const int64_t h = next_handle++;
-  registry().emplace(h, std::move(s));
-  return h;
-}
-
-std::shared_ptr<state> find_state(int64_t handle, const char* op) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto it = registry().find(handle);
-  TORCH_CHECK_VALUE(it != registry().end(), "xsoftmax::", op, ": head = ", handle,
-                    " is not a live xsoftmax head handle (released, or made in another process)");
-  return it->second;
-}
-
-void release_state(int64_t handle) {
-  std::shared_ptr<state> s;  // destroyed outside the registry lock
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto it = registry().find(handle);
-  if (it != registry().end()) {
-    s = std::move(it->second);
-    registry().erase(it);
-  }
-}
 
 // ------------------------------------------------------------------------------------------------
 // Dispatch: weight dtype -> precision, handle -> head type
