@@ -179,10 +179,21 @@ int main(int argc, char** argv) {
                 progress_us, static_cast<double>(rows * dim * 4 * (size - 1)) / 1e6);
 
   // Does OpenMPI move a started gather while no MPI call runs? Start one of the bench's size, spin
-  // (no MPI call) for 200 ms, then ask once; then poll every 100 us until it completes.
+  // (no MPI call) for 200 ms, then ask once; then poll every 100 us until it completes. For scale,
+  // first the same gather blocking (median of 5, max over ranks).
   {
     std::vector<float> send(h[0]), recv(static_cast<std::size_t>(rows * dim * size));
     const std::vector<index_t> counts(static_cast<std::size_t>(size), rows * dim);
+    std::vector<double> blocking;
+    for (int i = 0; i < 5; ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double b0 = MPI_Wtime();
+      comm.mpi.all_gather(send.data(), rows * dim, recv.data(), counts.data());
+      blocking.push_back(1e3 * (MPI_Wtime() - b0));
+    }
+    double blocking_ms = median(blocking), blocking_most = 0;
+    MPI_Reduce(&blocking_ms, &blocking_most, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (rank == 0) std::printf("probe: the gather blocking takes %.2f ms (median of 5, slowest rank)\n", blocking_most);
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     auto r = comm.mpi.start_all_gather(send.data(), rows * dim, recv.data(), counts.data());

@@ -10,6 +10,7 @@
 /// are dropped from the gathered matrix, which leaves exactly the rows, in exactly the order, that
 /// the blocking verb's `gather_rows` produces: the results are bitwise the blocking verb's.
 
+#include <xsoftmax/detail/sharding/routing.hpp>
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 
 #include <algorithm>
@@ -178,11 +179,21 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
     all_gather_into(ex, sh.communicator(), targets.data, st.rows, gathered, st.counts.data());
     all_targets = vector_view<const index_t>(raw(gathered), total);
   }
-  // The kept rows, as the blocking verb's pack_rows packs them (then gathers them).
+  // The kept rows, as the blocking verb's pack_rows packs them (then gathers them): when every row
+  // is kept (no ignored target: the usual case), the gathered rows themselves, moved in; else the
+  // kept rows copied out. (Packing them all again cost a fresh buffer of every rank's rows a step:
+  // its page faults and a copy, 25 % of the step at 16.8 MB a rank, bench/RESULTS.md.)
   backend_vector<B, float>& source = st.replicated ? st.own : st.all;
+  const matrix_view<const float> source_rows(raw(source), total, d);
   sharded_rows<B> out;
-  out.all = pack_rows(ex, matrix_view<const float>(raw(source), total, d), all_targets, ignore_index);
+  out.all = pack_rows(ex, source_rows, all_targets, ignore_index, /*with_hidden=*/false);
   const index_t rows = out.all.rows;
+  if (rows == total) {
+    out.all.hidden = std::move(source);
+  } else {
+    out.all.hidden.resize(static_cast<std::size_t>(rows * d));
+    gather_rows_by(ex, source_rows, out.all.sample_data(), rows, raw(out.all.hidden));
+  }
   std::vector<index_t> kept_counts(segments.size(), 0);
   if (rows == total) {
     kept_counts = segments;
