@@ -113,9 +113,11 @@ class full_softmax
   ///       head.apply_sgd(grad_w, lr);
   ///     }
   ///
-  /// The overlap is the transport's: NCCL runs the gather on its own stream; OpenMPI moves a
-  /// started gather only inside MPI calls (the verb's own collectives), so on shared memory the
-  /// copy is not hidden behind the GEMMs (bench/RESULTS.md, "Prefetching the next micro-batch's rows").
+  /// The overlap is the transport's: NCCL runs the gather on its own stream; OpenMPI over shared
+  /// memory moves a started gather only inside MPI calls (the verb's own collectives), so the copy
+  /// is not hidden behind the GEMMs; over TCP with `btl_tcp_progress_thread 1` it is (bench/RESULTS.md,
+  /// "Prefetching the next micro-batch's rows" and "Overlap with a transport that progresses by
+  /// itself"). The step gets faster only where the transport's copies do not take the ranks' cores.
   /// @{
   using gathered_batch = xsoftmax::gathered_batch<Backend, typename detail::communicator_of<Sharding>::type>;
   template <class H>

@@ -30,7 +30,8 @@
 ///    `recv` holds the result, readable from any stream); `send` and `recv` must stay alive and
 ///    `recv` unread until then, `counts` may go at once; other collectives may be issued between
 ///    start and wait, in the same order on every rank; destroying a pending request waits for it.
-///    MPI: `MPI_Iallgatherv` (OpenMPI moves it only inside MPI calls: see `gather_request::test`);
+///    MPI: `MPI_Iallgatherv` (OpenMPI over shared memory moves it only inside MPI calls, see
+///    `gather_request::test`; over TCP with `btl_tcp_progress_thread 1` it moves by itself);
 ///    NCCL: `ncclAllGather` on a second stream, ordered after the communicator's stream by events;
 ///    solo: a copy, complete on return. Used by the sharded heads to prefetch the next
 ///    micro-batch's rows while the current one computes (`full_softmax::gather_rows_async`).

@@ -98,7 +98,10 @@ class mpi_communicator {
       if (request_ != MPI_REQUEST_NULL) check(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
     }
     /// True once complete (then `wait()` returns at once). A call into MPI: it also progresses the
-    /// transfer, which OpenMPI's non-blocking collectives need (they move only inside MPI calls).
+    /// transfer, which OpenMPI's non-blocking collectives over shared memory need (they move only
+    /// inside MPI calls). Over TCP with `--mca btl_tcp_progress_thread 1` they move by themselves:
+    /// a 16.8 MB gather completed during 200 ms of computation (bench/RESULTS.md, "Overlap with a
+    /// transport that progresses by itself").
     bool test() {
       if (request_ == MPI_REQUEST_NULL) return true;
       int done = 0;

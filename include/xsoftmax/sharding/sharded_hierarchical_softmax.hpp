@@ -184,8 +184,10 @@ class sharded_hierarchical_softmax {
   /// out of range is reported by the verb (as by the verb taking `targets`), which also throws
   /// `invalid_argument` for a batch routed by another head, used already, moved from or
   /// default-constructed, and `shape_error` for an output without `next.rows()` rows. As for the
-  /// full softmax's `gather_rows_async`, the overlap is the transport's: OpenMPI progresses a
-  /// started exchange only inside MPI calls (bench/RESULTS.md, the sharded HS's prefetch).
+  /// full softmax's `gather_rows_async`, the overlap is the transport's: OpenMPI over shared memory
+  /// progresses a started exchange only inside MPI calls, over TCP with `btl_tcp_progress_thread 1`
+  /// by itself (bench/RESULTS.md, the sharded HS's prefetch, and "Overlap with a transport that
+  /// progresses by itself"); with NCCL (no `start_all_to_all`) the routing runs at once.
   /// @{
   using routed_batch = xsoftmax::routed_batch<Backend, Communicator>;
   [[nodiscard]] routed_batch route_rows_async(matrix_view<const float> hidden, vector_view<const index_t> targets) const;
