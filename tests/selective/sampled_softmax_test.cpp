@@ -215,15 +215,15 @@ TEST_CASE("sampled softmax: bad options raise typed errors naming the value") {
     }
     return std::string("no exception");
   };
-  CHECK_THROWS_AS(sampled_negatives::uniform(10, opts(0, true)), xsoftmax::invalid_argument);
+  CHECK_THROWS_AS((void)sampled_negatives::uniform(10, opts(0, true)), xsoftmax::invalid_argument);
   CHECK(message_of([] { (void)sampled_negatives::uniform(10, opts(11, true)); }).find("num_sampled = 11") !=
         std::string::npos);
-  CHECK_THROWS_AS(sampled_negatives::log_uniform(0, opts(1, true)), xsoftmax::invalid_argument);
-  CHECK_THROWS_AS(sampled_negatives::from_counts(std::vector<int>{1, -2, 3}, opts(1, true)), xsoftmax::invalid_argument);
+  CHECK_THROWS_AS((void)sampled_negatives::log_uniform(0, opts(1, true)), xsoftmax::invalid_argument);
+  CHECK_THROWS_AS((void)sampled_negatives::from_counts(std::vector<int>{1, -2, 3}, opts(1, true)), xsoftmax::invalid_argument);
   CHECK(message_of([] { (void)sampled_negatives::from_counts(std::vector<int>{1, -2, 3}, opts(1, true)); })
             .find("counts[1] = -2") != std::string::npos);
-  CHECK_THROWS_AS(sampled_negatives::from_counts(std::vector<int>{0, 0}, opts(1, true)), xsoftmax::invalid_argument);
-  CHECK_THROWS_AS(sampled_negatives::from_counts(std::vector<int>{0, 4, 0, 1}, opts(3, true)),
+  CHECK_THROWS_AS((void)sampled_negatives::from_counts(std::vector<int>{0, 0}, opts(1, true)), xsoftmax::invalid_argument);
+  CHECK_THROWS_AS((void)sampled_negatives::from_counts(std::vector<int>{0, 4, 0, 1}, opts(3, true)),
                   xsoftmax::invalid_argument);
   // A sampler for 30 classes used with a 20-class head.
   test_rng rng(204);
