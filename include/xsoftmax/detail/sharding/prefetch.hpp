@@ -127,9 +127,8 @@ gathered_batch<B, Comm> start_gather(const execution<B>& ex, const class_shardin
   Comm& comm = sh.communicator();
   st->counts = gather_counts(ex, sh, hidden.rows);
   const index_t d = hidden.cols, n = hidden.rows * d;
-  std::vector<index_t> elements(st->counts);
-  index_t total = 0;
-  for (auto& c : elements) c *= d, total += c;
+  const std::vector<index_t> elements = element_counts(st->counts, d);
+  const index_t total = total_of(elements);
   st->all.resize(static_cast<std::size_t>(total));
   if constexpr (has_start_all_gather<Comm, float>) {
     if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
@@ -168,8 +167,7 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
   // Every row's target (in rank order, in the execution's memory), and the rows of each rank (one
   // segment when replicated).
   const std::vector<index_t> segments = st.replicated ? std::vector<index_t>{st.rows} : st.counts;
-  index_t total = 0;
-  for (index_t c : segments) total += c;
+  const index_t total = total_of(segments);
   backend_vector<B, index_t> gathered;
   vector_view<const index_t> all_targets;  // empty for topk: every row is kept
   if (targets.size != 0 && st.replicated) {
@@ -182,7 +180,8 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
   // The kept rows, as the blocking verb's pack_rows packs them (then gathers them): when every row
   // is kept (no ignored target: the usual case), the gathered rows themselves, moved in; else the
   // kept rows copied out. (Packing them all again cost a fresh buffer of every rank's rows a step:
-  // its page faults and a copy, 25 % of the step at 16.8 MB a rank, bench/RESULTS.md.)
+  // its page faults and a copy: prefetched steps took 1.27-1.30x the blocking ones at 16.8 MB a
+  // rank, bench/RESULTS.md.)
   backend_vector<B, float>& source = st.replicated ? st.own : st.all;
   const matrix_view<const float> source_rows(raw(source), total, d);
   sharded_rows<B> out;

@@ -28,13 +28,6 @@ std::vector<std::remove_const_t<T>> to_host(const execution<B>& ex, T* data, ind
   return out;
 }
 
-/// Sum of `counts` (one per rank).
-inline index_t total_of(const std::vector<index_t>& counts) {
-  index_t total = 0;
-  for (index_t c : counts) total += c;
-  return total;
-}
-
 /// All-to-all of `send` (sum(send_counts) elements, the execution's memory, blocks in rank order)
 /// into `recv` (sum(recv_counts) elements, the execution's memory); counts on the host. Staged
 /// through host copies only when `Comm` takes host memory and the backend's memory is not.

@@ -38,13 +38,6 @@ matrix_view<T> checked_hs_shard_weights(const Plan& plan, int size, int rank, ma
                        " columns but top_weights has ", top_weights.cols);
   return top_weights;
 }
-
-/// Element counts of `rows` rows of `width` elements each.
-inline std::vector<index_t> element_counts(const std::vector<index_t>& rows, index_t width) {
-  std::vector<index_t> out(rows);
-  for (index_t& x : out) x *= width;
-  return out;
-}
 }  // namespace detail
 
 template <class C, class F, class P, class B, int D>

@@ -23,6 +23,20 @@
 
 namespace xsoftmax::detail {
 
+/// Sum of `counts` (one per rank).
+inline index_t total_of(const std::vector<index_t>& counts) {
+  index_t total = 0;
+  for (index_t c : counts) total += c;
+  return total;
+}
+
+/// Element counts of `rows` rows (one count per rank) of `width` elements each.
+inline std::vector<index_t> element_counts(const std::vector<index_t>& rows, index_t width) {
+  std::vector<index_t> out(rows);
+  for (index_t& x : out) x *= width;
+  return out;
+}
+
 /// Runs `f(host_pointer)` on `n` elements at `data` (the execution's memory): in place on a host
 /// backend, through a host copy (copied in, and back out when `write_back`) on a device backend.
 template <class B, class T, class F>
@@ -156,14 +170,13 @@ sharded_rows<B> gather_rows(const execution<B>& ex, const class_sharding<Comm>& 
     total += out.counts[static_cast<std::size_t>(q)];
   }
   const index_t d = own.dim;
-  std::vector<index_t> element_counts(out.counts);
-  for (auto& c : element_counts) c *= d;
+  const std::vector<index_t> elements = element_counts(out.counts, d);
   out.all.dim = d;
   out.all.rows = total;
   out.all.hidden.resize(static_cast<std::size_t>(total * d));
   out.all.target.resize(static_cast<std::size_t>(total));
   if (upstream) out.upstream.resize(static_cast<std::size_t>(total));
-  all_gather_into(ex, comm, raw(own.hidden), own.rows * d, out.all.hidden, element_counts.data());
+  all_gather_into(ex, comm, raw(own.hidden), own.rows * d, out.all.hidden, elements.data());
   all_gather_into(ex, comm, raw(own.target), own.rows, out.all.target, out.counts.data());
   if (upstream) all_gather_into(ex, comm, raw(*upstream), own.rows, out.upstream, out.counts.data());
   return out;
@@ -222,18 +235,17 @@ backend_vector<B, float> return_row_gradients(const execution<B>& ex, const clas
                          [&](float* p) { comm.all_reduce(p, total * d, reduce_op::sum); });
     return std::move(grad_all);
   }
-  std::vector<index_t> element_counts(rows.counts);
-  for (auto& c : element_counts) c *= d;
-  const index_t mine = element_counts[static_cast<std::size_t>(sh.rank())];
+  const std::vector<index_t> elements = element_counts(rows.counts, d);
+  const index_t mine = elements[static_cast<std::size_t>(sh.rank())];
   if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
     backend_vector<B, float> own(static_cast<std::size_t>(mine));
     in_comm_memory<Comm>(ex, raw(grad_all), total * d, false,
-                         [&](float* p) { comm.reduce_scatter(p, raw(own), element_counts.data()); });
+                         [&](float* p) { comm.reduce_scatter(p, raw(own), elements.data()); });
     return own;
   } else {
     thrust::host_vector<float> own(static_cast<std::size_t>(mine));
     on_host(ex, raw(grad_all), total * d, false,
-            [&](float* p) { comm.reduce_scatter(p, raw(own), element_counts.data()); });
+            [&](float* p) { comm.reduce_scatter(p, raw(own), elements.data()); });
     return backend_vector<B, float>(own.begin(), own.end());
   }
 }
