@@ -208,7 +208,9 @@ class hierarchical_softmax
   index_t gemm_min_run_ = default_gemm_min_run();
   xsoftmax::dense_grouping dense_grouping_ = xsoftmax::dense_grouping::automatic;
   mutable std::shared_ptr<void> backend_cache_;
-  mutable index_t widest_block_ = 0;  ///< the tree's widest block, found on the first topk (0: not yet)
+  mutable index_t widest_block_ = 0;  ///< the tree's widest block, found on the first search (0: not yet)
+  /// The widest block a search may expand (its scratch per row): `widest_block_`, found once.
+  [[nodiscard]] index_t widest_search_block_() const;
 };
 
 }  // namespace xsoftmax

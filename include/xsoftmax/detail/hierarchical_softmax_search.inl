@@ -41,20 +41,33 @@ void hierarchical_softmax<Tree, P, B, F>::topk_(matrix_view<const H> hidden, ind
     detail::expects(tree_.num_trees() <= 1, "hierarchical_softmax::topk: the tree is a forest of ",
                     tree_.num_trees(), " trees; search each tree on its own");
   const detail::execution<B> ex{resources_};
-  // A sigmoid head's tree is binary (checked at construction: every node has 2 children), so its
-  // widest block needs no walk over the tree's rows (1.7M instructions at N = 1e5: a quarter of a
-  // top-1 call of 1024 rows, on the first call).
-  if (widest_block_ == 0) widest_block_ = sigmoid_form ? 2 : detail::widest_block(tree_.view());
+  const index_t widest = widest_search_block_();
   const auto tv = detail::tree_access<B, Tree>::view(tree_, backend_cache_, resources_);
   const auto search = [&](matrix_view<const float> h) {
     detail::tree_topk<sigmoid_form>(ex, tv, h, matrix_view<const storage_type>(weights()), store_.bias(),
-                                    widest_block_, k, options.beam_width, classes, log_probs);
+                                    widest, k, options.beam_width, classes, log_probs);
   };
   // Contiguous fp32 rows are searched in place: packing would only copy them (about a tenth of an
   // exact top-1 call's instructions at d = 100, binary Huffman tree).
   if constexpr (std::is_same_v<H, float>)
     if (hidden.stride == hidden.cols) return search(hidden);
   search(detail::pack_rows(ex, hidden, {}, 0).hidden_view());
+}
+
+// A sigmoid head's tree is binary (checked at construction: every node has 2 children), so its
+// widest block needs no walk over the tree's rows (1.7M instructions at N = 1e5: a quarter of a
+// top-1 call of 1024 rows, on the first call). Otherwise every child block, and every root's block:
+// a forest has one root per tree, and detail::widest_block sees the first only.
+template <class Tree, class P, class B, class F>
+index_t hierarchical_softmax<Tree, P, B, F>::widest_search_block_() const {
+  if (widest_block_ != 0) return widest_block_;
+  index_t widest = sigmoid_form ? 2 : detail::widest_block(tree_.view());
+  if constexpr (detail::has_num_trees<Tree>::value) {
+    const auto& bo = tree_.block_offsets();
+    for (const index_t root : tree_.root_nodes())
+      widest = std::max(widest, bo[static_cast<std::size_t>(root) + 1] - bo[static_cast<std::size_t>(root)]);
+  }
+  return widest_block_ = widest;
 }
 
 template <class Tree, class P, class B, class F>
@@ -92,19 +105,14 @@ void hierarchical_softmax<Tree, P, B, F>::topk_in_trees(matrix_view<const float>
     begin[static_cast<std::size_t>(r)] = bo[root];
     size[static_cast<std::size_t>(r)] = bo[root + 1] - bo[root];
   }
-  // The widest block over every block, the roots' included (detail::widest_block sees one root),
-  // found once (a sigmoid head's tree is binary).
-  if (widest_block_ == 0) {
-    if (sigmoid_form) widest_block_ = 2;
-    for (std::size_t b = 0; !sigmoid_form && b + 1 < bo.size(); ++b) widest_block_ = std::max(widest_block_, bo[b + 1] - bo[b]);
-  }
+  const index_t widest = widest_search_block_();
   const backend_vector<B, index_t> begin_d(begin.begin(), begin.end()), size_d(size.begin(), size.end());
   detail::parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
     for (index_t e = 0; e < k; ++e) classes(r, e) = -1, log_probs(r, e) = -INFINITY;
   });
   const auto tv = detail::tree_access<B, Tree>::view(tree_, backend_cache_, resources_);
   const auto search = [&](matrix_view<const float> h) {
-    detail::tree_topk<sigmoid_form>(ex, tv, h, matrix_view<const storage_type>(weights()), store_.bias(), widest_block_, k,
+    detail::tree_topk<sigmoid_form>(ex, tv, h, matrix_view<const storage_type>(weights()), store_.bias(), widest, k,
                                     0, classes, log_probs, thrust::raw_pointer_cast(begin_d.data()),
                                     thrust::raw_pointer_cast(size_d.data()));
   };
