@@ -15,6 +15,10 @@
 #                                    takes 1-2 of them): build, every test, memcheck, the quick bench, each
 #                                    step under its own time limit, in one call of at most about 9 minutes
 #                                    (device tool: timeout_s 600), writing 7 files (a call returns at most 8)
+#   bench/cuda/gpu_run.sh prebuilt   the same checks on binaries built on the developer's machine (saves the
+#                                    device build's ~4 minutes): `bench/cuda/gpu_run.sh carry` there puts
+#                                    them in .gpu-bin/ (name it in `carry`); every test case runs in its own
+#                                    process, four at a time, so a crash fails one case, not the rest
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -77,6 +81,71 @@ first() {
     "$build/tests/cuda/xsoftmax_cuda_tests" --test-case-exclude='*2^31*'
   tail -n 3 "$out/memcheck.txt"
   step 40 bench_quick "$out/bench_quick.txt" "$build/bench/cuda/heads_cuda_bench" --quick
+}
+
+# Copies the three GPU binaries of an sm_90 build ($build, configured as build() does) into .gpu-bin/.
+carry_phase() {
+  mkdir -p .gpu-bin
+  cp "$build/tests/cuda/xsoftmax_cuda_tests" "$build/bench/cuda/heads_cuda_bench" \
+    "$build/examples/cuda_training_step" .gpu-bin/
+  strip .gpu-bin/*
+  du -sh .gpu-bin
+}
+
+# One test case per process, under `timeout`, `jobs` at a time, so that a crash fails its own case
+# only. doctest's --first/--last count the cases that pass the filters, in file-then-line order.
+# Prints "case <i> exit <rc> after <s> s" for each, the output of every case that did not pass, and
+# a total. Arguments: jobs, per-case limit in seconds, the binary, the options every case gets.
+# $RUNNER (words, e.g. "compute-sanitizer --tool memcheck") goes before the binary when set.
+run_one_case() {  # <index> <limit> <log dir> <binary> <options...>
+  local i=$1 limit=$2 dir=$3 s=$SECONDS rc=0
+  shift 3
+  # shellcheck disable=SC2086  # RUNNER is words on purpose
+  timeout "$limit" ${RUNNER:-} "$@" --first="$i" --last="$i" > "$dir/$i.txt" 2>&1 || rc=$?
+  echo "case $i exit $rc after $((SECONDS - s)) s"
+}
+export -f run_one_case
+
+each_case() {
+  local jobs=$1 limit=$2
+  shift 2
+  local n dir i failed=0
+  n=$("$@" --list-test-cases | sed -n 's/.*passing the current filters: \([0-9]*\).*/\1/p' | tail -n 1)
+  echo "${n:-no} cases: ${RUNNER:-} $*"
+  dir=$(mktemp -d)
+  seq 1 "${n:-0}" | xargs -P "$jobs" -I{} bash -c 'run_one_case "$@"' _ {} "$limit" "$dir" "$@" | sort -k2n
+  for i in $(seq 1 "${n:-0}"); do
+    if ! grep -q 'Status: SUCCESS' "$dir/$i.txt"; then
+      failed=$((failed + 1))
+      echo "---- case $i"
+      cat "$dir/$i.txt"
+    fi
+  done
+  echo "total: ${n:-0} cases in their own processes, $failed without 'Status: SUCCESS'"
+  rm -rf "$dir"
+}
+
+prebuilt() {
+  local t0=$SECONDS bin=$PWD/.gpu-bin
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" || true
+  # NCCL from PyTorch's wheel when the toolkit has none (as build() does).
+  local wheel
+  wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  [[ -n $wheel ]] && export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  ldd "$bin"/* | grep 'not found' | tee -a "$out/gpu.txt" || true
+  log "prebuilt tests $(date -u +%FT%TZ)"
+  each_case 4 120 "$bin/xsoftmax_cuda_tests" --duration=true > "$out/tests.txt" 2>&1
+  tail -n 1 "$out/tests.txt" | tee -a "$out/phases.txt"
+  grep -E 'exit [1-9]' "$out/tests.txt" | head -n 20 || true
+  log "prebuilt example $(( SECONDS - t0 )) s"
+  timeout 30 "$bin/cuda_training_step" > "$out/example.txt" 2>&1 || log "example exit $?"
+  log "prebuilt memcheck $(( SECONDS - t0 )) s"
+  RUNNER="compute-sanitizer --tool memcheck --error-exitcode 3" each_case 8 150 "$bin/xsoftmax_cuda_tests" \
+    --test-case-exclude='*2^31*' > "$out/memcheck.txt" 2>&1 || true
+  tail -n 1 "$out/memcheck.txt" | tee -a "$out/phases.txt"
+  log "prebuilt bench_quick $(( SECONDS - t0 )) s"
+  timeout 100 "$bin/heads_cuda_bench" --quick > "$out/bench_quick.txt" 2>&1 || log "bench_quick exit $?"
+  log "prebuilt done $(( SECONDS - t0 )) s"
 }
 
 test_phase() {
@@ -152,5 +221,7 @@ case "${1:-all}" in
   peer) peer ;;
   all) build && test_phase && sanitize && sanitize2 && bench && peer ;;
   first) first ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first" >&2; exit 2 ;;
+  carry) carry_phase ;;
+  prebuilt) prebuilt ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt" >&2; exit 2 ;;
 esac

@@ -165,7 +165,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   // 5. Back to batch order.
   if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
   if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);
-  detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss);
+  if (loss) detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss);  // null: backward, log_prob
 }
 
 }  // namespace xsoftmax
