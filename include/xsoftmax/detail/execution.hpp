@@ -8,9 +8,9 @@
 /// host backends' operations are in detail/host/backend_ops.hpp, the cuda backend's in
 /// detail/cuda/backend_ops.cuh.
 ///
-/// Loops are `parallel_for(ex, n, f)` with `f` a function object or an `XSOFTMAX_HD_LAMBDA` lambda
-/// that captures raw pointers and sizes (never containers), so that it runs on the host's threads
-/// and in a CUDA kernel alike.
+/// Loops are `XSOFTMAX_PARALLEL_FOR(ex, n, i, { body })`: the body, which captures raw pointers and
+/// sizes by value (never containers), runs for i in [0, n) on the host's threads or in a CUDA kernel
+/// (or `parallel_for(ex, n, f)` with a function object `f`).
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/config.hpp>
@@ -20,13 +20,30 @@
 
 #include <type_traits>
 
-/// The qualifier of a lambda a generic algorithm hands to `parallel_for`: `__host__ __device__`
-/// under nvcc (extended lambdas: the `xsoftmax::xsoftmax` target adds `--extended-lambda` for CUDA
-/// sources), nothing otherwise.
+/// `XSOFTMAX_PARALLEL_FOR(ex, n, i, { body })` runs `body` for every `index_t i` in [0, n) on the
+/// execution `ex` (or a Thrust host policy): a lambda capturing by value, handed to `parallel_for`.
+///
+/// Under nvcc the body is written into two lambdas, and the execution's backend picks one at
+/// compile time: a `__device__` extended lambda for a device backend (the `xsoftmax::xsoftmax`
+/// target adds `--extended-lambda` for CUDA sources), a plain lambda for the host backends. Not one
+/// `__host__ __device__` lambda: nvcc wraps those in a type whose copies call function pointers
+/// kept per translation unit, while the functions that copy the wrapper (`thrust::for_each` and
+/// below, instantiated with that type) are merged across translation units by the linker. A program
+/// of several CUDA sources that all include xsoftmax then called a null pointer when a merged copy
+/// came from a translation unit whose pointers were never set: the first GPU run crashed that way in
+/// 15 test cases (bench/RESULTS.md, "GPU (cuda backend)"). `__device__` lambdas carry their
+/// captures only, and plain lambdas no wrapper at all (also no heap copy per loop on the host).
 #if defined(__CUDACC__)
-#define XSOFTMAX_HD_LAMBDA __host__ __device__
+#define XSOFTMAX_PARALLEL_FOR(ex, n, i, ...)                                                        \
+  do {                                                                                             \
+    if constexpr (::xsoftmax::detail::runs_on_device<std::decay_t<decltype(ex)>>)                  \
+      ::xsoftmax::detail::parallel_for(ex, n, [=] __device__(::xsoftmax::index_t i) __VA_ARGS__);  \
+    else                                                                                           \
+      ::xsoftmax::detail::parallel_for(ex, n, [=](::xsoftmax::index_t i) __VA_ARGS__);             \
+  } while (false)
 #else
-#define XSOFTMAX_HD_LAMBDA
+#define XSOFTMAX_PARALLEL_FOR(ex, n, i, ...) \
+  ::xsoftmax::detail::parallel_for(ex, n, [=](::xsoftmax::index_t i) __VA_ARGS__)
 #endif
 
 namespace xsoftmax::detail {
@@ -68,6 +85,14 @@ template <class T>
 struct is_execution : std::false_type {};
 template <class B>
 struct is_execution<execution<B>> : std::true_type {};
+
+/// Whether `Ex` (an execution or a Thrust host policy) runs its loops on a device.
+template <class Ex>
+struct runs_on_device_trait : std::false_type {};
+template <class B>
+struct runs_on_device_trait<execution<B>> : std::bool_constant<!is_host_backend<B>> {};
+template <class Ex>
+inline constexpr bool runs_on_device = runs_on_device_trait<Ex>::value;
 
 /// The Thrust policy of an execution, or the policy itself (host algorithms that are handed a
 /// Thrust host policy directly: `thrust::cpp::par`, `thrust::omp::par`).

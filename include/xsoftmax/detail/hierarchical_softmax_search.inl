@@ -107,7 +107,7 @@ void hierarchical_softmax<Tree, P, B, F>::topk_in_trees(matrix_view<const float>
   }
   const index_t widest = widest_search_block_();
   const backend_vector<B, index_t> begin_d(begin.begin(), begin.end()), size_d(size.begin(), size.end());
-  detail::parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     for (index_t e = 0; e < k; ++e) classes(r, e) = -1, log_probs(r, e) = -INFINITY;
   });
   const auto tv = detail::tree_access<B, Tree>::view(tree_, backend_cache_, resources_);

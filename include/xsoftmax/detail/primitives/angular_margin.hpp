@@ -90,7 +90,7 @@ XSOFTMAX_HD inline float squared_norm(const T* x, index_t d) {
 template <class Ex>
 void normalize_rows(const Ex& ex, matrix_view<const float> h, float* out, float* inverse_norm) {
   const index_t d = h.cols;
-  parallel_for(ex, h.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, h.rows, r, {
     const float* hr = h.row(r);
     const float inv = clamped_inverse_norm(squared_norm(hr, d));
     inverse_norm[r] = inv;
@@ -102,7 +102,7 @@ void normalize_rows(const Ex& ex, matrix_view<const float> h, float* out, float*
 template <class Ex>
 void row_inverse_norms(const Ex& ex, matrix_view<const float> w, float* inverse_norm) {
   const index_t d = w.cols;
-  parallel_for(ex, w.rows, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
+  XSOFTMAX_PARALLEL_FOR(ex, w.rows, j, {
     inverse_norm[j] = clamped_inverse_norm(squared_norm(w.row(j), d));
   });
 }
@@ -113,7 +113,7 @@ void row_inverse_norms(const Ex& ex, matrix_view<const float> w, float* inverse_
 template <class Ex>
 void unnormalize_gradient(const Ex& ex, index_t rows, index_t d, const float* normalized, const float* inverse_norm,
                           const float* q, float* grad) {
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     const float* xr = normalized + r * d;
     const float* qr = q + r * d;
     const float inv = inverse_norm[r];
@@ -130,7 +130,7 @@ void unnormalize_gradient(const Ex& ex, index_t rows, index_t d, const float* no
 template <class Ex>
 void project_weight_gradient(const Ex& ex, matrix_view<const float> w, const float* inverse_norm, float* g) {
   const index_t d = w.cols;
-  parallel_for(ex, w.rows, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
+  XSOFTMAX_PARALLEL_FOR(ex, w.rows, j, {
     const float inv = inverse_norm[j];
     if (norm_was_clamped(inv)) return;
     const float* wr = w.row(j);

@@ -123,7 +123,7 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
   float* out = with_hidden ? thrust::raw_pointer_cast(b.hidden.data()) : nullptr;
   const index_t* t = targets.data;
   const index_t d = b.dim;
-  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, {
     tgt[r] = t ? t[src[r]] : 0;
     if (!out) return;
     const H* in = hidden.row(src[r]);
@@ -144,7 +144,7 @@ backend_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
   if (reduce == reduction::none && grad_output.size != 0) {
     const float* g = grad_output.data;
     const index_t* sample = b.sample_data();
-    parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { up[r] = g[sample[r]]; });
+    XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = g[sample[r]]; });
     const index_t i = first_non_finite(ex, static_cast<const float*>(up), b.rows);
     if (i != b.rows)
       expects<non_finite_error>(false, where, ": grad_output gives a non-finite upstream gradient ",
@@ -155,7 +155,7 @@ backend_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
   if (reduce != reduction::none && grad_output.size == 1) scale = backend_ops<Backend>::read(ex.res, grad_output.data);
   if (reduce == reduction::mean && b.rows > 0) scale /= static_cast<float>(b.rows);
   expects<non_finite_error>(std::isfinite(scale), where, ": grad_output gives a non-finite upstream gradient ", scale);
-  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { up[r] = scale; });
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = scale; });
   return u;
 }
 
@@ -165,8 +165,8 @@ void scatter_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, 
                     vector_view<float> out) {
   float* o = out.data;
   const index_t* sample = b.sample_data();
-  parallel_for(ex, out.size, [=] XSOFTMAX_HD_LAMBDA(index_t i) { o[i] = 0.f; });
-  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { o[sample[r]] = losses[r]; });
+  XSOFTMAX_PARALLEL_FOR(ex, out.size, i, { o[i] = 0.f; });
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { o[sample[r]] = losses[r]; });
 }
 
 /// Writes packed hidden-gradient rows back to the caller's (B x dim) matrix; ignored rows get 0.
@@ -174,12 +174,12 @@ template <class Backend>
 void scatter_rows(const execution<Backend>& ex, const batch_rows<Backend>& b, const float* packed,
                   matrix_view<float> out) {
   const index_t d = out.cols;
-  parallel_for(ex, out.rows, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, out.rows, i, {
     float* o = out.row(i);
     for (index_t j = 0; j < d; ++j) o[j] = 0.f;
   });
   const index_t* sample = b.sample_data();
-  parallel_for(ex, b.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, {
     float* o = out.row(sample[r]);
     for (index_t j = 0; j < d; ++j) o[j] = packed[r * d + j];
   });
@@ -195,14 +195,15 @@ void reduce_losses_into(const execution<Backend>& ex, const float* losses, index
   const index_t blocks = (n + block - 1) / block;
   backend_vector<Backend, double> partial(static_cast<std::size_t>(blocks > 0 ? blocks : 1));
   double* p = thrust::raw_pointer_cast(partial.data());
-  parallel_for(ex, blocks, [=] XSOFTMAX_HD_LAMBDA(index_t b) {
+  XSOFTMAX_PARALLEL_FOR(ex, blocks, b, {
     double acc = 0;
     const index_t end = (b + 1) * block < n ? (b + 1) * block : n;
     for (index_t i = b * block; i < end; ++i) acc += losses[i];
     p[b] = acc;
   });
   const bool mean = reduce == reduction::mean;
-  parallel_for(ex, 1, [=] XSOFTMAX_HD_LAMBDA(index_t) {
+  XSOFTMAX_PARALLEL_FOR(ex, 1, unused_index, {
+    (void)unused_index;
     double total = 0;
     for (index_t b = 0; b < blocks; ++b) total += p[b];
     out[0] = mean ? (n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.f) : static_cast<float>(total);

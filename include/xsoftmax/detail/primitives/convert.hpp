@@ -26,7 +26,7 @@ matrix_view<const float> rows_as_float(const Ex& ex, matrix_view<const T> src, i
     const index_t d = src.cols;
     scratch.resize(static_cast<std::size_t>(count * d));
     float* out = thrust::raw_pointer_cast(scratch.data());
-    parallel_for(ex, count, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+    XSOFTMAX_PARALLEL_FOR(ex, count, i, {
       const T* in = src.row(first + i);
       for (index_t j = 0; j < d; ++j) out[i * d + j] = to_float(in[j]);
     });
@@ -39,7 +39,7 @@ matrix_view<const float> rows_as_float(const Ex& ex, matrix_view<const T> src, i
 template <class Ex, class T>
 void rows_to_storage(const Ex& ex, matrix_view<const float> src, T* out) {
   const index_t d = src.cols;
-  parallel_for(ex, src.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<T>(src(e / d, e % d)); });
+  XSOFTMAX_PARALLEL_FOR(ex, src.rows * d, e, { out[e] = from_float<T>(src(e / d, e % d)); });
 }
 
 }  // namespace xsoftmax::detail

@@ -43,7 +43,7 @@ matrix_view<const float> dense_scores(const Ex& ex, matrix_view<const float> h, 
   gemm(ex, g);
   if (bias) {
     const T* b = bias + first;
-    parallel_for(ex, h.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+    XSOFTMAX_PARALLEL_FOR(ex, h.rows, r, {
       for (index_t j = 0; j < n; ++j) s[r * lds + j] += to_float(b[j]);
     });
   }

@@ -182,7 +182,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     } else {  // gather the chunk's rows (widened to fp32) into one block
       gathered.resize(static_cast<std::size_t>(cn * d));
       float* g = raw(gathered);
-      parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
+      XSOFTMAX_PARALLEL_FOR(ex, cn, j, {
         const T* src = w.row(col[c0 + j]);
         for (index_t p = 0; p < d; ++p) g[j * d + p] = to_float(src[p]);
       });
@@ -190,7 +190,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
       if (bias && s) {
         gathered_bias.resize(static_cast<std::size_t>(cn));
         gb = raw(gathered_bias);
-        parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) { gb[j] = to_float(bias[col[c0 + j]]); });
+        XSOFTMAX_PARALLEL_FOR(ex, cn, j, { gb[j] = to_float(bias[col[c0 + j]]); });
       }
       wf = matrix_view<const float>(g, cn, d);
       if (s) dense_scores(ex, hv, wf, static_cast<const float*>(gb), 0, cn, s, cn, scratch);
@@ -199,7 +199,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     if (!s) return wf;
     if (margin) {
       const index_t* t = a.target;
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         float* sr = s + r * cn;
         const index_t tj = t[r] - c0;
         for (index_t j = 0; j < cn; ++j) {
@@ -213,7 +213,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
       const float* no = a.negative_offset;
       const float* to = a.target_offset;
       const index_t* t = a.target;
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         float* sr = s + r * cn;
         for (index_t j = 0; j < cn; ++j) {
           const float* o = c0 + j == t[r] ? to : no;
@@ -237,7 +237,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     score_chunk(c0, cn, s);
     online_lse_update(ex, s, rows, cn, cn, c0, a.target, lse);
     if (eps > 0.f)
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         const float* sr = s + r * cn;
         float sum = 0.f;
         index_t count = 0;
@@ -257,9 +257,9 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     float* loss = a.loss;
     const float* tl = raw(lse.target_logit);
     if (a.plain_loss()) {
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { loss[r] += l[r] - tl[r]; });
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, { loss[r] += l[r] - tl[r]; });
     } else {
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         const float smooth = eps > 0.f ? eps * (fs[r] / static_cast<float>(fc[r])) : 0.f;
         loss[r] += l[r] - (1.f - eps) * tl[r] - smooth + z * l[r] * l[r];
       });
@@ -276,7 +276,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     if (tg) {  // G in place and both gradient GEMMs
       if constexpr (has_tuned) tg->backward(w, c0, cn, s, l);
     } else if (a.plain_loss()) {
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         float* sr = s + r * cn;
         const float lr = l[r], ur = u[r];
         XSOFTMAX_SIMD
@@ -285,7 +285,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
         if (tj >= 0 && tj < cn) sr[tj] -= u[r];
       });
     } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite]
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         float* sr = s + r * cn;
         const float lr = l[r], ur = u[r], scale = ur * (1.f + 2.f * z * lr);
         const float uniform = eps > 0.f ? eps * ur / static_cast<float>(fc[r]) : 0.f;
@@ -295,7 +295,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
       });
     }
     if (margin) {  // dloss/dcos_j, divided by |w_j|: G W is then dloss/dh^, G^T H^ is dloss/dw^ / |w_j|
-      parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         float* sr = s + r * cn;
         for (index_t j = 0; j < cn; ++j) sr[j] *= ml.scale * winv[j];
         const index_t tj = t[r] - c0;
@@ -317,7 +317,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     if (margin) project_weight_gradient(ex, wf, winv, a.grad_w + c0 * d);
     if (a.grad_b) {
       float* gb = a.grad_b + c0;
-      parallel_for(ex, cn, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
+      XSOFTMAX_PARALLEL_FOR(ex, cn, j, {
         float acc = 0.f;  // rows in fixed order: deterministic
         for (index_t r = 0; r < rows; ++r) acc += s[r * cn + j];
         gb[j] = acc;

@@ -56,7 +56,7 @@ void online_lse_update_generic(const Ex& ex, const float* s, index_t rows, index
   float* mx = thrust::raw_pointer_cast(state.max.data());
   float* sm = thrust::raw_pointer_cast(state.sum.data());
   float* tl = thrust::raw_pointer_cast(state.target_logit.data());
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     const float* row = s + r * lds;
     float m = mx[r];
     XSOFTMAX_SIMD_REDUCTION(max, m)
@@ -91,7 +91,7 @@ template <class Ex, class State>
 void online_lse_finish(const Ex& ex, const State& state, index_t rows, float* out) {
   const float* mx = thrust::raw_pointer_cast(state.max.data());
   const float* sm = thrust::raw_pointer_cast(state.sum.data());
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { out[r] = finish_logsumexp(mx[r], sm[r]); });
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, { out[r] = finish_logsumexp(mx[r], sm[r]); });
 }
 
 /// log-sum-exp of one row of `n` scores.

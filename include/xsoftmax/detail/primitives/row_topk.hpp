@@ -96,7 +96,7 @@ void row_topk_update_by(const Ex& ex, const float* s, index_t rows, index_t cols
   index_t* ix = thrust::raw_pointer_cast(st.index.data());
   index_t* sz = thrust::raw_pointer_cast(st.size.data());
   const index_t k = st.k;
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     topk_heap heap{sc + r * k, ix + r * k, sz[r]};
     const float* row = s + r * lds;
     for (index_t j = 0; j < cols; ++j) heap.offer(row[j], id_of(j), k);
@@ -137,7 +137,7 @@ void row_topk_finish(const Ex& ex, index_t rows, State& st) {
   index_t* ix = thrust::raw_pointer_cast(st.index.data());
   const index_t* sz = thrust::raw_pointer_cast(st.size.data());
   const index_t k = st.k;
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     topk_heap heap{sc + r * k, ix + r * k, sz[r]};
     heap.sort_best_first();
   });

@@ -47,7 +47,7 @@ void sparse_accumulate(const Ex& ex_in, const index_t* keys, index_t n, const fl
   const index_t* ord = raw(order);
   index_t* ok = raw(out_keys);
   float* ov = raw(out_values);
-  parallel_for(ex, runs, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, runs, r, {
     const index_t begin = start[r], end = r + 1 < runs ? start[r + 1] : n;
     ok[r] = sk[begin];
     float* o = ov + r * dim;

@@ -49,7 +49,7 @@ void ivf_scan_lists(const Ex& ex, matrix_view<const float> queries, const index_
                     const index_t* offsets, const index_t* list_ids, matrix_view<const float> lv, const T* bias,
                     index_t k, float* heap_s, index_t* heap_i, matrix_view<index_t> ids, matrix_view<float> scores) {
   const index_t d = lv.cols;
-  parallel_for(ex, queries.rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, queries.rows, r, {
     topk_heap heap{heap_s + r * k, heap_i + r * k, 0};
     const float* q = queries.row(r);
     for (index_t j = 0; j < nprobe; ++j) {

@@ -92,7 +92,7 @@ void assign_to_centroids(const Ex& ex_in, matrix_view<const float> x, matrix_vie
   const index_t k = c.rows, d = c.cols;
   typename execution_type::template vector<float> half_norm(static_cast<std::size_t>(spherical ? 0 : k));
   float* hn = raw(half_norm);
-  if (!spherical) parallel_for(ex, k, [=] XSOFTMAX_HD_LAMBDA(index_t j) { hn[j] = minus_half_norm(c.row(j), d); });
+  if (!spherical) XSOFTMAX_PARALLEL_FOR(ex, k, j, { hn[j] = minus_half_norm(c.row(j), d); });
   nearest_centroids(ex, x, c, spherical ? nullptr : hn, assign);
 }
 

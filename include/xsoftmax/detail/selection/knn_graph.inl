@@ -86,7 +86,7 @@ void ivf_list_probes(const Ex& ex_in, matrix_view<const float> centroids, index_
   typename execution_type::template vector<float> cs(static_cast<std::size_t>(nl * nl)), scratch;
   float* c = raw(cs);
   dense_scores(ex, centroids, centroids, static_cast<const float*>(nullptr), 0, nl, c, nl, scratch);
-  parallel_for(ex, nl, [=] XSOFTMAX_HD_LAMBDA(index_t l) { c[l * nl + l] = INFINITY; });
+  XSOFTMAX_PARALLEL_FOR(ex, nl, l, { c[l * nl + l] = INFINITY; });
   basic_row_topk_state<typename execution_type::backend> best(nl, nprobe);
   row_topk_update(ex, c, nl, nl, nl, 0, best);
   row_topk_finish(ex, nl, best);

@@ -50,19 +50,19 @@ inline row_topk_rows topk_rows_of(const row_topk_rows& st, index_t first) {
 template <class Ex, class T>
 void block_to_float(const Ex& ex, matrix_view<const T> w, float* out) {
   const index_t d = w.cols;
-  parallel_for(ex, w.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = to_float(w(e / d, e % d)); });
+  XSOFTMAX_PARALLEL_FOR(ex, w.rows * d, e, { out[e] = to_float(w(e / d, e % d)); });
 }
 /// out (n elements of T) = `in` (fp32 that came from T: exact).
 template <class Ex, class T>
 void block_from_float(const Ex& ex, const float* in, index_t n, T* out) {
-  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = from_float<T>(in[e]); });
+  XSOFTMAX_PARALLEL_FOR(ex, n, e, { out[e] = from_float<T>(in[e]); });
 }
 
 /// out (rows x cols, dense) = `w` (rows `stride` apart).
 template <class Ex, class T>
 void dense_copy(const Ex& ex, matrix_view<const T> w, std::remove_cv_t<T>* out) {
   const index_t d = w.cols;
-  parallel_for(ex, w.rows * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { out[e] = w(e / d, e % d); });
+  XSOFTMAX_PARALLEL_FOR(ex, w.rows * d, e, { out[e] = w(e / d, e % d); });
 }
 
 /// Calls `visit(block, first_class)` for every process's weight block, this process's `local` first,

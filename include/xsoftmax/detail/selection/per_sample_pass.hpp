@@ -66,7 +66,7 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   float* fs = raw(finite_sum);
   index_t* fc = raw(finite_count);
   const bool partial = static_cast<bool>(combine);
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     const float* hr = h + r * d;
     if (margin) hinv[r] = clamped_inverse_norm(squared_norm(hr, d));
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
@@ -98,11 +98,11 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   });
   if (partial) {
     combine(dense_row_statistics{lse_r, sum_r, tl, smooth_sums ? fs : nullptr, smooth_sums ? fc : nullptr, rows});
-    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { lse_r[r] = finish_logsumexp(lse_r[r], sum_r[r]); });
+    XSOFTMAX_PARALLEL_FOR(ex, rows, r, { lse_r[r] = finish_logsumexp(lse_r[r], sum_r[r]); });
   }
 
   // Pass 2, per row: the loss and, with `upstream`, dloss/dscore and the hidden gradient.
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     const float* hr = h + r * d;
     const float lse = lse_r[r];
     float uniform = 0.f;  // label smoothing: eps / (finite scores of the row), and their mean
@@ -137,7 +137,7 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   const index_t dv = bias ? d + 1 : d;
   backend_vector<Backend, float> contrib(static_cast<std::size_t>(nnz * dv));
   float* cv = raw(contrib);
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     const float* hr = h + r * d;
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
       float* c = cv + e * dv;
@@ -160,7 +160,7 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   float* gv = raw(g->values);
   float* gb = bias ? raw(g->bias_values) : nullptr;
   const float* sv = raw(sums);
-  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, n, i, {
     for (index_t p = 0; p < d; ++p) gv[i * d + p] = sv[i * dv + p];
     if (gb) gb[i] = sv[i * dv + d];
   });

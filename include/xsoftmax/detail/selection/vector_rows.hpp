@@ -16,7 +16,7 @@ namespace xsoftmax::detail {
 template <class Ex, class T>
 void inverse_row_norms(const Ex& ex, matrix_view<const T> w, float* inv) {
   const index_t d = w.cols;
-  parallel_for(ex, w.rows, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, w.rows, i, {
     const T* r = w.row(i);
     double s = 0;
     for (index_t p = 0; p < d; ++p) s += static_cast<double>(to_float(r[p])) * to_float(r[p]);
@@ -29,7 +29,7 @@ void inverse_row_norms(const Ex& ex, matrix_view<const T> w, float* inv) {
 template <class Ex, class T>
 void widen_rows(const Ex& ex, matrix_view<const T> w, index_t first, index_t count, const float* scale, float* out) {
   const index_t d = w.cols;
-  parallel_for(ex, count, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, count, i, {
     const T* r = w.row(first + i);
     if (scale) {
       const float s = scale[first + i];
@@ -43,7 +43,7 @@ void widen_rows(const Ex& ex, matrix_view<const T> w, index_t first, index_t cou
 /// Scales every row of `x` (n x d, dense) to unit length in place (zero rows stay zero).
 template <class Ex>
 void unit_rows(const Ex& ex, float* x, index_t n, index_t d) {
-  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, n, i, {
     float* r = x + i * d;
     double s = 0;
     for (index_t p = 0; p < d; ++p) s += static_cast<double>(r[p]) * r[p];
@@ -55,7 +55,7 @@ void unit_rows(const Ex& ex, float* x, index_t n, index_t d) {
 /// dst row i = src row rows[i] (rows of d floats, dense), for i in [0, count).
 template <class Ex>
 void copy_listed_rows(const Ex& ex, const float* src, index_t d, const index_t* rows, index_t count, float* dst) {
-  parallel_for(ex, count, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, count, i, {
     const float* s = src + rows[i] * d;
     for (index_t p = 0; p < d; ++p) dst[i * d + p] = s[p];
   });
@@ -64,7 +64,7 @@ void copy_listed_rows(const Ex& ex, const float* src, index_t d, const index_t* 
 /// s(i, j) *= scale[j] for a rows x cols block (leading dimension `lds`).
 template <class Ex>
 void scale_columns(const Ex& ex, float* s, index_t rows, index_t cols, index_t lds, const float* scale) {
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, i, {
     for (index_t j = 0; j < cols; ++j) s[i * lds + j] *= scale[j];
   });
 }

@@ -89,7 +89,7 @@ void host_all_gather(const execution<B>& ex, Comm& comm, const T* send, index_t 
 template <class B, class T>
 void gather_rows_by(const execution<B>& ex, matrix_view<const T> src, const index_t* rows, index_t n, T* dst) {
   const index_t width = src.cols;
-  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t p) {
+  XSOFTMAX_PARALLEL_FOR(ex, n, p, {
     const T* s = src.row(rows[p]);
     T* o = dst + p * width;
     for (index_t c = 0; c < width; ++c) o[c] = s[c];
@@ -100,7 +100,7 @@ void gather_rows_by(const execution<B>& ex, matrix_view<const T> src, const inde
 /// the execution's memory; `rows` unique).
 template <class B, class T>
 void scatter_rows_to(const execution<B>& ex, const T* src, index_t width, const index_t* rows, index_t n, T* dst) {
-  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t p) {
+  XSOFTMAX_PARALLEL_FOR(ex, n, p, {
     const T* s = src + p * width;
     T* o = dst + rows[p] * width;
     for (index_t c = 0; c < width; ++c) o[c] = s[c];
@@ -114,7 +114,7 @@ template <class B>
 void place_replies(const execution<B>& ex, const float* loss, const float* grad, index_t d, const index_t* rows,
                    index_t n, float* reply) {
   const index_t width = grad ? 1 + d : 1;
-  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t j) {
+  XSOFTMAX_PARALLEL_FOR(ex, n, j, {
     float* to = reply + rows[j] * width;
     to[0] = loss[j];
     if (grad)
@@ -131,7 +131,7 @@ void add_routed_results(const execution<B>& ex, const float* back, const index_t
                         matrix_view<float> grad_hidden) {
   const bool with_grad = grad_hidden.data != nullptr;
   const index_t d = grad_hidden.cols, width = with_grad ? 1 + d : 1;
-  parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t p) {
+  XSOFTMAX_PARALLEL_FOR(ex, n, p, {
     const index_t i = dest[p];
     if (i < 0) return;
     const float* f = back + p * width;

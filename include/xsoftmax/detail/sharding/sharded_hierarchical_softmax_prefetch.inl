@@ -29,7 +29,7 @@ auto sharded_hierarchical_softmax<C, F, P, B, D>::route_rows_async(matrix_view<c
   {
     float* own = detail::raw(st->own);
     const index_t d = hidden.cols;
-    detail::parallel_for(ex, hidden.rows, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+    XSOFTMAX_PARALLEL_FOR(ex, hidden.rows, i, {
       const float* h = hidden.row(i);
       for (index_t c = 0; c < d; ++c) own[i * d + c] = h[c];
     });

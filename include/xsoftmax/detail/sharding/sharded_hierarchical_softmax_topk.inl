@@ -97,7 +97,7 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
   const auto best_lp_d = detail::to_backend<B>(best_lp);
   const index_t* bc = detail::raw(best_d);
   const float* bl = detail::raw(best_lp_d);
-  detail::parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t i) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, i, {
     for (index_t e = 0; e < k; ++e) classes(i, e) = bc[i * k + e], log_probs(i, e) = bl[i * k + e];
   });
   detail::backend_ops<B>::synchronize(ex.res);

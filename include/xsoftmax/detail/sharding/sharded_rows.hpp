@@ -302,7 +302,7 @@ backend_vector<B, index_t> block_columns(const execution<B>& ex, const backend_v
   backend_vector<B, index_t> out(t.size());
   const index_t* in = raw(t);
   index_t* o = raw(out);
-  parallel_for(ex, static_cast<index_t>(t.size()), [=] XSOFTMAX_HD_LAMBDA(index_t i) { o[i] = in[i] - first; });
+  XSOFTMAX_PARALLEL_FOR(ex, static_cast<index_t>(t.size()), i, { o[i] = in[i] - first; });
   return out;
 }
 

@@ -39,7 +39,7 @@ index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, c
   backend_vector<B, index_t> mine(own_sample.size());
   const index_t* in = raw(own_sample);
   index_t* o = raw(mine);
-  parallel_for(ex, static_cast<index_t>(mine.size()), [=] XSOFTMAX_HD_LAMBDA(index_t i) { o[i] = in[i] + first; });
+  XSOFTMAX_PARALLEL_FOR(ex, static_cast<index_t>(mine.size()), i, { o[i] = in[i] + first; });
   rows.all.sample.resize(static_cast<std::size_t>(rows.all.rows));
   all_gather_into(ex, comm, raw(mine), static_cast<index_t>(mine.size()), rows.all.sample, rows.counts.data());
   return total;
@@ -73,12 +73,12 @@ local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, con
     out.set.classes.resize(static_cast<std::size_t>(n));
     const index_t* c = thrust::raw_pointer_cast(set.classes.data());
     index_t* lc = raw(out.set.classes);
-    parallel_for(ex, n, [=] XSOFTMAX_HD_LAMBDA(index_t j) { lc[j] = c[lo + j] - begin; });
+    XSOFTMAX_PARALLEL_FOR(ex, n, j, { lc[j] = c[lo + j] - begin; });
     if (!set.negative_offset.empty())
       out.set.negative_offset.assign(set.negative_offset.begin() + lo, set.negative_offset.begin() + hi);
     if (!set.target_offset.empty())
       out.set.target_offset.assign(set.target_offset.begin() + lo, set.target_offset.begin() + hi);
-    parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) { lp[r] = p[r] >= lo && p[r] < hi ? p[r] - lo : -1; });
+    XSOFTMAX_PARALLEL_FOR(ex, rows, r, { lp[r] = p[r] >= lo && p[r] < hi ? p[r] - lo : -1; });
     return out;
   }
   // Per sample: each row keeps its entries in [begin, end), in order (so its first target entry
@@ -88,7 +88,7 @@ local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, con
   const float* eo = set.id_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.id_offset.data());
   out.set.offsets.resize(static_cast<std::size_t>(rows + 1));
   index_t* loff = raw(out.set.offsets);
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     index_t count = 0;
     for (index_t e = off[r]; e < off[r + 1]; ++e) count += ids[e] >= begin && ids[e] < end ? 1 : 0;
     loff[r] = count;
@@ -99,7 +99,7 @@ local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, con
   out.set.id_offset.resize(eo ? static_cast<std::size_t>(nnz) : 0);
   index_t* lids = raw(out.set.ids);
   float* leo = eo ? raw(out.set.id_offset) : nullptr;
-  parallel_for(ex, rows, [=] XSOFTMAX_HD_LAMBDA(index_t r) {
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     index_t o = loff[r];
     lp[r] = -1;
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
@@ -122,14 +122,14 @@ backend_vector<B, T> gather_weights(const execution<B>& ex, const class_sharding
   const index_t d = local.cols, n_local = local.rows, n = sh.num_classes();
   backend_vector<B, float> mine(static_cast<std::size_t>(n_local * d)), all(static_cast<std::size_t>(n * d));
   float* m = raw(mine);
-  parallel_for(ex, n_local * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { m[e] = to_float(local(e / d, e % d)); });
+  XSOFTMAX_PARALLEL_FOR(ex, n_local * d, e, { m[e] = to_float(local(e / d, e % d)); });
   std::vector<index_t> counts(static_cast<std::size_t>(sh.size()));
   for (int q = 0; q < sh.size(); ++q) counts[static_cast<std::size_t>(q)] = (sh.shard_begin(q + 1) - sh.shard_begin(q)) * d;
   all_gather_into(ex, sh.communicator(), m, n_local * d, all, counts.data());
   backend_vector<B, T> out(all.size());
   const float* a = raw(all);
   T* o = raw(out);
-  parallel_for(ex, n * d, [=] XSOFTMAX_HD_LAMBDA(index_t e) { o[e] = from_float<T>(a[e]); });
+  XSOFTMAX_PARALLEL_FOR(ex, n * d, e, { o[e] = from_float<T>(a[e]); });
   return out;
 }
 
