@@ -145,25 +145,22 @@ class head_verbs {
   /// `loss` instead (1 element, in the backend's memory). Errors that need no data (sizes, null
   /// pointers, k, class ranges) are thrown at once.
   ///
-  /// * Host backends (serial, omp): run the blocking verb to completion and write `loss[0]`;
-  ///   everything, data errors included, is thrown from the call.
-  /// * cuda: validate as the blocking verb does (the data checks run on the device and wait for
-  ///   their answer; errors are thrown from the call), then queue the work on the head's stream.
-  ///   Outputs are valid once the stream is synchronised (`resources().synchronize()`); inputs and
-  ///   outputs must stay alive until then. What each head's queue-only form still waits for is
-  ///   said in its own documentation.
+  /// Every backend runs the same path: validate as the blocking verb does (data checks run where
+  /// the data lives and wait for their answer; errors are thrown from the call), then the head's
+  /// queue-only form (`run_async_`, `topk_async_`, `log_distribution_async_`), which differs from
+  /// the blocking verb only in where the loss goes and in not waiting at the end.
+  /// * Host backends (serial, omp): the work is done when the call returns.
+  /// * cuda: the work is queued on the head's stream. Outputs are valid once the stream is
+  ///   synchronised (`resources().synchronize()`); inputs and outputs must stay alive until then.
+  ///   What each head's queue-only form still waits for is said in its own documentation.
   /// @{
   template <class H>
   void forward_async(matrix_view<H> hidden, vector_view<const index_t> targets, vector_view<float> loss,
                      loss_options options = {}, vector_view<float> per_sample = {}) const {
     detail::check_async_loss(where("forward_async").c_str(), loss);
-    if constexpr (is_host_backend<Backend>) {
-      loss[0] = forward(hidden, targets, options, per_sample);
-    } else {
-      const std::string w = where("forward");
-      check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, false, {});
-      self().run_async_(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr, {}, loss.data);
-    }
+    const std::string w = where("forward");
+    check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, false, {});
+    self().run_async_(w.c_str(), as_const(hidden), targets, options, per_sample, nullptr, nullptr, {}, loss.data);
   }
 
   template <class H>
@@ -172,63 +169,43 @@ class head_verbs {
                               loss_options options = {}, vector_view<float> per_sample = {},
                               vector_view<const float> grad_output = {}) const {
     detail::check_async_loss(where("forward_backward_async").c_str(), loss);
-    if constexpr (is_host_backend<Backend>) {
-      loss[0] = forward_backward(hidden, targets, grad_hidden, grad_weights, options, per_sample, grad_output);
-    } else {
-      const std::string w = where("forward_backward");
-      check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, true, grad_output);
-      self().run_async_(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, &grad_weights,
-                        grad_output, loss.data);
-    }
+    const std::string w = where("forward_backward");
+    check_loss_inputs(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, true, grad_output);
+    self().run_async_(w.c_str(), as_const(hidden), targets, options, per_sample, &grad_hidden, &grad_weights,
+                      grad_output, loss.data);
   }
 
   template <class H>
   void backward_async(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
                       gradient_type& grad_weights, loss_options options = {},
                       vector_view<const float> grad_output = {}) const {
-    if constexpr (is_host_backend<Backend>) {
-      backward(hidden, targets, grad_hidden, grad_weights, options, grad_output);
-    } else {
-      const std::string w = where("backward");
-      check_loss_inputs(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, true, grad_output);
-      self().run_async_(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, &grad_weights, grad_output,
-                        nullptr);
-    }
+    const std::string w = where("backward");
+    check_loss_inputs(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, true, grad_output);
+    self().run_async_(w.c_str(), as_const(hidden), targets, options, {}, &grad_hidden, &grad_weights, grad_output,
+                      nullptr);
   }
 
   template <class H>
   void log_prob_async(matrix_view<H> hidden, vector_view<const index_t> targets, vector_view<float> out) const {
-    if constexpr (is_host_backend<Backend>) {
-      log_prob(hidden, targets, out);
-    } else {
-      const std::string w = where("log_prob");
-      check_log_prob_inputs(w.c_str(), as_const(hidden), targets, out);
-      self().run_async_(w.c_str(), as_const(hidden), targets, detail::log_prob_options(), out, nullptr, nullptr, {},
-                        nullptr);
-      negate(out, /*wait=*/false);
-    }
+    const std::string w = where("log_prob");
+    check_log_prob_inputs(w.c_str(), as_const(hidden), targets, out);
+    self().run_async_(w.c_str(), as_const(hidden), targets, detail::log_prob_options(), out, nullptr, nullptr, {},
+                      nullptr);
+    negate(out, /*wait=*/false);
   }
 
   template <class H>
   void topk_async(matrix_view<H> hidden, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
                   SearchOptions options = {}) const {
-    if constexpr (is_host_backend<Backend>) {
-      topk(hidden, k, classes, log_probs, options);
-    } else {
-      check_topk_inputs(where("topk").c_str(), as_const(hidden), k, classes, log_probs);
-      self().topk_async_(as_const(hidden), k, classes, log_probs, options);
-    }
+    check_topk_inputs(where("topk").c_str(), as_const(hidden), k, classes, log_probs);
+    self().topk_async_(as_const(hidden), k, classes, log_probs, options);
   }
 
   template <class H>
   void log_distribution_async(matrix_view<H> hidden, index_t class_begin, index_t class_end,
                               matrix_view<float> out) const {
-    if constexpr (is_host_backend<Backend>) {
-      log_distribution(hidden, class_begin, class_end, out);
-    } else {
-      check_range_inputs(where("log_distribution").c_str(), as_const(hidden), class_begin, class_end, out);
-      self().log_distribution_async_(as_const(hidden), class_begin, class_end, out);
-    }
+    check_range_inputs(where("log_distribution").c_str(), as_const(hidden), class_begin, class_end, out);
+    self().log_distribution_async_(as_const(hidden), class_begin, class_end, out);
   }
   /// @}
 

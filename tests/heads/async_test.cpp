@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The `_async` verbs on the host backends: each one equals its blocking verb bit for bit (the host
-// backends run the blocking verb and write the loss to loss[0]), and the full softmax's
+// The `_async` verbs on the host backends: each one equals its blocking verb bit for bit. They are
+// separate paths (the head's run_async_ / topk_async_ / log_distribution_async_, as on cuda, against
+// run_ / topk_ / log_distribution_), so a queue-only form that goes wrong on every backend fails
+// here, without a GPU: a hierarchical softmax that reduced the loss of backward_async into a null
+// pointer crashed the first GPU run and crashes this test on the host. The full softmax's
 // forward_async also equals the float64 reference on its own (so the test does not rest on the
 // blocking verb being right); a loss view that is not one element throws shape_error and changes
 // nothing. The cuda backend's async path is tested in
