@@ -19,6 +19,8 @@
 #                                    device build's ~4 minutes): `bench/cuda/gpu_run.sh carry` there puts
 #                                    them in .gpu-bin/ (name it in `carry`); every test case runs in its own
 #                                    process, four at a time, so a crash fails one case, not the rest
+#   bench/cuda/gpu_run.sh rerun      after `prebuilt`: every case again (crashes print backtraces), the
+#                                    failing ones ($CASES) with pinned instead of managed test memory
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -83,25 +85,41 @@ first() {
   step 40 bench_quick "$out/bench_quick.txt" "$build/bench/cuda/heads_cuda_bench" --quick
 }
 
-# Copies the three GPU binaries of an sm_90 build ($build, configured as build() does) into .gpu-bin/.
+# Puts the three GPU binaries of an sm_90 build ($build, configured as build() does, with
+# -DXSOFTMAX_BUILD_BENCH=ON -DXSOFTMAX_BUILD_EXAMPLES=ON) into .gpu-bin/, stripped and xz-compressed
+# (the test binary is 125 MB stripped, 28 MB compressed; the device tool carries 64 MiB at most).
 carry_phase() {
-  mkdir -p .gpu-bin
-  cp "$build/tests/cuda/xsoftmax_cuda_tests" "$build/bench/cuda/heads_cuda_bench" \
-    "$build/examples/cuda_training_step" .gpu-bin/
-  strip .gpu-bin/*
-  du -sh .gpu-bin
+  rm -rf .gpu-bin && mkdir -p .gpu-bin
+  local f
+  for f in tests/cuda/xsoftmax_cuda_tests bench/cuda/heads_cuda_bench examples/cuda_training_step; do
+    strip -o ".gpu-bin/$(basename "$f")" "$build/$f"
+    xz -T0 -3 ".gpu-bin/$(basename "$f")"
+  done
+  du -sh .gpu-bin/*
 }
 
 # One test case per process, under `timeout`, `jobs` at a time, so that a crash fails its own case
 # only. doctest's --first/--last count the cases that pass the filters, in file-then-line order.
-# Prints "case <i> exit <rc> after <s> s" for each, the output of every case that did not pass, and
-# a total. Arguments: jobs, per-case limit in seconds, the binary, the options every case gets.
+# Prints "case <i> exit <rc> after <s> s" for each, the output of every case whose exit status was
+# not 0 (a doctest failure, a crash, a sanitizer's --error-exitcode, a timeout's 124), and a total. Arguments: jobs, per-case limit in seconds, the binary, the options every case gets.
 # $RUNNER (words, e.g. "compute-sanitizer --tool memcheck") goes before the binary when set.
+# $DEADLINE (seconds since the epoch), when set, ends the phase on time: a case that would start
+# later is not run (and says so), and none runs past it.
 run_one_case() {  # <index> <limit> <log dir> <binary> <options...>
-  local i=$1 limit=$2 dir=$3 s=$SECONDS rc=0
+  local i=$1 limit=$2 dir=$3 s=$SECONDS rc=0 now
   shift 3
+  now=$(date +%s)
+  if [[ -n ${DEADLINE:-} ]]; then
+    if (( now + 2 >= DEADLINE )); then
+      echo "case $i not run: the phase's deadline passed" | tee "$dir/$i.txt"
+      echo skipped > "$dir/$i.rc"
+      return
+    fi
+    (( DEADLINE - now < limit )) && limit=$((DEADLINE - now))
+  fi
   # shellcheck disable=SC2086  # RUNNER is words on purpose
   timeout "$limit" ${RUNNER:-} "$@" --first="$i" --last="$i" > "$dir/$i.txt" 2>&1 || rc=$?
+  echo "$rc" > "$dir/$i.rc"
   echo "case $i exit $rc after $((SECONDS - s)) s"
 }
 export -f run_one_case
@@ -109,43 +127,96 @@ export -f run_one_case
 each_case() {
   local jobs=$1 limit=$2
   shift 2
-  local n dir i failed=0
+  local n dir i failed=0 unrun=0
   n=$("$@" --list-test-cases | sed -n 's/.*passing the current filters: \([0-9]*\).*/\1/p' | tail -n 1)
   echo "${n:-no} cases: ${RUNNER:-} $*"
   dir=$(mktemp -d)
-  seq 1 "${n:-0}" | xargs -P "$jobs" -I{} bash -c 'run_one_case "$@"' _ {} "$limit" "$dir" "$@" | sort -k2n
-  for i in $(seq 1 "${n:-0}"); do
-    if ! grep -q 'Status: SUCCESS' "$dir/$i.txt"; then
-      failed=$((failed + 1))
-      echo "---- case $i"
-      cat "$dir/$i.txt"
-    fi
+  # $CASES (indices, e.g. "5 18 26"), when set, runs those cases only.
+  local list=${CASES:-$(seq 1 "${n:-0}")}
+  # shellcheck disable=SC2086
+  n=$(echo $list | wc -w)
+  echo $list | tr ' ' '\n' | xargs -P "$jobs" -I{} bash -c 'run_one_case "$@"' _ {} "$limit" "$dir" "$@" | sort -k2n
+  for i in $list; do
+    case $(cat "$dir/$i.rc" 2> /dev/null) in
+      0) ;;
+      skipped) unrun=$((unrun + 1)) ;;
+      *)
+        failed=$((failed + 1))
+        echo "---- case $i"
+        cat "$dir/$i.txt"
+        ;;
+    esac
   done
-  echo "total: ${n:-0} cases in their own processes, $failed without 'Status: SUCCESS'"
+  echo "total: ${n:-0} cases in their own processes: $((${n:-0} - failed - unrun)) exit 0, $failed failed, $unrun not run (deadline)"
   rm -rf "$dir"
 }
 
 prebuilt() {
-  local t0=$SECONDS bin=$PWD/.gpu-bin
+  local t0=$SECONDS bin=/tmp/gpu-bin
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" || true
+  mkdir -p "$bin"
+  for f in .gpu-bin/*.xz; do xz -T0 -dc "$f" > "$bin/$(basename "$f" .xz)"; done
+  chmod +x "$bin"/*
   # NCCL from PyTorch's wheel when the toolkit has none (as build() does).
   local wheel
   wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   [[ -n $wheel ]] && export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  ldd "$bin"/* | grep 'not found' | tee -a "$out/gpu.txt" || true
-  log "prebuilt tests $(date -u +%FT%TZ)"
-  each_case 4 120 "$bin/xsoftmax_cuda_tests" --duration=true > "$out/tests.txt" 2>&1
+  if ldd "$bin"/* | grep 'not found' | tee -a "$out/gpu.txt"; then
+    log "prebuilt: libraries missing here, building instead"
+    bash "$self" build > "$out/build.txt" 2>&1
+    cp "$build/tests/cuda/xsoftmax_cuda_tests" "$build/bench/cuda/heads_cuda_bench" "$build/examples/cuda_training_step" /tmp/gpu-bin/
+    bin=/tmp/gpu-bin
+  fi
+  log "prebuilt tests $(( SECONDS - t0 )) s"
+  DEADLINE=$(( $(date +%s) + ${TESTS_LIMIT:-150} )) each_case 4 120 "$bin/xsoftmax_cuda_tests" --duration=true \
+    > "$out/tests.txt" 2>&1
   tail -n 1 "$out/tests.txt" | tee -a "$out/phases.txt"
   grep -E 'exit [1-9]' "$out/tests.txt" | head -n 20 || true
   log "prebuilt example $(( SECONDS - t0 )) s"
-  timeout 30 "$bin/cuda_training_step" > "$out/example.txt" 2>&1 || log "example exit $?"
+  timeout 20 "$bin/cuda_training_step" > "$out/example.txt" 2>&1 || log "example exit $?"
   log "prebuilt memcheck $(( SECONDS - t0 )) s"
-  RUNNER="compute-sanitizer --tool memcheck --error-exitcode 3" each_case 8 150 "$bin/xsoftmax_cuda_tests" \
+  DEADLINE=$(( $(date +%s) + ${MEMCHECK_LIMIT:-170} )) RUNNER="compute-sanitizer --tool memcheck --error-exitcode 3" \
+    each_case 8 150 "$bin/xsoftmax_cuda_tests" \
     --test-case-exclude='*2^31*' > "$out/memcheck.txt" 2>&1 || true
   tail -n 1 "$out/memcheck.txt" | tee -a "$out/phases.txt"
   log "prebuilt bench_quick $(( SECONDS - t0 )) s"
-  timeout 100 "$bin/heads_cuda_bench" --quick > "$out/bench_quick.txt" 2>&1 || log "bench_quick exit $?"
+  timeout "${BENCH_LIMIT:-60}" "$bin/heads_cuda_bench" --quick > "$out/bench_quick.txt" 2>&1 || log "bench_quick exit $?"
   log "prebuilt done $(( SECONDS - t0 )) s"
+}
+
+# After `prebuilt` found failures: every case again (crashes now print a backtrace, resolved here
+# with `addr2line -Cfe <unstripped binary> <offsets>`), then $CASES (the failing ones) with the
+# test buffers in pinned host memory instead of managed memory (XSOFTMAX_TEST_MEMORY=pinned), then
+# the quick bench. Phase limits: $TESTS_LIMIT, $PINNED_LIMIT, $BENCH_LIMIT seconds.
+rerun() {
+  local t0=$SECONDS bin=/tmp/gpu-bin
+  mkdir -p "$bin"
+  for f in .gpu-bin/*.xz; do xz -T0 -dc "$f" > "$bin/$(basename "$f" .xz)"; done
+  chmod +x "$bin"/*
+  local wheel
+  wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  [[ -n $wheel ]] && export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+    grep -m1 'model name' /proc/cpuinfo
+    echo "stack limit $(ulimit -s)"
+    ldd "$bin/xsoftmax_cuda_tests" | grep -E 'blas|gfortran|gomp|stdc|nccl|cublas' || true
+    ls -la /usr/lib/x86_64-linux-gnu/libopenblas* /etc/alternatives/libopenblas* 2>&1 | head -n 8
+  } > "$out/gpu.txt" 2>&1
+  log "rerun tests $(( SECONDS - t0 )) s"
+  local cases=${CASES:-}
+  CASES='' DEADLINE=$(( $(date +%s) + ${TESTS_LIMIT:-100} )) each_case 8 90 "$bin/xsoftmax_cuda_tests" \
+    --duration=true > "$out/tests.txt" 2>&1
+  tail -n 1 "$out/tests.txt" | tee -a "$out/phases.txt"
+  log "rerun pinned $(( SECONDS - t0 )) s"
+  XSOFTMAX_TEST_MEMORY=pinned CASES=$cases DEADLINE=$(( $(date +%s) + ${PINNED_LIMIT:-50} )) \
+    each_case 8 45 "$bin/xsoftmax_cuda_tests" > "$out/pinned.txt" 2>&1
+  tail -n 1 "$out/pinned.txt" | tee -a "$out/phases.txt"
+  log "rerun bench_quick $(( SECONDS - t0 )) s"
+  # shellcheck disable=SC2086  # $BENCH_ARGS: more options, e.g. "--filter hs_uniform2_1m"
+  timeout "${BENCH_LIMIT:-50}" "$bin/heads_cuda_bench" --quick ${BENCH_ARGS:-} > "$out/bench_quick.txt" 2>&1 ||
+    log "bench_quick exit $?"
+  log "rerun done $(( SECONDS - t0 )) s"
 }
 
 test_phase() {
@@ -223,5 +294,6 @@ case "${1:-all}" in
   first) first ;;
   carry) carry_phase ;;
   prebuilt) prebuilt ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt" >&2; exit 2 ;;
+  rerun) rerun ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun" >&2; exit 2 ;;
 esac

@@ -20,7 +20,11 @@ enum class path { gather, dense };
 /// Plans a random batch over `Tree` as the head does, then solves every level both ways.
 template <class Tree, class T, bool Sigmoid>
 void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, unsigned seed) {
-  const Tree tree{};
+  // Every class of the shape (a default-constructed uniform_tree has none: `g() % n_cls` below was
+  // a division by zero, which the compiler turned into a trap, SIGILL on the first GPU run).
+  index_t capacity = 1;
+  for (int l = 0; l < Tree::max_depth; ++l) capacity *= Tree::branching;
+  const Tree tree(capacity);
   const index_t n_cls = tree.num_classes(), w_rows = Sigmoid ? tree.num_rows() / 2 : tree.num_rows();
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);

@@ -66,8 +66,11 @@ void nccl_sharded_equals_unsharded(index_t n, index_t dim, index_t rows, bool bi
   weights<S> w(g, n, dim, bias);
   const batch b = make_batch(g, rows, dim, n, 0.2);
   const device_batch db(b);
-  // fp32: only cuBLAS's summation order may differ (see below); bf16 rounds the products as well.
-  const double tol = std::is_same_v<S, float> ? 1e-5 : tolerance_for<S>() / 10;
+  // fp32: only cuBLAS's summation order may differ (see below). bf16: the unsharded head runs the
+  // tensor-core path (hidden rows rounded to bf16) and the sharded one, which combines row
+  // statistics across ranks, the generic fp32 kernels (dense_softmax_tuning::applies): the
+  // tolerance of bf16 against fp32 (measured on an H100: 3.7e-3 relative in grad_hidden).
+  const double tol = std::is_same_v<S, float> ? 1e-5 : tolerance_for<S>();
   const xs::full_softmax<P, xs::cuda> reference(w.device_view(), w.device_bias());
   for (auto layout : {xs::hidden_layout::data_parallel, xs::hidden_layout::replicated}) {
     CAPTURE(static_cast<int>(layout));
@@ -194,7 +197,8 @@ TEST_CASE("nccl_communicator: start_all_gather on a second stream, and prefetche
 
 namespace {
 /// One step of a cuda sharded HS (loss, per-sample losses, grad_hidden, both weight gradients),
-/// log_prob and top-k, copied back to the host.
+/// log_prob (of `valid`: every target a class, as log_prob requires) and top-k, copied back to the
+/// host.
 struct hs_outputs {
   float loss = 0.f;
   std::vector<float> per_sample, grad_hidden, top_values, local_values, log_prob, topk_lp;
@@ -203,7 +207,8 @@ struct hs_outputs {
 
 template <class Head>
 hs_outputs run_sharded_hs(const Head& head, const thrust::device_vector<float>& h,
-                          const thrust::device_vector<index_t>& t, index_t rows, index_t dim, index_t k) {
+                          const thrust::device_vector<index_t>& t, const thrust::device_vector<index_t>& valid,
+                          index_t rows, index_t dim, index_t k) {
   hs_outputs o;
   thrust::device_vector<float> per(static_cast<std::size_t>(rows)), gh(static_cast<std::size_t>(rows * dim));
   typename Head::gradient_type gt, gl;
@@ -214,7 +219,7 @@ hs_outputs run_sharded_hs(const Head& head, const thrust::device_vector<float>& 
   o.per_sample = to_host(per), o.grad_hidden = to_host(gh);
   o.top_rows = to_host(gt.rows), o.top_values = to_host(gt.values);
   o.local_rows = to_host(gl.rows), o.local_values = to_host(gl.values);
-  head.log_prob(hv, tv, vector_view<float>(raw(per), rows));
+  head.log_prob(hv, vector_view<const index_t>(raw(valid), rows), vector_view<float>(raw(per), rows));
   o.log_prob = to_host(per);
   thrust::device_vector<index_t> c(static_cast<std::size_t>(rows * k));
   thrust::device_vector<float> v(c.size());
@@ -244,18 +249,19 @@ TEST_CASE("cuda sharded_hierarchical_softmax over nccl_communicator (one rank) e
   for (auto& x : h_h) x = g.uniform(-1.f, 1.f);
   std::vector<index_t> targets(static_cast<std::size_t>(rows));
   for (auto& x : targets) x = g.integer(0, classes - 1);
-  targets[3] = -100;  // ignored
+  std::vector<index_t> valid = targets;
+  targets[3] = -100;  // ignored by the loss; log_prob takes `valid`
   thrust::device_vector<float> top = to_device(top_h), local = to_device(local_h);
   const thrust::device_vector<float> h = to_device(h_h);
-  const thrust::device_vector<index_t> t = to_device(targets);
+  const thrust::device_vector<index_t> t = to_device(targets), tv_valid = to_device(valid);
   const matrix_view<float> tv(raw(top), static_cast<index_t>(plan.top_rows().size()), dim);
   const matrix_view<float> lv(raw(local), static_cast<index_t>(plan.local_rows(0).size()), dim);
   using nccl_head = xs::sharded_hierarchical_softmax<xs::nccl_communicator, xs::softmax_nodes, xs::fp32, xs::cuda>;
   using solo_head = xs::sharded_hierarchical_softmax<xs::solo_communicator, xs::softmax_nodes, xs::fp32, xs::cuda>;
   const nccl_head hn(plan, nccl.communicator(), tv, lv);
   const solo_head hs(plan, xs::solo_communicator{}, tv, lv);
-  const hs_outputs a = run_sharded_hs(hn, h, t, rows, dim, k);
-  const hs_outputs c = run_sharded_hs(hs, h, t, rows, dim, k);
+  const hs_outputs a = run_sharded_hs(hn, h, t, tv_valid, rows, dim, k);
+  const hs_outputs c = run_sharded_hs(hs, h, t, tv_valid, rows, dim, k);
   CHECK(bitwise_equal(std::vector<float>{a.loss}, std::vector<float>{c.loss}));
   CHECK(bitwise_equal(a.per_sample, c.per_sample));
   CHECK(bitwise_equal(a.grad_hidden, c.grad_hidden));

@@ -60,14 +60,15 @@ TEST_CASE_TEMPLATE("knn softmax: K = N equals full_softmax bit for bit", B, XSOF
       }
     }
   }
-  // bf16 storage, owned weights: the same rows read the same way.
+  // bf16 storage, owned weights: the same rows read the same way (on the host; see the helper for cuda).
   problem p = make_problem(rng, n, n, d, batch, false);
   xsoftmax::init_options init;
   init.seed = 3;
   xsoftmax::knn_softmax<xsoftmax::bf16, B> knn(n, d, options_with_k(n), false, init);
   xsoftmax::full_softmax<xsoftmax::bf16, B> full(knn.weights());
   const auto hb = make_hidden<float>(p.h, batch, d);
-  CHECK(same_outputs_across(run_forward_backward(knn, hb, p.targets, {}), run_forward_backward(full, hb, p.targets, {})));
+  check_low_precision_outputs_across(run_forward_backward(knn, hb, p.targets, {}),
+                                     run_forward_backward(full, hb, p.targets, {}), 2e-2, "bf16 storage");
   CHECK(std::string(knn.graph().element()) == "bf16");
 }
 

@@ -10,7 +10,9 @@
 #include <xsoftmax/selection/selection_types.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace xsoftmax_test {
@@ -57,6 +59,39 @@ bool same_outputs_across(const head_outputs<HeadA>& a, const head_outputs<HeadB>
          bitwise_equal(on_host(a.grad.rows), on_host(b.grad.rows)) &&
          bitwise_equal(on_host(a.grad.values), on_host(b.grad.values)) &&
          bitwise_equal(on_host(a.grad.bias_values), on_host(b.grad.bias_values));
+}
+
+/// A head over bf16/fp16 weights with gathered columns (selective, KNN) against the full softmax
+/// over the same weights: bitwise on the host backends, where both widen the same rows the same way;
+/// within `tol` (relative, against the largest magnitude of each output) on cuda, whose full softmax
+/// runs its tensor-core path (hidden rows rounded to the storage type, dense_tuned.cuh) while
+/// gathered columns take the generic fp32 kernels (`dense_softmax_tuning::applies`).
+template <class HeadA, class HeadB>
+void check_low_precision_outputs_across(const head_outputs<HeadA>& a, const head_outputs<HeadB>& b, double tol,
+                                        const std::string& what) {
+#if XSOFTMAX_TEST_HOST_BUILD
+  (void)tol;
+  CHECK_MESSAGE(same_outputs_across(a, b), what, ": not bitwise the full softmax's outputs");
+#else
+  const auto close = [&](const auto& x, const auto& y, const char* name) {
+    const auto hx = on_host(x), hy = on_host(y);
+    REQUIRE_MESSAGE(hx.size() == hy.size(), what, ": ", name, " sizes differ");
+    double scale = 0, gap = 0;
+    for (std::size_t i = 0; i < hx.size(); ++i) {
+      scale = std::max(scale, std::abs(static_cast<double>(hy[i])));
+      gap = std::max(gap, std::abs(static_cast<double>(hx[i]) - static_cast<double>(hy[i])));
+    }
+    CHECK_MESSAGE(gap <= tol * std::max(scale, 1e-6), what, ": ", name, " differs by ", gap, " (largest ", scale,
+                  ", tolerance ", tol, " relative)");
+  };
+  close(std::vector<float>{a.loss}, std::vector<float>{b.loss}, "loss");
+  close(a.per_sample, b.per_sample, "per-sample losses");
+  close(a.grad_hidden, b.grad_hidden, "grad_hidden");
+  CHECK(a.grad.dim == b.grad.dim);
+  CHECK_MESSAGE(bitwise_equal(on_host(a.grad.rows), on_host(b.grad.rows)), what, ": gradient rows differ");
+  close(a.grad.values, b.grad.values, "weight gradient");
+  close(a.grad.bias_values, b.grad.bias_values, "bias gradient");
+#endif
 }
 
 /// The rows of a sparse gradient as a std::vector.

@@ -65,7 +65,7 @@ TEST_CASE_TEMPLATE("selective_softmax: every class active equals full_softmax bi
       }
     }
   }
-  // bf16 storage: both heads widen the same rows the same way.
+  // bf16 storage: both heads widen the same rows the same way (on the host; see the helper for cuda).
   problem p = make_problem(rng, n, n, d, batch, true);
   auto w16 = convert<__nv_bfloat16>(p.w);
   auto b16 = convert<__nv_bfloat16>(p.b);
@@ -73,7 +73,8 @@ TEST_CASE_TEMPLATE("selective_softmax: every class active equals full_softmax bi
                                                                           mview(w16, n, d), b16.data());
   xsoftmax::full_softmax<xsoftmax::bf16, B> full(mview(w16, n, d), b16.data());
   const auto hb = make_hidden<float>(p.h, batch, d);
-  CHECK(same_outputs_across(run_forward_backward(sel, hb, p.targets, {}), run_forward_backward(full, hb, p.targets, {})));
+  check_low_precision_outputs_across(run_forward_backward(sel, hb, p.targets, {}),
+                                     run_forward_backward(full, hb, p.targets, {}), 2e-2, "bf16 storage");
 }
 
 TEST_CASE_TEMPLATE("selective_softmax: shared candidates match the reference and finite differences", B,

@@ -24,8 +24,10 @@
 #include <thrust/host_vector.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -59,9 +61,22 @@ using secondary_backend = xsoftmax::omp;
 #endif
 
 #if defined(XSOFTMAX_TEST_ON_CUDA)
-/// A std allocator over CUDA managed memory (cudaMallocManaged / cudaFree). Throws std::bad_alloc
-/// when the runtime refuses (for example when no GPU is present: the cuda test runner exits with
-/// "skipped" before any test runs).
+/// Where the cuda build's test buffers live: CUDA managed memory by default; page-locked host memory
+/// mapped into the device's address space with XSOFTMAX_TEST_MEMORY=pinned. Both are read and
+/// written by the host code of the tests and by the kernels through the same pointer. Managed
+/// memory must not be touched by the host while any kernel runs on a device whose
+/// concurrentManagedAccess is 0 (the runner prints it); pinned memory has no such rule.
+[[nodiscard]] inline bool test_memory_pinned() {
+  static const bool pinned = [] {
+    const char* v = std::getenv("XSOFTMAX_TEST_MEMORY");
+    return v != nullptr && std::string(v) == "pinned";
+  }();
+  return pinned;
+}
+
+/// A std allocator over that memory (cudaMallocManaged / cudaHostAlloc, freed by cudaFree /
+/// cudaFreeHost). Throws std::bad_alloc when the runtime refuses (for example when no GPU is
+/// present: the cuda test runner exits with "skipped" before any test runs).
 template <class T>
 struct managed_allocator {
   using value_type = T;
@@ -71,13 +86,16 @@ struct managed_allocator {
 
   T* allocate(std::size_t n) {
     void* p = nullptr;
-    if (cudaMallocManaged(&p, (n == 0 ? 1 : n) * sizeof(T)) != cudaSuccess) {
+    const std::size_t bytes = (n == 0 ? 1 : n) * sizeof(T);
+    const cudaError_t e = test_memory_pinned() ? cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable)
+                                               : cudaMallocManaged(&p, bytes);
+    if (e != cudaSuccess) {
       (void)cudaGetLastError();
       throw std::bad_alloc();
     }
     return static_cast<T*>(p);
   }
-  void deallocate(T* p, std::size_t) noexcept { (void)cudaFree(p); }
+  void deallocate(T* p, std::size_t) noexcept { (void)(test_memory_pinned() ? cudaFreeHost(p) : cudaFree(p)); }
 
   template <class U>
   bool operator==(const managed_allocator<U>&) const noexcept {
