@@ -12,15 +12,16 @@
 #   bench/cuda/gpu_run.sh peer       bench/cuda/torch_peer.py, and the device-to-device copy rate
 #   bench/cuda/gpu_run.sh all        the six in order
 #   bench/cuda/gpu_run.sh first      for a session's whole device budget of 15 minutes (a machine's start
-#                                    takes 1-2 of them): build, every test, memcheck, the quick bench, each
-#                                    step under its own time limit, in one call of at most about 9 minutes
-#                                    (device tool: timeout_s 600), writing 7 files (a call returns at most 8)
-#   bench/cuda/gpu_run.sh prebuilt   the same checks on binaries built on the developer's machine (saves the
-#                                    device build's ~4 minutes): `bench/cuda/gpu_run.sh carry` there puts
-#                                    them in .gpu-bin/ (name it in `carry`); every test case runs in its own
-#                                    process, four at a time, so a crash fails one case, not the rest
-#   bench/cuda/gpu_run.sh rerun      after `prebuilt`: every case again (crashes print backtraces), the
-#                                    failing ones ($CASES) with pinned instead of managed test memory
+#                                    takes 1-2 of them): build (about 4 minutes on 16 cores), every test
+#                                    case in its own process (a crash fails that case only), the example,
+#                                    memcheck the same way, the quick bench, each under its own time limit,
+#                                    in one call of at most about 9 minutes (device tool: timeout_s 600)
+#   bench/cuda/gpu_run.sh prebuilt   the same checks on binaries built here (saves the device build):
+#                                    `BUILD=<sm_90 build> bench/cuda/gpu_run.sh carry` puts them, stripped
+#                                    and compressed, in .gpu-bin/ (name it in `carry`); about 2.5 minutes
+#   bench/cuda/gpu_run.sh rerun      after `prebuilt`: every case again, then the failing ones ($CASES) with
+#                                    pinned instead of managed test memory; a crash prints the faulting
+#                                    address and the code addresses on the stack (tests/cuda/main.cu)
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -65,24 +66,12 @@ build() {
 # One call for the whole 15-minute budget (see the header): each step under `timeout`, so a hang or
 # a slow tool costs its own limit, not the call. Limits in seconds, chosen to end by about 540 s.
 first() {
-  local t0=$SECONDS
-  # step <seconds> <name> <log file> <command...>: runs it into the file, says how it ended and when.
-  # `timeout` runs programs, not shell functions: the build step runs this script's build phase.
-  step() {
-    local limit=$1 name=$2 file=$3 rc=0 s=$SECONDS
-    shift 3
-    timeout "$limit" "$@" > "$file" 2>&1 || rc=$?
-    log "$name: exit $rc after $((SECONDS - s)) s (limit $limit s; $((SECONDS - t0)) s into the call)"
-  }
-  step 270 build "$out/build.txt" bash "$self" build
+  local t0=$SECONDS rc=0
+  timeout 270 bash "$self" build > "$out/build.txt" 2>&1 || rc=$?
+  log "build: exit $rc after $((SECONDS - t0)) s (limit 270 s)"
   if [[ -e $out/configure.txt ]]; then cat "$out/configure.txt" >> "$out/build.txt" && rm -f "$out/configure.txt"; fi
-  step 90 tests "$out/tests.txt" "$build/tests/cuda/xsoftmax_cuda_tests" --duration=true
-  tail -n 4 "$out/tests.txt"
-  step 20 example "$out/example.txt" "$build/examples/cuda_training_step"
-  step 120 memcheck "$out/memcheck.txt" compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case-exclude='*2^31*'
-  tail -n 3 "$out/memcheck.txt"
-  step 40 bench_quick "$out/bench_quick.txt" "$build/bench/cuda/heads_cuda_bench" --quick
+  check_binaries "$build/tests/cuda/xsoftmax_cuda_tests" "$build/examples/cuda_training_step" \
+    "$build/bench/cuda/heads_cuda_bench"
 }
 
 # Puts the three GPU binaries of an sm_90 build ($build, configured as build() does, with
@@ -152,7 +141,7 @@ each_case() {
 }
 
 prebuilt() {
-  local t0=$SECONDS bin=/tmp/gpu-bin
+  local bin=/tmp/gpu-bin
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" || true
   mkdir -p "$bin"
   for f in .gpu-bin/*.xz; do xz -T0 -dc "$f" > "$bin/$(basename "$f" .xz)"; done
@@ -164,24 +153,29 @@ prebuilt() {
   if ldd "$bin"/* | grep 'not found' | tee -a "$out/gpu.txt"; then
     log "prebuilt: libraries missing here, building instead"
     bash "$self" build > "$out/build.txt" 2>&1
-    cp "$build/tests/cuda/xsoftmax_cuda_tests" "$build/bench/cuda/heads_cuda_bench" "$build/examples/cuda_training_step" /tmp/gpu-bin/
-    bin=/tmp/gpu-bin
+    cp "$build/tests/cuda/xsoftmax_cuda_tests" "$build/bench/cuda/heads_cuda_bench" "$build/examples/cuda_training_step" "$bin/"
   fi
-  log "prebuilt tests $(( SECONDS - t0 )) s"
-  DEADLINE=$(( $(date +%s) + ${TESTS_LIMIT:-150} )) each_case 4 120 "$bin/xsoftmax_cuda_tests" --duration=true \
-    > "$out/tests.txt" 2>&1
+  check_binaries "$bin/xsoftmax_cuda_tests" "$bin/cuda_training_step" "$bin/heads_cuda_bench"
+}
+
+# The checks of `first` and `prebuilt` on built binaries (test binary, example, bench), each phase
+# under its own limit ($TESTS_LIMIT, $MEMCHECK_LIMIT, $BENCH_LIMIT seconds): every test case in its
+# own process (a crash fails that case only), the example, memcheck the same way, the quick bench.
+check_binaries() {
+  local tests=$1 example=$2 bench=$3 t0=$SECONDS
+  log "tests $(date -u +%FT%TZ)"
+  DEADLINE=$(( $(date +%s) + ${TESTS_LIMIT:-150} )) each_case 4 120 "$tests" --duration=true > "$out/tests.txt" 2>&1
   tail -n 1 "$out/tests.txt" | tee -a "$out/phases.txt"
   grep -E 'exit [1-9]' "$out/tests.txt" | head -n 20 || true
-  log "prebuilt example $(( SECONDS - t0 )) s"
-  timeout 20 "$bin/cuda_training_step" > "$out/example.txt" 2>&1 || log "example exit $?"
-  log "prebuilt memcheck $(( SECONDS - t0 )) s"
+  log "example $(( SECONDS - t0 )) s"
+  timeout 20 "$example" > "$out/example.txt" 2>&1 || log "example exit $?"
+  log "memcheck $(( SECONDS - t0 )) s"
   DEADLINE=$(( $(date +%s) + ${MEMCHECK_LIMIT:-170} )) RUNNER="compute-sanitizer --tool memcheck --error-exitcode 3" \
-    each_case 8 150 "$bin/xsoftmax_cuda_tests" \
-    --test-case-exclude='*2^31*' > "$out/memcheck.txt" 2>&1 || true
+    each_case 8 150 "$tests" --test-case-exclude='*2^31*' > "$out/memcheck.txt" 2>&1 || true
   tail -n 1 "$out/memcheck.txt" | tee -a "$out/phases.txt"
-  log "prebuilt bench_quick $(( SECONDS - t0 )) s"
-  timeout "${BENCH_LIMIT:-60}" "$bin/heads_cuda_bench" --quick > "$out/bench_quick.txt" 2>&1 || log "bench_quick exit $?"
-  log "prebuilt done $(( SECONDS - t0 )) s"
+  log "bench_quick $(( SECONDS - t0 )) s"
+  timeout "${BENCH_LIMIT:-60}" "$bench" --quick > "$out/bench_quick.txt" 2>&1 || log "bench_quick exit $?"
+  log "done $(( SECONDS - t0 )) s"
 }
 
 # After `prebuilt` found failures: every case again (crashes now print a backtrace, resolved here
