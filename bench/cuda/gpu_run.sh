@@ -22,6 +22,8 @@
 #   bench/cuda/gpu_run.sh rerun      after `prebuilt`: every case again, then the failing ones ($CASES) with
 #                                    pinned instead of managed test memory; a crash prints the faulting
 #                                    address and the code addresses on the stack (tests/cuda/main.cu)
+#   bench/cuda/gpu_run.sh profile    one quick-bench head ($PROFILE_FILTER) under nsys (or ncu): API calls,
+#                                    kernels, copies, summed
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -213,6 +215,28 @@ rerun() {
   log "rerun done $(( SECONDS - t0 )) s"
 }
 
+# Where a step's time goes (the quick bench runs at 3-4 % of the GEMM's peak: RESULTS.md): one
+# head of the quick bench under Nsight Systems when the machine has it (CUDA API calls, kernels and
+# memory operations, summed), else Nsight Compute's per-kernel summary of its first 300 launches.
+# $PROFILE_FILTER picks the head (default full_bf16_1m); binaries from .gpu-bin/ (carry) or $build.
+profile() {
+  local bench=$build/bench/cuda/heads_cuda_bench filter=${PROFILE_FILTER:-full_bf16_1m}
+  if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
+    xz -T0 -dc .gpu-bin/heads_cuda_bench.xz > /tmp/heads_cuda_bench && chmod +x /tmp/heads_cuda_bench
+    bench=/tmp/heads_cuda_bench
+  fi
+  log "profile $filter $(date -u +%FT%TZ)"
+  if command -v nsys > /dev/null; then
+    nsys profile --force-overwrite true -o /tmp/xsoftmax_profile --stats=false "$bench" --quick --filter "$filter" \
+      > "$out/profile_run.txt" 2>&1 || true
+    nsys stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum --format csv \
+      /tmp/xsoftmax_profile.nsys-rep > "$out/profile.txt" 2>&1 || true
+  else
+    ncu --launch-count 300 --print-summary per-kernel "$bench" --quick --filter "$filter" > "$out/profile.txt" 2>&1 || true
+  fi
+  tail -n 5 "$out/profile.txt"
+}
+
 test_phase() {
   log "test $(date -u +%FT%TZ)"
   "$build/tests/cuda/xsoftmax_cuda_tests" --duration=true 2>&1 | tee "$out/tests.txt" | tail -n 30
@@ -289,5 +313,6 @@ case "${1:-all}" in
   carry) carry_phase ;;
   prebuilt) prebuilt ;;
   rerun) rerun ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun" >&2; exit 2 ;;
+  profile) profile ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile" >&2; exit 2 ;;
 esac
