@@ -142,16 +142,22 @@ each_case() {
   rm -rf "$dir"
 }
 
-prebuilt() {
-  local bin=/tmp/gpu-bin
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" || true
+# The binaries `carry` left in .gpu-bin/, uncompressed into folder $1; NCCL from PyTorch's wheel on
+# the library path when the toolkit has none (as build() does).
+unpack_carried() {
+  local bin=$1 f wheel
   mkdir -p "$bin"
   for f in .gpu-bin/*.xz; do xz -T0 -dc "$f" > "$bin/$(basename "$f" .xz)"; done
   chmod +x "$bin"/*
-  # NCCL from PyTorch's wheel when the toolkit has none (as build() does).
-  local wheel
   wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
   [[ -n $wheel ]] && export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  return 0
+}
+
+prebuilt() {
+  local bin=/tmp/gpu-bin
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/gpu.txt" || true
+  unpack_carried "$bin"
   if ldd "$bin"/* | grep 'not found' | tee -a "$out/gpu.txt"; then
     log "prebuilt: libraries missing here, building instead"
     bash "$self" build > "$out/build.txt" 2>&1
@@ -180,18 +186,13 @@ check_binaries() {
   log "done $(( SECONDS - t0 )) s"
 }
 
-# After `prebuilt` found failures: every case again (crashes now print a backtrace, resolved here
-# with `addr2line -Cfe <unstripped binary> <offsets>`), then $CASES (the failing ones) with the
+# After `prebuilt` found failures: every case again (a crash prints its report, tests/cuda/main.cu:
+# resolve the offsets here with `addr2line -Cfe <unstripped binary>`), then $CASES (failing ones) with the
 # test buffers in pinned host memory instead of managed memory (XSOFTMAX_TEST_MEMORY=pinned), then
 # the quick bench. Phase limits: $TESTS_LIMIT, $PINNED_LIMIT, $BENCH_LIMIT seconds.
 rerun() {
   local t0=$SECONDS bin=/tmp/gpu-bin
-  mkdir -p "$bin"
-  for f in .gpu-bin/*.xz; do xz -T0 -dc "$f" > "$bin/$(basename "$f" .xz)"; done
-  chmod +x "$bin"/*
-  local wheel
-  wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
-  [[ -n $wheel ]] && export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  unpack_carried "$bin"
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
     grep -m1 'model name' /proc/cpuinfo
@@ -222,8 +223,8 @@ rerun() {
 profile() {
   local bench=$build/bench/cuda/heads_cuda_bench filter=${PROFILE_FILTER:-full_bf16_1m}
   if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
-    xz -T0 -dc .gpu-bin/heads_cuda_bench.xz > /tmp/heads_cuda_bench && chmod +x /tmp/heads_cuda_bench
-    bench=/tmp/heads_cuda_bench
+    unpack_carried /tmp/gpu-bin
+    bench=/tmp/gpu-bin/heads_cuda_bench
   fi
   log "profile $filter $(date -u +%FT%TZ)"
   if command -v nsys > /dev/null; then
