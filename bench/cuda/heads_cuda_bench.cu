@@ -99,15 +99,25 @@ struct inputs {
 template <class Head, class... TopkExtra>
 void run_head(const std::string& name, Head& head, index_t rows, index_t num_classes, bool zipf, int reps,
               std::size_t base, TopkExtra... topk_extra) {
+  // Progress on stderr, one line a measurement: where a slow head spends its time shows even when
+  // the run is cut short (its result line comes only at the end).
+  const auto progress = [&](const char* what) {
+    std::fprintf(stderr, "  %s: %s\n", name.c_str(), what);
+    std::fflush(stderr);
+  };
+  progress("inputs");
   inputs in(rows, head.dim(), num_classes, zipf, 1);
   typename Head::gradient_type g;
   std::size_t peak = used_bytes();
   float loss = 0;
+  progress("forward");
   const double fwd = time_ms([&] { loss = head.forward(in.hv(), in.tv()); }, reps, peak);
+  progress("forward_backward");
   const double fb = time_ms([&] { loss = head.forward_backward(in.hv(), in.tv(), in.ghv(), g); }, reps, peak);
   // The same step queued without waiting (the loss stays on the device): what a training loop that
   // never reads the loss back per step pays. The events bracket the queued work on the stream.
   thrust::device_vector<float> loss_d(1);
+  progress("forward_backward_async");
   const double fba = time_ms(
       [&] {
         head.forward_backward_async(in.hv(), in.tv(), in.ghv(), g,
@@ -116,6 +126,7 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
       reps, peak);
   head.resources().check();
   const index_t k = 10;
+  progress("topk");
   thrust::device_vector<index_t> cls(static_cast<std::size_t>(rows * k));
   thrust::device_vector<float> lp(static_cast<std::size_t>(rows * k));
   const double tk = time_ms(
