@@ -30,9 +30,10 @@
 /// kept per translation unit, while the functions that copy the wrapper (`thrust::for_each` and
 /// below, instantiated with that type) are merged across translation units by the linker. A program
 /// of several CUDA sources that all include xsoftmax then called a null pointer when a merged copy
-/// came from a translation unit whose pointers were never set: the first GPU run crashed that way in
-/// 15 test cases (bench/RESULTS.md, "GPU (cuda backend)"). `__device__` lambdas carry their
-/// captures only, and plain lambdas no wrapper at all (also no heap copy per loop on the host).
+/// came from a translation unit whose pointers were never set: on the first GPU runs 37, then 19
+/// of 135 test cases crashed that way, as the link fell (bench/RESULTS.md, "GPU (cuda backend)").
+/// `__device__` lambdas carry their captures only, and plain lambdas no wrapper at all (also no
+/// heap copy per loop on the host).
 #if defined(__CUDACC__)
 #define XSOFTMAX_PARALLEL_FOR(ex, n, i, ...)                                                        \
   do {                                                                                             \
