@@ -5,9 +5,10 @@
 # lent GPU machine (10 minutes at most a call): build, test, sanitize, bench, peer.
 #
 #   bench/cuda/gpu_run.sh build      configure + build the GPU tests, heads_cuda_bench, the CUDA example
-#   bench/cuda/gpu_run.sh test       every GPU test case (full doctest output), then the CUDA example
-#   bench/cuda/gpu_run.sh sanitize   compute-sanitizer memcheck on the GPU test binary, racecheck on the CUDA cases
+#   bench/cuda/gpu_run.sh test       every GPU test case, each in its own process, then the CUDA example
+#   bench/cuda/gpu_run.sh sanitize   compute-sanitizer memcheck on every case, racecheck on the CUDA cases
 #   bench/cuda/gpu_run.sh sanitize2  compute-sanitizer synccheck and initcheck on the CUDA cases
+#                                    (sanitizers too run each case in its own process)
 #   bench/cuda/gpu_run.sh bench      heads_cuda_bench (--quick first, then the full sizes)
 #   bench/cuda/gpu_run.sh peer       bench/cuda/torch_peer.py, and the device-to-device copy rate
 #   bench/cuda/gpu_run.sh all        the six in order
@@ -41,6 +42,9 @@ mkdir -p "$out"
 
 log() { echo "== $*" | tee -a "$out/phases.txt"; }
 
+# The folder of PyTorch's NCCL wheel (nvidia-nccl-cu13), or nothing.
+nccl_wheel() { python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true; }
+
 build() {
   log "build $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt" || true
@@ -53,7 +57,7 @@ build() {
   local nccl=()
   if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then
     local wheel
-    wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+    wheel=$(nccl_wheel)
     if [[ -n $wheel && -e $wheel/include/nccl.h ]]; then
       nccl=(-DXSOFTMAX_NCCL_INCLUDE_DIR="$wheel/include" -DXSOFTMAX_NCCL_LIBRARY="$(ls "$wheel"/lib/libnccl.so* | head -n 1)")
     fi
@@ -149,7 +153,7 @@ unpack_carried() {
   mkdir -p "$bin"
   for f in .gpu-bin/*.xz; do xz -T0 -dc "$f" > "$bin/$(basename "$f" .xz)"; done
   chmod +x "$bin"/*
-  wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+  wheel=$(nccl_wheel)
   [[ -n $wheel ]] && export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   return 0
 }
@@ -177,10 +181,7 @@ check_binaries() {
   grep -E 'exit [1-9]' "$out/tests.txt" | head -n 20 || true
   log "example $(( SECONDS - t0 )) s"
   timeout 20 "$example" > "$out/example.txt" 2>&1 || log "example exit $?"
-  log "memcheck $(( SECONDS - t0 )) s"
-  DEADLINE=$(( $(date +%s) + ${MEMCHECK_LIMIT:-170} )) RUNNER="compute-sanitizer --tool memcheck --error-exitcode 3" \
-    each_case 8 150 "$tests" --test-case-exclude='*2^31*' > "$out/memcheck.txt" 2>&1 || true
-  tail -n 1 "$out/memcheck.txt" | tee -a "$out/phases.txt"
+  DEADLINE=$(( $(date +%s) + ${MEMCHECK_LIMIT:-170} )) sanitize_with memcheck "$tests" --test-case-exclude='*2^31*'
   log "bench_quick $(( SECONDS - t0 )) s"
   timeout "${BENCH_LIMIT:-60}" "$bench" --quick > "$out/bench_quick.txt" 2>&1 || log "bench_quick exit $?"
   log "done $(( SECONDS - t0 )) s"
@@ -196,9 +197,6 @@ rerun() {
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
     grep -m1 'model name' /proc/cpuinfo
-    echo "stack limit $(ulimit -s)"
-    ldd "$bin/xsoftmax_cuda_tests" | grep -E 'blas|gfortran|gomp|stdc|nccl|cublas' || true
-    ls -la /usr/lib/x86_64-linux-gnu/libopenblas* /etc/alternatives/libopenblas* 2>&1 | head -n 8
   } > "$out/gpu.txt" 2>&1
   log "rerun tests $(( SECONDS - t0 )) s"
   local cases=${CASES:-}
@@ -238,25 +236,32 @@ profile() {
   tail -n 5 "$out/profile.txt"
 }
 
+# The phases below run on $build, one call each; every test case in its own process (each_case).
 test_phase() {
   log "test $(date -u +%FT%TZ)"
-  "$build/tests/cuda/xsoftmax_cuda_tests" --duration=true 2>&1 | tee "$out/tests.txt" | tail -n 30
+  each_case 4 120 "$build/tests/cuda/xsoftmax_cuda_tests" --duration=true > "$out/tests.txt" 2>&1
+  tail -n 1 "$out/tests.txt"
   "$build/examples/cuda_training_step" 2>&1 | tee "$out/example.txt"
+}
+
+# compute-sanitizer's <tool> on the cases of <test binary> that pass the filters, 8 processes at a
+# time, into $out/<tool>.txt (within $DEADLINE when set). Arguments: tool, test binary, filters.
+sanitize_with() {
+  local tool=$1 tests=$2
+  shift 2
+  log "sanitize $tool $(date -u +%FT%TZ)"
+  RUNNER="compute-sanitizer --tool $tool --error-exitcode 3" each_case 8 300 "$tests" "$@" > "$out/$tool.txt" 2>&1 ||
+    true
+  tail -n 1 "$out/$tool.txt" | tee -a "$out/phases.txt"
 }
 
 sanitize() {
   # memcheck on every case but the > 2^31-element one (minutes under the tool); racecheck (much
   # slower: it instruments shared memory) on the CUDA-specific cases, without the two-thread
   # stream test.
-  log "sanitize memcheck $(date -u +%FT%TZ)"
-  compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case-exclude='*2^31*' > "$out/memcheck.txt" 2>&1 || true
-  tail -n 5 "$out/memcheck.txt"
-  log "sanitize racecheck $(date -u +%FT%TZ)"
-  compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*' \
-    > "$out/racecheck.txt" 2>&1 || true
-  tail -n 5 "$out/racecheck.txt"
+  local tests=$build/tests/cuda/xsoftmax_cuda_tests
+  sanitize_with memcheck "$tests" --test-case-exclude='*2^31*'
+  sanitize_with racecheck "$tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*'
 }
 
 sanitize2() {
@@ -264,12 +269,10 @@ sanitize2() {
   # (reads of uninitialised device memory: workspace pieces, gradient buffers) on the CUDA-specific
   # cases, which cover every kernel; without the 2^31-element and two-stream cases (slow, and
   # their kernels run in the other cases).
+  local tool
   for tool in synccheck initcheck; do
-    log "sanitize2 $tool $(date -u +%FT%TZ)"
-    compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*' \
-      > "$out/$tool.txt" 2>&1 || true
-    tail -n 5 "$out/$tool.txt"
+    sanitize_with "$tool" "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' \
+      --test-case-exclude='*2^31*,*two streams*'
   done
 }
 

@@ -41,21 +41,15 @@ std::uint32_t bits(float f) {
 /// cuda within 1e-5 of `scale` (the largest magnitude of that output) or of |b|: the forest's GEMMs
 /// have other shapes than one tree's, and cuBLAS picks its kernels by shape (measured on an H100:
 /// 1-8 ulp apart in losses, log-probabilities and gradients).
-bool agree(float a, float b, float scale) {
+bool agree(float a, float b, double scale) {
 #if XSOFTMAX_TEST_HOST_BUILD
   (void)scale;
   return bits(a) == bits(b);
 #else
-  return bits(a) == bits(b) || std::abs(a - b) <= 1e-5f * std::max(scale, std::abs(b));
+  return bits(a) == bits(b) || std::abs(a - b) <= 1e-5 * std::max(scale, std::abs(static_cast<double>(b)));
 #endif
 }
 
-template <class V>
-float largest_magnitude(const V& v) {
-  float m = 0.f;
-  for (float x : v) m = std::max(m, std::abs(x));
-  return m;
-}
 
 /// Three Huffman trees of different sizes (Zipf-like counts, so paths of different depths; the
 /// middle one a single class under a ternary root, two under a binary one).
@@ -161,9 +155,9 @@ void check_forest_head(int arity) {
   test_vector<float> loss(static_cast<size_t>(batch)), gh(static_cast<size_t>(batch * d)), lp(static_cast<size_t>(batch));
   typename head_t::gradient_type g;
   whole.forward_backward(cview(h, batch, d), cvec(targets), mview(gh, batch, d), g, none, mvec(loss), cvec(up));
-  const float gh_scale = largest_magnitude(gh);
+  const double gh_scale = largest_magnitude(gh);
   std::map<index_t, std::vector<float>> grad;  // forest row -> gradient (row, then bias)
-  float grad_scale = 0.f;
+  double grad_scale = 0;
   {
     const auto ids = on_host(g.rows);
     const auto values = on_host(g.values), biases = on_host(g.bias_values);
@@ -216,7 +210,7 @@ void check_forest_head(int arity) {
     for (index_t j = 0; j < m; ++j) {
       const index_t i = mine[static_cast<size_t>(j)];
       INFO("tree ", k, ", row ", i);
-      CHECK(agree(loss[static_cast<size_t>(i)], lk[static_cast<size_t>(j)], 0.f));
+      CHECK(agree(loss[static_cast<size_t>(i)], lk[static_cast<size_t>(j)], 0.0));
       for (index_t c = 0; c < d; ++c)
         CHECK(agree(gh[static_cast<size_t>(i * d + c)], ghk[static_cast<size_t>(j * d + c)], gh_scale));
     }
@@ -235,7 +229,7 @@ void check_forest_head(int arity) {
     if (ms > 0) part.log_prob(cview(hs, ms, d), cvec(ts), mvec(ls));
     for (index_t a = 0; a < ms; ++a)
       CHECK(agree(lp[static_cast<size_t>(mine[static_cast<size_t>(scored[static_cast<size_t>(a)])])],
-                  ls[static_cast<size_t>(a)], 0.f));
+                  ls[static_cast<size_t>(a)], 0.0));
     // The tree's own head's top-min(K, classes), shifted to forest classes; the rest unfilled.
     const index_t kk = std::min(K, trees[k].num_classes());
     test_vector<index_t> ck(static_cast<size_t>(m * kk));
@@ -247,7 +241,7 @@ void check_forest_head(int arity) {
         INFO("topk_in_trees: tree ", k, ", row ", mine[static_cast<size_t>(j)], ", slot ", e);
         if (e < kk) {
           CHECK(in_cls[at_in] == ck[static_cast<size_t>(j * kk + e)] + first_class[k]);
-          CHECK(agree(in_lp[at_in], lck[static_cast<size_t>(j * kk + e)], 0.f));
+          CHECK(agree(in_lp[at_in], lck[static_cast<size_t>(j * kk + e)], 0.0));
         } else {
           CHECK(in_cls[at_in] == -1);
           CHECK(in_lp[at_in] == -std::numeric_limits<float>::infinity());

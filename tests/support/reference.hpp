@@ -354,6 +354,14 @@ void check_close(const A& actual, const E& expected, double atol, double rtol, c
   CHECK_MESSAGE(bad == 0, msg.str());
 }
 
+/// The largest |x| of an array (0 when empty): the scale of a tolerance relative to a whole output.
+template <class V>
+double largest_magnitude(const V& v) {
+  double m = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) m = std::max(m, std::abs(static_cast<double>(v[i])));
+  return m;
+}
+
 inline void check_close(double actual, double expected, double atol, double rtol, const std::string& what) {
   check_close(test_vector<double>{actual}, test_vector<double>{expected}, atol, rtol, what);
 }
