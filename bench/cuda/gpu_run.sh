@@ -25,6 +25,7 @@
 #                                    address and the code addresses on the stack (tests/cuda/main.cu)
 #   bench/cuda/gpu_run.sh profile    one quick-bench head ($PROFILE_FILTER) under nsys (or ncu): API calls,
 #                                    kernels, copies, summed
+#   bench/cuda/gpu_run.sh pack       $OUT's logs into logs.tar.gz (the device tool brings 8 files back)
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -146,16 +147,12 @@ each_case() {
   rm -rf "$dir"
 }
 
-# The binaries `carry` left in .gpu-bin/, uncompressed into folder $1; NCCL from PyTorch's wheel on
-# the library path when the toolkit has none (as build() does).
+# The binaries `carry` left in .gpu-bin/, uncompressed into folder $1.
 unpack_carried() {
-  local bin=$1 f wheel
+  local bin=$1 f
   mkdir -p "$bin"
   for f in .gpu-bin/*.xz; do xz -T0 -dc "$f" > "$bin/$(basename "$f" .xz)"; done
   chmod +x "$bin"/*
-  wheel=$(nccl_wheel)
-  [[ -n $wheel ]] && export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  return 0
 }
 
 prebuilt() {
@@ -171,26 +168,52 @@ prebuilt() {
 }
 
 # The checks of `first` and `prebuilt` on built binaries (test binary, example, bench), each phase
-# under its own limit ($TESTS_LIMIT, $MEMCHECK_LIMIT, $BENCH_LIMIT seconds): every test case in its
+# under its own limit ($TESTS_LIMIT, $MEMCHECK_LIMIT seconds; $BENCH_HEAD_LIMIT a bench head): every test case in its
 # own process (a crash fails that case only), the example, memcheck the same way, the quick bench.
 check_binaries() {
   local tests=$1 example=$2 bench=$3 t0=$SECONDS
   log "tests $(date -u +%FT%TZ)"
-  DEADLINE=$(( $(date +%s) + ${TESTS_LIMIT:-150} )) each_case 4 120 "$tests" --duration=true > "$out/tests.txt" 2>&1
+  DEADLINE=$(( $(date +%s) + ${TESTS_LIMIT:-150} )) each_case "${TEST_JOBS:-4}" 120 "$tests" --duration=true \
+    > "$out/tests.txt" 2>&1
   tail -n 1 "$out/tests.txt" | tee -a "$out/phases.txt"
   grep -E 'exit [1-9]' "$out/tests.txt" | head -n 20 || true
   log "example $(( SECONDS - t0 )) s"
   timeout 20 "$example" > "$out/example.txt" 2>&1 || log "example exit $?"
   DEADLINE=$(( $(date +%s) + ${MEMCHECK_LIMIT:-170} )) sanitize_with memcheck "$tests" --test-case-exclude='*2^31*'
   log "bench_quick $(( SECONDS - t0 )) s"
-  timeout "${BENCH_LIMIT:-60}" "$bench" --quick > "$out/bench_quick.txt" 2>&1 || log "bench_quick exit $?"
+  quick_bench "$bench"
   log "done $(( SECONDS - t0 )) s"
+}
+
+# The quick bench, one head at a time, each under $BENCH_HEAD_LIMIT seconds (default 25), so that a
+# slow head costs its own limit and the others still run; extra options in $BENCH_ARGS.
+quick_bench() {
+  local bench=$1 head
+  for head in ${BENCH_HEADS:-full_bf16_256k full_bf16_1m hs_uniform2_1m hs_uniform3_1m hs_uniform3_1m_per_run hs_huffman_sigmoid_1m}; do
+    # shellcheck disable=SC2086  # $BENCH_ARGS: more options
+    local rc=0
+    timeout "${BENCH_HEAD_LIMIT:-25}" "$bench" --quick --filter "$head" ${BENCH_ARGS:-} > "$out/bench_head.txt" 2>&1 ||
+      rc=$?
+    cat "$out/bench_head.txt" >> "$out/bench_quick.txt"
+    if (( rc != 0 )); then
+      log "bench_quick $head exit $rc; its last lines:"
+      tail -n 3 "$out/bench_head.txt" | tee -a "$out/phases.txt"
+    fi
+  done
+  rm -f "$out/bench_head.txt"
+  grep -v '^  ' "$out/bench_quick.txt" | tee -a "$out/phases.txt" || true
+}
+
+# $out's logs in one archive, logs.tar.gz, beside phases.txt (the device tool brings 8 files back).
+pack() {
+  (cd "$out" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=phases.txt . && find . -type f \
+    ! -name logs.tar.gz ! -name phases.txt -delete)
 }
 
 # After `prebuilt` found failures: every case again (a crash prints its report, tests/cuda/main.cu:
 # resolve the offsets here with `addr2line -Cfe <unstripped binary>`), then $CASES (failing ones) with the
 # test buffers in pinned host memory instead of managed memory (XSOFTMAX_TEST_MEMORY=pinned), then
-# the quick bench. Phase limits: $TESTS_LIMIT, $PINNED_LIMIT, $BENCH_LIMIT seconds.
+# the quick bench. Phase limits: $TESTS_LIMIT, $PINNED_LIMIT seconds; $BENCH_HEAD_LIMIT a bench head.
 rerun() {
   local t0=$SECONDS bin=/tmp/gpu-bin
   unpack_carried "$bin"
@@ -209,8 +232,7 @@ rerun() {
   tail -n 1 "$out/pinned.txt" | tee -a "$out/phases.txt"
   log "rerun bench_quick $(( SECONDS - t0 )) s"
   # shellcheck disable=SC2086  # $BENCH_ARGS: more options, e.g. "--filter hs_uniform2_1m"
-  timeout "${BENCH_LIMIT:-50}" "$bin/heads_cuda_bench" --quick ${BENCH_ARGS:-} > "$out/bench_quick.txt" 2>&1 ||
-    log "bench_quick exit $?"
+  quick_bench "$bin/heads_cuda_bench"
   log "rerun done $(( SECONDS - t0 )) s"
 }
 
@@ -220,18 +242,21 @@ rerun() {
 # $PROFILE_FILTER picks the head (default full_bf16_1m); binaries from .gpu-bin/ (carry) or $build.
 profile() {
   local bench=$build/bench/cuda/heads_cuda_bench filter=${PROFILE_FILTER:-full_bf16_1m}
+  local only=${PROFILE_ONLY:-forward_backward}
   if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
-    unpack_carried /tmp/gpu-bin
+    [[ -x /tmp/gpu-bin/heads_cuda_bench ]] || unpack_carried /tmp/gpu-bin
     bench=/tmp/gpu-bin/heads_cuda_bench
   fi
-  log "profile $filter $(date -u +%FT%TZ)"
+  log "profile $filter $only $(date -u +%FT%TZ)"
   if command -v nsys > /dev/null; then
     nsys profile --force-overwrite true -o /tmp/xsoftmax_profile --stats=false "$bench" --quick --filter "$filter" \
-      > "$out/profile_run.txt" 2>&1 || true
+      --only "$only" > "$out/profile_run.txt" 2>&1 || true
     nsys stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum --format csv \
       /tmp/xsoftmax_profile.nsys-rep > "$out/profile.txt" 2>&1 || true
   else
-    ncu --launch-count 300 --print-summary per-kernel "$bench" --quick --filter "$filter" > "$out/profile.txt" 2>&1 || true
+    # One metric (each kernel's duration) needs one pass per launch, not the default sections' many.
+    ncu --metrics gpu__time_duration.sum --launch-count "${PROFILE_LAUNCHES:-300}" --print-summary per-kernel \
+      "$bench" --quick --filter "$filter" --only "$only" > "$out/profile.txt" 2>&1 || true
   fi
   tail -n 5 "$out/profile.txt"
 }
@@ -255,11 +280,23 @@ sanitize_with() {
   tail -n 1 "$out/$tool.txt" | tee -a "$out/phases.txt"
 }
 
+# The GPU test binary: the carried one (.gpu-bin/, unpacked once into /tmp/gpu-bin) when there is
+# one, else $build's.
+test_binary() {
+  if [[ -e .gpu-bin/xsoftmax_cuda_tests.xz ]]; then
+    [[ -x /tmp/gpu-bin/xsoftmax_cuda_tests ]] || unpack_carried /tmp/gpu-bin > /dev/null
+    echo /tmp/gpu-bin/xsoftmax_cuda_tests
+  else
+    echo "$build/tests/cuda/xsoftmax_cuda_tests"
+  fi
+}
+
 sanitize() {
   # memcheck on every case but the > 2^31-element one (minutes under the tool); racecheck (much
   # slower: it instruments shared memory) on the CUDA-specific cases, without the two-thread
   # stream test.
-  local tests=$build/tests/cuda/xsoftmax_cuda_tests
+  local tests
+  tests=$(test_binary)
   sanitize_with memcheck "$tests" --test-case-exclude='*2^31*'
   sanitize_with racecheck "$tests" --test-case='cuda*' --test-case-exclude='*2^31*,*two streams*'
 }
@@ -269,9 +306,10 @@ sanitize2() {
   # (reads of uninitialised device memory: workspace pieces, gradient buffers) on the CUDA-specific
   # cases, which cover every kernel; without the 2^31-element and two-stream cases (slow, and
   # their kernels run in the other cases).
-  local tool
-  for tool in synccheck initcheck; do
-    sanitize_with "$tool" "$build/tests/cuda/xsoftmax_cuda_tests" --test-case='cuda*' \
+  local tool tests
+  tests=$(test_binary)
+  for tool in ${SANITIZE2_TOOLS:-synccheck initcheck}; do
+    sanitize_with "$tool" "$tests" --test-case='cuda*' \
       --test-case-exclude='*2^31*,*two streams*'
   done
 }
@@ -282,28 +320,22 @@ bench() {
   "$build/bench/cuda/heads_cuda_bench" 2>&1 | tee "$out/bench.txt"
 }
 
+# PyTorch's peers and the two ceilings (copy bandwidth, cuBLAS bf16 GEMM rate), full sizes or,
+# with PEER_ARGS=--quick, the quick bench's.
 peer() {
   log "peer $(date -u +%FT%TZ)"
-  python3 bench/cuda/torch_peer.py 2>&1 | tee "$out/torch_peer.txt"
-  # The bandwidth floor's denominator: a 4 GiB device-to-device copy, bytes read + written.
-  python3 - <<'PY' 2>&1 | tee "$out/copy_bandwidth.txt"
-import torch
-n = 1 << 30
-a = torch.empty(n, dtype=torch.float32, device="cuda")
-b = torch.empty_like(a)
-for _ in range(3):
-    b.copy_(a)
-torch.cuda.synchronize()
-s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-s.record()
-for _ in range(10):
-    b.copy_(a)
-e.record()
-torch.cuda.synchronize()
-ms = s.elapsed_time(e) / 10
-print(f"device-to-device copy of {4 * n / 1e9:.1f} GB: {ms:.3f} ms, {2 * 4 * n / (ms * 1e-3) / 1e9:.0f} GB/s (read + write)")
-PY
+  # shellcheck disable=SC2086  # PEER_ARGS is words on purpose
+  PYTHONUNBUFFERED=1 python3 bench/cuda/torch_peer.py ${PEER_ARGS:-} 2>&1 | tee "$out/torch_peer.txt"
 }
+
+# The binaries find libnccl.so.2 in PyTorch's NCCL wheel, where the device machine has it (its
+# toolkit has none on the library path; a build there links the wheel's: see build).
+if [[ ${1:-all} != carry && ${1:-all} != pack ]]; then
+  wheel=$(nccl_wheel)
+  if [[ -n $wheel ]]; then
+    export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+fi
 
 case "${1:-all}" in
   build) build ;;
@@ -318,5 +350,6 @@ case "${1:-all}" in
   prebuilt) prebuilt ;;
   rerun) rerun ;;
   profile) profile ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile" >&2; exit 2 ;;
+  pack) pack ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack" >&2; exit 2 ;;
 esac

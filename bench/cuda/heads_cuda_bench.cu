@@ -6,6 +6,9 @@
 //   heads_cuda_bench            all configurations
 //   heads_cuda_bench --quick    small sizes only (a smoke run)
 //   heads_cuda_bench --filter full_bf16   configurations whose name contains the string
+//   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
+//                               forward_backward_async, topk; the others print nan), e.g. under a profiler
+//   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
 //
 // Compare the first line with bench/cuda/torch_peer.py (PyTorch F.cross_entropy(F.linear(h, W))
 // in bf16 at the same shape). Memory columns: `ws` is the head's cached workspace after the calls
@@ -22,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -51,8 +55,13 @@ std::size_t used_bytes() {
   return total_b - free_b;
 }
 
-/// Milliseconds per call of f over `reps` calls, after one warm-up call.
-double time_ms(const std::function<void()>& f, int reps, std::size_t& peak) {
+/// The measurement `--only` names (empty: all).
+std::string only_measurement;
+
+/// Milliseconds per call of f over `reps` calls, after one warm-up call; NaN when `--only` names
+/// another measurement than `what`.
+double time_ms(const char* what, const std::function<void()>& f, int reps, std::size_t& peak) {
+  if (!only_measurement.empty() && only_measurement != what) return std::nan("");
   f();
   peak = std::max(peak, used_bytes());
   cudaEvent_t start, stop;
@@ -101,8 +110,11 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
               std::size_t base, TopkExtra... topk_extra) {
   // Progress on stderr, one line a measurement: where a slow head spends its time shows even when
   // the run is cut short (its result line comes only at the end).
+  // Each line says the seconds since the head's first line: a measurement's wall time is the gap.
+  const auto t0 = std::chrono::steady_clock::now();
   const auto progress = [&](const char* what) {
-    std::fprintf(stderr, "  %s: %s\n", name.c_str(), what);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "  %s: %8.3f s  %s\n", name.c_str(), s, what);
     std::fflush(stderr);
   };
   progress("inputs");
@@ -111,14 +123,14 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
   std::size_t peak = used_bytes();
   float loss = 0;
   progress("forward");
-  const double fwd = time_ms([&] { loss = head.forward(in.hv(), in.tv()); }, reps, peak);
+  const double fwd = time_ms("forward", [&] { loss = head.forward(in.hv(), in.tv()); }, reps, peak);
   progress("forward_backward");
-  const double fb = time_ms([&] { loss = head.forward_backward(in.hv(), in.tv(), in.ghv(), g); }, reps, peak);
+  const double fb = time_ms("forward_backward", [&] { loss = head.forward_backward(in.hv(), in.tv(), in.ghv(), g); }, reps, peak);
   // The same step queued without waiting (the loss stays on the device): what a training loop that
   // never reads the loss back per step pays. The events bracket the queued work on the stream.
   thrust::device_vector<float> loss_d(1);
   progress("forward_backward_async");
-  const double fba = time_ms(
+  const double fba = time_ms("forward_backward_async", 
       [&] {
         head.forward_backward_async(in.hv(), in.tv(), in.ghv(), g,
                                     xs::vector_view<float>(thrust::raw_pointer_cast(loss_d.data()), 1));
@@ -129,12 +141,13 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
   progress("topk");
   thrust::device_vector<index_t> cls(static_cast<std::size_t>(rows * k));
   thrust::device_vector<float> lp(static_cast<std::size_t>(rows * k));
-  const double tk = time_ms(
+  const double tk = time_ms("topk", 
       [&] {
         head.topk(in.hv(), k, xs::matrix_view<index_t>(thrust::raw_pointer_cast(cls.data()), rows, k),
                   xs::matrix_view<float>(thrust::raw_pointer_cast(lp.data()), rows, k), topk_extra...);
       },
       std::max(1, reps / 2), peak);
+  progress("done");
   const double grad_mb = (static_cast<double>(g.values.size()) * 4 + static_cast<double>(g.rows.size()) * 8) / 1e6;
   std::printf("%-34s B=%-6lld d=%-5lld N=%-10lld fwd %9.3f ms  fwd+bwd %9.3f ms  fwd+bwd async %9.3f ms  "
               "top10 %9.3f ms  ws %8.1f MB  grad %9.1f MB (%lld rows)  peak %9.1f MB  loss %.4f\n",
@@ -155,9 +168,22 @@ std::vector<double> zipf_counts(index_t n) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::string filter;
+  int reps_option = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only_measurement = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps_option = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "heads_cuda_bench: unknown option '%s' (see the file's header)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!only_measurement.empty() && only_measurement != "forward" && only_measurement != "forward_backward" &&
+      only_measurement != "forward_backward_async" && only_measurement != "topk") {
+    std::fprintf(stderr, "heads_cuda_bench: --only '%s' is not forward, forward_backward, forward_backward_async "
+                 "or topk\n", only_measurement.c_str());
+    return 2;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -168,7 +194,7 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("heads_cuda_bench on %s (%.1f GiB), bf16 weights and hidden rows, k = 10%s\n", prop.name,
               prop.totalGlobalMem / double(1 << 30), quick ? ", --quick sizes" : "");
-  const int reps = quick ? 3 : 10;
+  const int reps = reps_option > 0 ? reps_option : quick ? 3 : 10;
   const auto want = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
 
   using full = xs::full_softmax<xs::bf16, xs::cuda>;

@@ -8,6 +8,10 @@
 2. torch.nn.AdaptiveLogSoftmaxWithLoss over N = 1M classes (cutoffs 20K / 200K, div_value 4),
    bf16, d = 512, B = 8192, Zipf-like targets: the closest built-in peer of a hierarchical softmax.
 
+3. The two ceilings of the floors in bench/RESULTS.md, measured on this device: a 4 GiB
+   device-to-device copy (bytes read + written per second) and cuBLAS's bf16 GEMM rate through
+   torch.matmul, at 8192^3 and at the full softmax's score-GEMM shape (B x N x d).
+
 Usage: python3 bench/cuda/torch_peer.py [--quick] [--reps 10]
 Prints one line per configuration. Needs torch with CUDA; nothing else.
 """
@@ -35,6 +39,25 @@ def zipf_targets(batch, n, device):
     # Same law as heads_cuda_bench: t = floor(n^u) - 1, u uniform in [0, 1).
     u = torch.rand(batch, device=device, dtype=torch.float64)
     return torch.clamp(torch.floor(torch.pow(float(n), u)).long() - 1, 0, n - 1)
+
+
+def ceilings(batch, dim, n, device):
+    """Device-to-device copy bandwidth and cuBLAS bf16 GEMM rates (the floors' denominators)."""
+    words = 1 << 30
+    a = torch.empty(words, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    ms = time_ms(lambda: b.copy_(a), 10)
+    print(f"ceiling copy           {4 * words / 1e9:.1f} GB device-to-device: {ms:.3f} ms, "
+          f"{2 * 4 * words / (ms * 1e-3) / 1e9:.0f} GB/s (read + write)", flush=True)
+    del a, b
+    for m, nn, k in ((8192, 8192, 8192), (batch, n, dim)):
+        x = torch.rand(m, k, device=device, dtype=torch.bfloat16) - 0.5
+        y = torch.rand(k, nn, device=device, dtype=torch.bfloat16) - 0.5
+        ms = time_ms(lambda: x @ y, 10)
+        print(f"ceiling gemm_bf16      M={m:<6} N={nn:<10} K={k:<5} {ms:9.3f} ms  "
+              f"{2 * m * nn * k / (ms * 1e-3) / 1e12:6.1f} TFLOP/s", flush=True)
+        del x, y
+    torch.cuda.empty_cache()
 
 
 def full_softmax(batch, dim, n, reps, device):
@@ -108,9 +131,11 @@ def main():
     torch.manual_seed(0)
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
     if a.quick:
+        ceilings(1024, 2304, 32768, device)
         full_softmax(1024, 2304, 32768, a.reps, device)
         adaptive(1024, 512, 100000, a.reps, device)
     else:
+        ceilings(8192, 2304, 262144, device)
         full_softmax(8192, 2304, 262144, a.reps, device)
         adaptive(8192, 512, 1 << 20, a.reps, device)
     return 0
