@@ -26,6 +26,7 @@
 #   bench/cuda/gpu_run.sh profile    one quick-bench head ($PROFILE_FILTER) under nsys (or ncu): API calls,
 #                                    kernels, copies, summed
 #   bench/cuda/gpu_run.sh pack       $OUT's logs into logs.tar.gz (the device tool brings 8 files back)
+#   bench/cuda/gpu_run.sh poison     the CUDA cases with poisoned workspace pieces (XSOFTMAX_POISON_WORKSPACE)
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -206,8 +207,11 @@ quick_bench() {
 
 # $out's logs in one archive, logs.tar.gz, beside phases.txt (the device tool brings 8 files back).
 pack() {
-  (cd "$out" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=phases.txt . && find . -type f \
-    ! -name logs.tar.gz ! -name phases.txt -delete)
+  local archive
+  archive=$(mktemp /tmp/logs.XXXXXX)
+  (cd "$out" && tar czf "$archive" --exclude=logs.tar.gz --exclude=phases.txt . && find . -type f \
+    ! -name phases.txt -delete)
+  mv "$archive" "$out/logs.tar.gz"
 }
 
 # After `prebuilt` found failures: every case again (a crash prints its report, tests/cuda/main.cu:
@@ -291,6 +295,18 @@ test_binary() {
   fi
 }
 
+# The CUDA-specific cases with every workspace piece filled with 0xFF bytes when handed out
+# (XSOFTMAX_POISON_WORKSPACE, detail/cuda/workspace.cuh): a kernel that reads scratch nobody wrote
+# then computes with NaNs and the case fails. Within $POISON_LIMIT seconds (default 60).
+poison() {
+  local tests
+  tests=$(test_binary)
+  log "poison $(date -u +%FT%TZ)"
+  XSOFTMAX_POISON_WORKSPACE=1 DEADLINE=$(( $(date +%s) + ${POISON_LIMIT:-60} )) each_case 8 60 "$tests" \
+    --test-case='cuda*' > "$out/poison.txt" 2>&1 || true
+  tail -n 1 "$out/poison.txt" | tee -a "$out/phases.txt"
+}
+
 sanitize() {
   # memcheck on every case but the > 2^31-element one (minutes under the tool); racecheck (much
   # slower: it instruments shared memory) on the CUDA-specific cases, without the two-thread
@@ -351,5 +367,6 @@ case "${1:-all}" in
   rerun) rerun ;;
   profile) profile ;;
   pack) pack ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack" >&2; exit 2 ;;
+  poison) poison ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison" >&2; exit 2 ;;
 esac

@@ -32,11 +32,13 @@
 ///    the host, run on the device; the host keeps the seeded random choices and reads sizes, and
 ///    the finished graph is stored on the host (copied back to the device on the next `select`).
 ///  * `hierarchical_softmax` runs its one generic algorithm too (planning, sorting, GEMM and
-///    gather-dot paths, top-k search, log_distribution), with two tuned kernel sets whose generic
+///    gather-dot paths, top-k search, log_distribution), with three tuned kernel sets whose generic
 ///    versions are their oracles in the GPU tests: the gather path gives one warp to each sample
-///    (detail/cuda/hs_gather_tuned.cuh), and a level's small dense runs are grouped (grouped GEMMs,
-///    one segmented log-sum-exp kernel; detail/cuda/hs_grouped_tuned.cuh) unless
-///    `set_dense_grouping(dense_grouping::per_run)`. A `runtime_tree` is copied to the device once
+///    (one block for wide nodes; detail/cuda/hs_gather_tuned.cuh), a level's small dense runs are
+///    grouped (grouped GEMMs, one segmented log-sum-exp kernel; detail/cuda/hs_grouped_tuned.cuh)
+///    unless `set_dense_grouping(dense_grouping::per_run)`, and the top-k search over softmax nodes
+///    gives each row a block that scores an expanded node's children together
+///    (detail/cuda/hs_search_tuned.cuh). A `runtime_tree` is copied to the device once
 ///    per head. Its `_async` verbs do not wait for their last kernels, but plan each tree level's
 ///    runs on the host (one wait per level); `topk_async` is blocking.
 ///
@@ -57,6 +59,8 @@
 #include <xsoftmax/detail/cuda/dense_tuned.cuh>
 #include <xsoftmax/detail/cuda/hs_gather_tuned.cuh>
 #include <xsoftmax/detail/cuda/hs_grouped_tuned.cuh>
+#include <xsoftmax/detail/cuda/hs_search_tuned.cuh>
+#include <xsoftmax/detail/cuda/topk_tuned.cuh>
 #include <xsoftmax/detail/cuda/tree.cuh>
 #include <xsoftmax/detail/cuda/resources.cuh>
 #include <xsoftmax/full_softmax.hpp>

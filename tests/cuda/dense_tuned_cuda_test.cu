@@ -3,12 +3,15 @@
 // generic versions on the same backend: the bf16/fp16 tensor-core kernels (dense_softmax against
 // dense_softmax_generic: loss, grad_h, grad_w and grad_b, over several chunks, with and without bias
 // and score cache, within the storage type's tolerance, support.cuh), and the block-per-row online
-// log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores).
+// log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores), and the
+// block-per-row running top-k (detail/cuda/topk_tuned.cuh: row_topk_update against
+// row_topk_update_generic, with ties, -inf scores and listed ids, bit for bit).
 
 #include "support.cuh"
 
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+#include <xsoftmax/detail/primitives/row_topk.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -121,4 +124,62 @@ TEST_CASE("cuda online_lse_update: the block-per-row kernel equals the generic l
   tuned.first[3] = generic.first[3] = 0.f;
   CHECK(relative_gap(tuned.first, generic.first) < 1e-5);
   CHECK(tuned.second == generic.second);  // the target's score, copied
+}
+
+TEST_CASE("cuda row_topk_update: the block-per-row kernel equals the generic loop (its oracle)") {
+  static_assert(xs::detail::row_topk_tuning<xs::detail::execution<xs::cuda>>::available);
+  const xs::cuda_resources res;
+  const xs::detail::execution<xs::cuda> ex{res};
+  // (rows, columns per chunk, chunks, k, distinct score values (0: continuous), listed ids)
+  struct shape {
+    index_t rows, cols, chunks, k, levels;
+    bool listed;
+  };
+  const shape shapes[] = {{37, 1000, 3, 10, 0, false}, {20, 5000, 2, 1, 0, false},  {9, 700, 2, 100, 0, true},
+                          {12, 900, 2, 300, 0, false},  {15, 3000, 2, 5, 3, false}, {6, 2500, 1, 40, 1, true},
+                          {4, 3000, 2, 300, 0, false}};  // the last: more candidates than the block's slots
+  unsigned seed = 20;
+  for (const shape& sh : shapes) {
+    std::mt19937 g(seed++);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> s(static_cast<std::size_t>(sh.rows * sh.cols));
+    std::vector<index_t> ids(static_cast<std::size_t>(sh.cols));
+    for (index_t j = 0; j < sh.cols; ++j) ids[static_cast<std::size_t>(j)] = (j * 7919) % (sh.cols * 3);  // distinct
+    struct result {
+      std::vector<float> score;
+      std::vector<index_t> index, size;
+    };
+    const auto run = [&](bool tuned, unsigned data_seed) {
+      std::mt19937 gd(data_seed);
+      xs::detail::basic_row_topk_state<xs::cuda> st(sh.rows, sh.k);
+      for (index_t c = 0; c < sh.chunks; ++c) {
+        for (auto& x : s) {
+          // Few distinct values: ties everywhere (broken by id); every 17th score -inf (a masked class).
+          x = sh.levels ? static_cast<float>(gd() % static_cast<unsigned>(sh.levels)) : nd(gd);
+          if (gd() % 17 == 0) x = -INFINITY;
+        }
+        const auto ds = to_device(s);
+        const auto dids = to_device(ids);
+        const index_t offset = c * sh.cols;
+        if (sh.listed) {
+          const xs::detail::listed_ids by{raw(dids)};
+          if (tuned) xs::detail::row_topk_update_by(ex, raw(ds), sh.rows, sh.cols, sh.cols, by, st);
+          else xs::detail::row_topk_update_generic(ex, raw(ds), sh.rows, sh.cols, sh.cols, by, st);
+        } else {
+          const xs::detail::offset_ids by{offset};
+          if (tuned) xs::detail::row_topk_update_by(ex, raw(ds), sh.rows, sh.cols, sh.cols, by, st);
+          else xs::detail::row_topk_update_generic(ex, raw(ds), sh.rows, sh.cols, sh.cols, by, st);
+        }
+        res.synchronize();
+      }
+      xs::detail::row_topk_finish(ex, sh.rows, st);
+      res.synchronize();
+      return result{to_host(st.score), to_host(st.index), to_host(st.size)};
+    };
+    const result tuned = run(true, seed * 31u), generic = run(false, seed * 31u);
+    INFO("rows " << sh.rows << ", cols " << sh.cols << ", k " << sh.k << ", levels " << sh.levels);
+    CHECK(tuned.size == generic.size);
+    CHECK(tuned.index == generic.index);
+    CHECK(bitwise_equal(tuned.score, generic.score));
+  }
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The hierarchical softmax's tuned CUDA paths against their oracles, the generic primitives on the
-// same backend and the same planned runs: the warp-per-sample gather path
-// (detail/cuda/hs_gather_tuned.cuh) against gather_runs_generic, both node forms; the grouped GEMM
+// same backend and the same planned runs: the warp-per-sample gather path (block-per-sample for wide
+// blocks; detail/cuda/hs_gather_tuned.cuh) against gather_runs_generic, both node forms; the grouped GEMM
 // path (detail/cuda/hs_grouped_tuned.cuh) against dense_runs_generic. Every level of the tree:
 // loss, grad_h, the weight and bias gradient rows, within the storage type's tolerance.
 
@@ -112,6 +112,10 @@ TEST_CASE("cuda hierarchical_softmax: the warp-per-sample gather path equals the
   tuned_equals_generic<xs::uniform_tree<3, 8>, __nv_bfloat16, false>(path::gather, 200, 33, false, 2);
   tuned_equals_generic<xs::uniform_tree<9, 2>, float, true>(path::gather, 700, 24, true, 3);  // long root run
   tuned_equals_generic<xs::uniform_tree<9, 2>, __half, true>(path::gather, 90, 130, false, 4);
+  // Blocks of at least gather_wide_block children: the block-per-sample kernel.
+  static_assert(100 >= xs::detail::gpu::gather_wide_block);
+  tuned_equals_generic<xs::uniform_tree<2, 100>, float, false>(path::gather, 300, 40, true, 9);
+  tuned_equals_generic<xs::uniform_tree<2, 100>, __nv_bfloat16, false>(path::gather, 250, 72, false, 10);
 }
 
 TEST_CASE("cuda hierarchical_softmax: the grouped GEMM path equals the generic dense runs (its oracle)") {
@@ -120,4 +124,66 @@ TEST_CASE("cuda hierarchical_softmax: the grouped GEMM path equals the generic d
   tuned_equals_generic<xs::uniform_tree<3, 8>, float, false>(path::dense, 400, 17, false, 6);
   tuned_equals_generic<xs::uniform_tree<3, 8>, __nv_bfloat16, false>(path::dense, 400, 64, true, 7);
   tuned_equals_generic<xs::uniform_tree<2, 32>, __half, false>(path::dense, 300, 48, true, 8);
+}
+
+namespace {
+
+/// The block-per-row search (detail/cuda/hs_search_tuned.cuh) against the generic thread-per-row
+/// one on the same device: classes, log-probabilities and overflow flags bit for bit, exact and
+/// beam, with and without a bias.
+template <class Tree, class T>
+void tuned_search_equals_generic(index_t rows, index_t d, index_t k, index_t beam, bool with_bias, unsigned seed) {
+  const Tree tree(Tree::branching * Tree::branching * (Tree::max_depth > 2 ? Tree::branching : 1) - 3);
+  const auto tv = tree.view();
+  const index_t w_rows = tree.num_rows();
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> h(static_cast<std::size_t>(rows * d));
+  std::vector<T> w(static_cast<std::size_t>(w_rows * d)), b(static_cast<std::size_t>(w_rows));
+  for (auto& x : h) x = nd(g);
+  for (auto& x : w) x = xs::from_float<T>(0.4f * nd(g));
+  for (auto& x : b) x = xs::from_float<T>(0.2f * nd(g));
+  const auto dh = to_device(h);
+  const auto dw = to_device(w), db = to_device(b);
+  const index_t max_block = xs::detail::widest_block(tv);
+  const index_t capacity = beam > 0 ? beam + max_block : 1024 + 4 * (k + 1) * max_block;
+  const xs::cuda_resources res;
+  const xs::detail::execution<xs::cuda> ex{res};
+  struct outputs {
+    std::vector<index_t> classes;
+    std::vector<float> log_probs;
+    std::vector<int> overflow;
+  };
+  const auto search = [&](bool tuned) {
+    thrust::device_vector<std::uint64_t> open_key(static_cast<std::size_t>(rows * capacity));
+    thrust::device_vector<float> child_lp(static_cast<std::size_t>(rows * max_block)),
+        leaf_lp(static_cast<std::size_t>(rows * k)), lp(static_cast<std::size_t>(rows * k));
+    thrust::device_vector<index_t> cls(static_cast<std::size_t>(rows * k));
+    thrust::device_vector<int> overflow(static_cast<std::size_t>(rows), 7);
+    const xs::detail::topk_search_step<false, T, decltype(tv), 1> step{
+        tv,        raw(dh), d,     matrix_view<const T>(raw(dw), w_rows, d), with_bias ? raw(db) : nullptr,
+        k,         beam,    capacity, max_block, 0, rows, raw(open_key), raw(child_lp), raw(leaf_lp),
+        matrix_view<index_t>(raw(cls), rows, k), matrix_view<float>(raw(lp), rows, k), raw(overflow)};
+    if (tuned) xs::detail::tree_search_tuning<xs::cuda>::run(ex, step);
+    else xs::detail::parallel_for(ex, rows, step);
+    res.synchronize();
+    return outputs{to_host(cls), to_host(lp), to_host(overflow)};
+  };
+  const outputs tuned = search(true), generic = search(false);
+  INFO("rows " << rows << ", k " << k << ", beam " << beam);
+  CHECK(tuned.classes == generic.classes);
+  CHECK(bitwise_equal(tuned.log_probs, generic.log_probs));
+  CHECK(tuned.overflow == generic.overflow);
+  CHECK(std::count(generic.classes.begin(), generic.classes.end(), index_t(-1)) <
+        static_cast<std::ptrdiff_t>(generic.classes.size()));
+}
+
+}  // namespace
+
+TEST_CASE("cuda hierarchical_softmax: the block-per-row top-k search equals the generic one (its oracle)") {
+  static_assert(xs::detail::tree_search_tuning<xs::cuda>::available);
+  tuned_search_equals_generic<xs::uniform_tree<2, 300>, float>(70, 40, 10, 0, true, 11);  // blocks wider than a block of threads
+  tuned_search_equals_generic<xs::uniform_tree<3, 9>, __nv_bfloat16>(90, 33, 5, 0, false, 12);
+  tuned_search_equals_generic<xs::uniform_tree<3, 9>, float>(50, 24, 7, 4, true, 13);  // beam
+  tuned_search_equals_generic<xs::uniform_tree<2, 64>, __half>(40, 64, 1, 0, true, 14);
 }

@@ -3,7 +3,8 @@
 /// \file
 /// The tuned CUDA specialisation of the hierarchical softmax's gather path
 /// (detail/hierarchical/gather_runs.hpp): one warp per sample instead of one thread per run, so a
-/// level's many short runs fill the GPU. The warp reads the node's rows in place, writes the
+/// level's many short runs fill the GPU (one block per sample when the level's blocks are wide:
+/// `gather_level_wide_kernel`). The warp reads the node's rows in place, writes the
 /// sample's dLoss/dscore values to the level's scratch and adds into its own grad_hidden row; then
 /// one block per (run, child row) sums G_ij * h_i over the run's samples in order. Same results as
 /// the generic version up to summation order inside a dot product (the lanes' partial sums); no
@@ -87,6 +88,62 @@ __global__ void gather_level_kernel(const node_run* runs, index_t n_runs, index_
   }
 }
 
+/// Blocks of at least this many children take `gather_level_wide_kernel`: one warp scoring a
+/// 1024-child node alone (1024 dependent dot products) took 3 ms a call on an H100
+/// (bench/RESULTS.md, "second GPU session"), with a few hundred warps busy.
+inline constexpr index_t gather_wide_block = 64;
+
+/// `gather_level_kernel` for softmax nodes with wide blocks: one block of Threads threads per
+/// sorted row, its warps splitting the node's children (a warp per child's dot product, as there),
+/// the row's max and sum of exp by block reductions (`block_max_sum`), and grad_h's columns split
+/// over the threads, each adding G_j w_j[p] over the children j in order (the warp kernel's order).
+template <int Threads, class T>
+__global__ void __launch_bounds__(Threads)
+    gather_level_wide_kernel(const node_run* runs, index_t n_runs, index_t row0, index_t rows, node_run_data<T> a) {
+  __shared__ typename cub::BlockReduce<float, Threads>::TempStorage temp;
+  constexpr int warps = Threads / warp_size;
+  const int lane = static_cast<int>(threadIdx.x) % warp_size, warp = static_cast<int>(threadIdx.x) / warp_size;
+  const index_t d = a.dim;
+  for (index_t r = row0 + blockIdx.x; r < row0 + rows; r += gridDim.x) {
+    // The run holding r (block-uniform, so the barriers below are reached by every thread).
+    index_t lo = 0, hi = n_runs;
+    while (lo < hi) {
+      const index_t mid = lo + (hi - lo) / 2;
+      if (runs[mid].begin <= r) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo == 0) continue;
+    const node_run run = runs[lo - 1];
+    if (r >= run.end) continue;
+    const float* h = a.h + r * d;
+    const index_t i = r - run.begin, c = a.child[r], bs = run.block_size;
+    float* sr = a.scratch + run.scratch_offset + i * bs;
+    for (index_t j = warp; j < bs; j += warps) {
+      const index_t row = run.block_begin + j;
+      const float s = warp_dot(h, a.w.row(row), d, lane) + (a.bias ? to_float(a.bias[row]) : 0.f);
+      if (lane == 0) sr[j] = s;
+    }
+    __syncthreads();  // every score written before any thread reads them
+    const float2 ms = block_max_sum<Threads>(sr, bs, temp);
+    const float lse = ms.x != -INFINITY ? ms.x + logf(ms.y) : -INFINITY;
+    // The thread that owns entry c (it overwrites it below, after this read).
+    if (threadIdx.x == c % Threads) a.loss[r] += lse - sr[c];
+    if (!a.backward()) continue;
+    const float u = a.upstream[r];
+    for (index_t j = threadIdx.x; j < bs; j += Threads) {
+      float gj = expf(sr[j] - lse) * u;
+      if (j == c) gj -= u;
+      sr[j] = gj;
+    }
+    __syncthreads();  // G visible to the block
+    for (index_t p = threadIdx.x; p < d; p += Threads) {
+      float acc = a.grad_h[r * d + p];
+      for (index_t j = 0; j < bs; ++j) acc += sr[j] * to_float(a.w.row(run.block_begin + j)[p]);
+      a.grad_h[r * d + p] = acc;
+    }
+  }
+}
+
 /// Weight (and bias) gradient of the gather runs: block (run, y) handles the run's child rows
 /// j = y, y + gridDim.y, ...; thread p sums G_ij * h_i[p] over the run's rows i in order.
 template <bool Sigmoid, class T>
@@ -125,8 +182,12 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
     index_t max_width = 1;
     for (const node_run& run : runs) max_width = std::max(max_width, Sigmoid ? index_t(1) : run.block_size);
     constexpr int warps_per_block = gpu::block_threads / gpu::warp_size;
-    gpu::gather_level_kernel<Sigmoid, T><<<gpu::grid_for(rows, warps_per_block), gpu::block_threads, 0, stream>>>(
-        raw(device_runs), n_runs, row0, rows, a);
+    if (!Sigmoid && max_width >= gpu::gather_wide_block)
+      gpu::gather_level_wide_kernel<gpu::block_threads, T><<<gpu::grid_rows(rows), gpu::block_threads, 0, stream>>>(
+          raw(device_runs), n_runs, row0, rows, a);
+    else
+      gpu::gather_level_kernel<Sigmoid, T><<<gpu::grid_for(rows, warps_per_block), gpu::block_threads, 0, stream>>>(
+          raw(device_runs), n_runs, row0, rows, a);
     XSOFTMAX_CUDA_CHECK_LAUNCH();
     if (!a.backward()) return;
     expects(n_runs <= static_cast<index_t>(INT_MAX), "hierarchical_softmax: ", n_runs,

@@ -82,22 +82,6 @@ struct level_step_of {
   }
 };
 
-/// Row r of `dst` = row src_row[order[r]] of `src` (row order[r] when `src_row` is null), widened
-/// to fp32.
-template <class H>
-struct gather_float_rows {
-  matrix_view<const H> src;
-  const index_t* src_row;
-  const index_t* order;
-  float* dst;
-  XSOFTMAX_HD void operator()(index_t r) const {
-    const index_t i = order[r];
-    const H* s = src.row(src_row ? src_row[i] : i);
-    float* o = dst + r * src.cols;
-    for (index_t p = 0; p < src.cols; ++p) o[p] = to_float(s[p]);
-  }
-};
-
 /// `in`'s rows stable-sorted by their target's leaf rank (equal targets keep batch order), with
 /// `upstream` (one value per packed row, or empty) permuted alike. The sorted hidden rows go to
 /// `hidden_out` (rows x dim floats, written, never read): row r is row `src_row[i]` of `hidden`,
@@ -125,7 +109,13 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
     thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
     upstream.swap(up);
   }
-  parallel_for(ex, n, gather_float_rows<H>{hidden, src_row, raw(order), hidden_out});
+  // Row r of hidden_out = row src_row[order[r]] of `hidden` (row order[r] when src_row is null).
+  const index_t* by = raw(order);
+  const index_t d = hidden.cols;
+  XSOFTMAX_PARALLEL_FOR_2D(ex, n, d, r, p, {
+    const index_t i = by[r];
+    hidden_out[r * d + p] = to_float(hidden.row(src_row ? src_row[i] : i)[p]);
+  });
   return out;
 }
 

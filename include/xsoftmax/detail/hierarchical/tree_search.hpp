@@ -172,6 +172,17 @@ struct topk_search_step {
   }
 };
 
+/// A backend's tuned runner of the softmax-node searches of one tile (`topk_search_step` with G = 1,
+/// rows [0, step.n)): `available` when there is one; then `run(ex, step)` must give the step's
+/// results bit for bit. The cuda backend's (detail/cuda/hs_search_tuned.cuh) gives each row a
+/// block whose threads score the expanded node's children side by side: a thread alone per row
+/// scored every child of a 1024-child node in turn, and a top-10 over 65536 classes took over 10 s
+/// on an H100 (bench/RESULTS.md, "second GPU session").
+template <class B>
+struct tree_search_tuning {
+  static constexpr bool available = false;
+};
+
 /// The widest block of the tree (children of one node), from its host view.
 template <class View>
 index_t widest_block(const View& tv) {
@@ -217,12 +228,15 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
         parallel_for(ex, (n + G - 1) / G,
                      sigmoid_pair_step<T, View, G>{tv, h.data, h.cols, w, bias, k, capacity, row0, n, open_key.data(),
                                                    leaf_lp.data(), classes, log_probs, raw(overflow), start_begin});
-      else
-        parallel_for(ex, (n + G - 1) / G,
-                     topk_search_step<Sigmoid, T, View, G>{tv, h.data, h.cols, w, bias, k, beam, capacity, max_block,
-                                                           row0, n, open_key.data(), child_lp.data(), leaf_lp.data(),
-                                                           classes, log_probs, raw(overflow), start_begin,
-                                                           start_size});
+      else {
+        const topk_search_step<Sigmoid, T, View, G> step{tv,        h.data,          h.cols,         w,
+                                                         bias,      k,               beam,           capacity,
+                                                         max_block, row0,            n,              open_key.data(),
+                                                         child_lp.data(), leaf_lp.data(), classes, log_probs,
+                                                         raw(overflow), start_begin, start_size};
+        if constexpr (!Sigmoid && G == 1 && tree_search_tuning<B>::available) tree_search_tuning<B>::run(ex, step);
+        else parallel_for(ex, (n + G - 1) / G, step);
+      }
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
     if (!outgrown) return;

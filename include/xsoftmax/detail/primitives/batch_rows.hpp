@@ -61,8 +61,7 @@ struct kept_target {
 template <class Backend, class H>
 void check_hidden(const execution<Backend>& ex, const char* where, matrix_view<const H> hidden, index_t dim) {
   check_hidden_shape(where, hidden, dim);
-  const thrust::counting_iterator<index_t> first(0);
-  const index_t i = *thrust::find_if(ex.policy(), first, first + hidden.rows, row_has_non_finite<H>{hidden});
+  const index_t i = first_non_finite_row(ex, hidden);
   if (i == hidden.rows) return;
   for (index_t j = 0; j < hidden.cols; ++j) {
     const float v = to_float(backend_ops<Backend>::read(ex.res, hidden.row(i) + j));
@@ -123,12 +122,8 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
   float* out = with_hidden ? thrust::raw_pointer_cast(b.hidden.data()) : nullptr;
   const index_t* t = targets.data;
   const index_t d = b.dim;
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, {
-    tgt[r] = t ? t[src[r]] : 0;
-    if (!out) return;
-    const H* in = hidden.row(src[r]);
-    for (index_t j = 0; j < d; ++j) out[r * d + j] = to_float(in[j]);
-  });
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { tgt[r] = t ? t[src[r]] : 0; });
+  if (out) XSOFTMAX_PARALLEL_FOR_2D(ex, b.rows, d, r, j, { out[r * d + j] = to_float(hidden.row(src[r])[j]); });
   return b;
 }
 
@@ -174,15 +169,9 @@ template <class Backend>
 void scatter_rows(const execution<Backend>& ex, const batch_rows<Backend>& b, const float* packed,
                   matrix_view<float> out) {
   const index_t d = out.cols;
-  XSOFTMAX_PARALLEL_FOR(ex, out.rows, i, {
-    float* o = out.row(i);
-    for (index_t j = 0; j < d; ++j) o[j] = 0.f;
-  });
+  XSOFTMAX_PARALLEL_FOR_2D(ex, out.rows, d, i, j, { out.row(i)[j] = 0.f; });
   const index_t* sample = b.sample_data();
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, {
-    float* o = out.row(sample[r]);
-    for (index_t j = 0; j < d; ++j) o[j] = packed[r * d + j];
-  });
+  XSOFTMAX_PARALLEL_FOR_2D(ex, b.rows, d, r, j, { out.row(sample[r])[j] = packed[r * d + j]; });
 }
 
 /// The reduced loss of `n` per-row losses into `out[0]` (the execution's memory): their sum, or

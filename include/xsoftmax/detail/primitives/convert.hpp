@@ -26,10 +26,7 @@ matrix_view<const float> rows_as_float(const Ex& ex, matrix_view<const T> src, i
     const index_t d = src.cols;
     scratch.resize(static_cast<std::size_t>(count * d));
     float* out = thrust::raw_pointer_cast(scratch.data());
-    XSOFTMAX_PARALLEL_FOR(ex, count, i, {
-      const T* in = src.row(first + i);
-      for (index_t j = 0; j < d; ++j) out[i * d + j] = to_float(in[j]);
-    });
+    XSOFTMAX_PARALLEL_FOR_2D(ex, count, d, i, j, { out[i * d + j] = to_float(src.row(first + i)[j]); });
     return {out, count, d};
   }
 }
@@ -39,7 +36,7 @@ matrix_view<const float> rows_as_float(const Ex& ex, matrix_view<const T> src, i
 template <class Ex, class T>
 void rows_to_storage(const Ex& ex, matrix_view<const float> src, T* out) {
   const index_t d = src.cols;
-  XSOFTMAX_PARALLEL_FOR(ex, src.rows * d, e, { out[e] = from_float<T>(src(e / d, e % d)); });
+  XSOFTMAX_PARALLEL_FOR_2D(ex, src.rows, d, i, j, { out[i * d + j] = from_float<T>(src(i, j)); });
 }
 
 }  // namespace xsoftmax::detail

@@ -182,10 +182,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     } else {  // gather the chunk's rows (widened to fp32) into one block
       gathered.resize(static_cast<std::size_t>(cn * d));
       float* g = raw(gathered);
-      XSOFTMAX_PARALLEL_FOR(ex, cn, j, {
-        const T* src = w.row(col[c0 + j]);
-        for (index_t p = 0; p < d; ++p) g[j * d + p] = to_float(src[p]);
-      });
+      XSOFTMAX_PARALLEL_FOR_2D(ex, cn, d, j, p, { g[j * d + p] = to_float(w.row(col[c0 + j])[p]); });
       float* gb = nullptr;
       if (bias && s) {
         gathered_bias.resize(static_cast<std::size_t>(cn));

@@ -76,11 +76,36 @@ struct row_has_non_finite {
   }
 };
 
+/// True for an element e (row e / cols, column e % cols) of `m` that is NaN or infinite.
+template <class H>
+struct element_is_non_finite {
+  matrix_view<const H> m;
+  XSOFTMAX_HD bool operator()(index_t e) const { return non_finite_bit(to_float(m(e / m.cols, e % m.cols))) != 0; }
+};
+
+/// The first row of `m` (in the execution's memory) holding a NaN or an infinity, or m.rows when
+/// there is none: a device tests one element per thread, a host thread a row at a time.
+template <class Backend, class H>
+index_t first_non_finite_row(const execution<Backend>& ex, matrix_view<const H> m) {
+  const thrust::counting_iterator<index_t> first(0);
+  if constexpr (runs_on_device<execution<Backend>>) {
+    if (m.cols == 0) return m.rows;
+    const index_t total = m.rows * m.cols;
+    const index_t e = *thrust::find_if(ex.policy(), first, first + total, element_is_non_finite<H>{m});
+    return e == total ? m.rows : e / m.cols;
+  } else {
+    return *thrust::find_if(ex.policy(), first, first + m.rows, row_has_non_finite<H>{m});
+  }
+}
+
 /// The index of the first of `n` values (in the execution's memory) whose `scale` times is NaN or
 /// infinite, or n when there is none.
 template <class Backend, class T>
 index_t first_non_finite(const execution<Backend>& ex, const T* values, index_t n, float scale = 1.f) {
-  constexpr index_t block = 1024;
+  // A device tests one value per thread (threads walking 1024 values each left the H100 idle:
+  // 0.3 ms a call in the first profile, bench/RESULTS.md); a host thread a block at a time,
+  // vectorised.
+  constexpr index_t block = runs_on_device<execution<Backend>> ? 1 : 1024;
   const index_t blocks = (n + block - 1) / block;
   const thrust::counting_iterator<index_t> first(0);
   const index_t b =
