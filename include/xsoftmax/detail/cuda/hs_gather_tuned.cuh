@@ -32,12 +32,7 @@ __global__ void gather_level_kernel(const node_run* runs, index_t n_runs, index_
   const index_t warps = grid_threads() / warp_size, d = a.dim;
   for (index_t r = row0 + global_thread() / warp_size; r < row0 + rows; r += warps) {
     // The run holding r: the last one with begin <= r (runs are in row order). Warp-uniform.
-    index_t lo = 0, hi = n_runs;
-    while (lo < hi) {
-      const index_t mid = lo + (hi - lo) / 2;
-      if (runs[mid].begin <= r) lo = mid + 1;
-      else hi = mid;
-    }
+    const index_t lo = runs_started_by(runs, n_runs, r, &node_run::begin);
     if (lo == 0) continue;
     const node_run run = runs[lo - 1];
     if (r >= run.end) continue;
@@ -106,12 +101,7 @@ __global__ void __launch_bounds__(Threads)
   const index_t d = a.dim;
   for (index_t r = row0 + blockIdx.x; r < row0 + rows; r += gridDim.x) {
     // The run holding r (block-uniform, so the barriers below are reached by every thread).
-    index_t lo = 0, hi = n_runs;
-    while (lo < hi) {
-      const index_t mid = lo + (hi - lo) / 2;
-      if (runs[mid].begin <= r) lo = mid + 1;
-      else hi = mid;
-    }
+    const index_t lo = runs_started_by(runs, n_runs, r, &node_run::begin);
     if (lo == 0) continue;
     const node_run run = runs[lo - 1];
     if (r >= run.end) continue;

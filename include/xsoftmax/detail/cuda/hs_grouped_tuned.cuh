@@ -58,13 +58,7 @@ __global__ void __launch_bounds__(Threads)
   __shared__ typename cub::BlockReduce<float, Threads>::TempStorage temp;
   for (index_t t = blockIdx.x; t < rows; t += gridDim.x) {
     // The run holding t: the last one with row0 <= t (block-uniform).
-    index_t lo = 0, hi = n_runs;
-    while (lo < hi) {
-      const index_t mid = lo + (hi - lo) / 2;
-      if (runs[mid].row0 <= t) lo = mid + 1;
-      else hi = mid;
-    }
-    const grouped_run run = runs[lo - 1];
+    const grouped_run run = runs[runs_started_by(runs, n_runs, t, &grouped_run::row0) - 1];
     const index_t i = t - run.row0, r = run.begin + i, bs = run.block_size, c = child[r];
     float* row = scores + run.s_offset + i * bs;
     if (bias)  // in place: later passes read biased scores; each thread keeps to its own entries

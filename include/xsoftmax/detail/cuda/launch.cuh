@@ -30,6 +30,20 @@ inline constexpr int block_threads = 256;
   return static_cast<unsigned>(rows < 1 ? 1 : (rows > cap ? cap : rows));
 }
 
+/// How many of the n runs (sorted by their first row, member `first`) start at or before row r:
+/// the run holding r is the one before, when it reaches r. A binary search; uniform across the
+/// threads that share r.
+template <class Run>
+__device__ index_t runs_started_by(const Run* runs, index_t n, index_t r, index_t Run::*first) {
+  index_t lo = 0, hi = n;
+  while (lo < hi) {
+    const index_t mid = lo + (hi - lo) / 2;
+    if (runs[mid].*first <= r) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 __device__ inline index_t global_thread() { return static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ inline index_t grid_threads() { return static_cast<index_t>(gridDim.x) * blockDim.x; }
 
