@@ -140,7 +140,9 @@ struct sparse_gradient {
 /// How a head's weights are initialised when the head owns them.
 struct init_options {
   unsigned long long seed = 0;
-  float scale = -1.f;  ///< uniform in [-scale, scale]; negative means 1 / sqrt(dim)
+  /// Uniform in [-scale, scale) from a counter-based generator of (seed, element index): the same
+  /// weights on every backend, filled where they live. Negative means 1 / sqrt(dim).
+  float scale = -1.f;
   bool zero = false;   ///< all zeros (word2vec initialises inner nodes this way)
 };
 

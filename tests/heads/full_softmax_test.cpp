@@ -156,6 +156,36 @@ TEST_CASE_TEMPLATE("full_softmax: owned weights and non-owning views agree", B, 
   CHECK(view_copy.weights().data == buffer.data());
 }
 
+TEST_CASE_TEMPLATE("owned weights are initial_weight(seed, element): uniform, seeded, the same on every backend", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  // The contract every backend's constructor keeps (the GPU tests compare the cuda head with serial).
+  const index_t n = 257, d = 48;
+  const xsoftmax::full_softmax<xsoftmax::bf16, B> head(n, d, false, xsoftmax::init_options{11});
+  const auto w = read_back(head.weights().data, n * d);
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  for (index_t e = 0; e < n * d; ++e) {
+    const float want = xsoftmax::to_float(xsoftmax::from_float<__nv_bfloat16>(
+        xsoftmax::detail::initial_weight(11, static_cast<unsigned long long>(e), scale)));
+    const float got = xsoftmax::to_float(w[static_cast<size_t>(e)]);
+    if (got != want) FAIL("weight element " << e << " is " << got << ", initial_weight gives " << want);
+  }
+  // The generator: in [-scale, scale), mean 0 and variance scale^2 / 3 over many elements (the
+  // bounds are > 6 standard errors wide), another seed gives other values.
+  const index_t m = 1 << 20;
+  double sum = 0, sum2 = 0;
+  index_t same = 0;
+  for (index_t e = 0; e < m; ++e) {
+    const float x = xsoftmax::detail::initial_weight(3, static_cast<unsigned long long>(e), 0.5f);
+    REQUIRE(x >= -0.5f);
+    REQUIRE(x < 0.5f);
+    sum += x, sum2 += static_cast<double>(x) * x;
+    same += x == xsoftmax::detail::initial_weight(4, static_cast<unsigned long long>(e), 0.5f) ? 1 : 0;
+  }
+  CHECK(std::abs(sum / m) < 2e-3);
+  CHECK(std::abs(sum2 / m - 0.25 / 3) < 1e-3);
+  CHECK(same < 100);
+}
+
 TEST_CASE_TEMPLATE("full_softmax: gradients match central finite differences", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(21);
   const index_t n = 23, d = 6, batch = 11;
