@@ -340,6 +340,13 @@ bench() {
 # with PEER_ARGS=--quick, the quick bench's.
 peer() {
   log "peer $(date -u +%FT%TZ)"
+  # Cut Cross-Entropy and Liger (pure-Python wheels carried in .whl/: the machine reaches no
+  # registry; torch and Triton are there). Here: `python3 -m pip download --no-deps
+  # --only-binary=:all: --python-version 3.12 -d .whl cut-cross-entropy liger-kernel`.
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
+      export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
   # shellcheck disable=SC2086  # PEER_ARGS is words on purpose
   PYTHONUNBUFFERED=1 python3 bench/cuda/torch_peer.py ${PEER_ARGS:-} 2>&1 | tee "$out/torch_peer.txt"
 }

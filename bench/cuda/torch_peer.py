@@ -5,15 +5,16 @@
 1. Full softmax, bf16, B x d x N = 8192 x 2304 x 256K (the heads_cuda_bench line full_bf16_256k):
    loss = F.cross_entropy(F.linear(h, W), t); forward, and forward + backward, time per call and
    torch.cuda.max_memory_allocated (PyTorch materialises the B x N logits, and their gradient).
+   The same for Cut Cross-Entropy and Liger's fused linear cross-entropy when they import
+   (carried wheels), on the same inputs.
 2. torch.nn.AdaptiveLogSoftmaxWithLoss over N = 1M classes (cutoffs 20K / 200K, div_value 4),
    bf16, d = 512, B = 8192, Zipf-like targets: the closest built-in peer of a hierarchical softmax.
-
 3. The two ceilings of the floors in bench/RESULTS.md, measured on this device: a 4 GiB
    device-to-device copy (bytes read + written per second) and cuBLAS's bf16 GEMM rate through
    torch.matmul, at 8192^3 and at the full softmax's score-GEMM shape (B x N x d).
 
 Usage: python3 bench/cuda/torch_peer.py [--quick] [--reps 10]
-Prints one line per configuration. Needs torch with CUDA; nothing else.
+Prints one line per configuration. Needs torch with CUDA; Cut Cross-Entropy and Liger are optional.
 """
 import argparse
 import math
@@ -60,35 +61,67 @@ def ceilings(batch, dim, n, device):
     torch.cuda.empty_cache()
 
 
-def full_softmax(batch, dim, n, reps, device):
+def torch_linear_cross_entropy(h, w, t):
+    return F.cross_entropy(F.linear(h, w), t)
+
+
+def fused_peers():
+    """(name, loss(h, w, t)) of the fused linear cross-entropy packages that import here: Cut
+    Cross-Entropy (Apple, `cut_cross_entropy.linear_cross_entropy`, its default "cce" kernels and
+    gradient filter) and Liger's fused linear cross-entropy. Carry their wheels (pure Python; torch and
+    Triton are on the GPU machine): bench/cuda/gpu_run.sh installs what .whl/ holds."""
+    peers = []
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+        peers.append(("cce", lambda h, w, t: linear_cross_entropy(h, w, t)))
+    except Exception as e:  # noqa: BLE001 - any import failure means: not available here
+        print(f"cut_cross_entropy not available: {e}", flush=True)
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+        peers.append(("liger", lambda h, w, t: liger_fused_linear_cross_entropy(h, w, t)))
+    except Exception as e:  # noqa: BLE001
+        print(f"liger_kernel not available: {e}", flush=True)
+    return peers
+
+
+def full_softmax(batch, dim, n, reps, device, name="torch", loss_fn=torch_linear_cross_entropy):
+    """One exact linear + cross-entropy implementation at B x d x N, bf16: time per call and peak
+    memory beyond the inputs, forward (no grad) and forward + backward."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    w = (torch.rand(n, dim, device=device, dtype=torch.bfloat16) * 2 - 1) / math.sqrt(dim)
+    gen = torch.Generator(device=device).manual_seed(0)  # the same inputs for every implementation
+    w = (torch.rand(n, dim, device=device, dtype=torch.bfloat16, generator=gen) * 2 - 1) / math.sqrt(dim)
     w.requires_grad_(True)
-    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
-    t = torch.randint(0, n, (batch,), device=device)
+    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16, generator=gen) * 2 - 1).requires_grad_(True)
+    t = torch.randint(0, n, (batch,), device=device, generator=gen)
     base = torch.cuda.memory_allocated()
 
     def fwd():
         with torch.no_grad():
-            return F.cross_entropy(F.linear(h, w), t)
+            return loss_fn(h, w, t)
 
     def fwd_bwd():
         w.grad = None
         h.grad = None
-        loss = F.cross_entropy(F.linear(h, w), t)
+        loss = loss_fn(h, w, t)
         loss.backward()
         return loss
 
-    torch.cuda.reset_peak_memory_stats()
-    f_ms = time_ms(fwd, reps)
-    f_peak = torch.cuda.max_memory_allocated() - base
-    torch.cuda.reset_peak_memory_stats()
-    fb_ms = time_ms(fwd_bwd, reps)
-    fb_peak = torch.cuda.max_memory_allocated() - base
-    print(f"torch full_bf16        B={batch:<6} d={dim:<5} N={n:<10} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
-          f"peak extra fwd {f_peak / 1e6:9.1f} MB  fwd+bwd {fb_peak / 1e6:9.1f} MB  "
-          f"(max_memory_allocated {torch.cuda.max_memory_allocated() / 1e6:.1f} MB)", flush=True)
+    try:
+        torch.cuda.reset_peak_memory_stats()
+        f_ms = time_ms(fwd, reps)
+        f_peak = torch.cuda.max_memory_allocated() - base
+        torch.cuda.reset_peak_memory_stats()
+        fb_ms = time_ms(fwd_bwd, reps)
+        fb_peak = torch.cuda.max_memory_allocated() - base
+        loss = float(fwd())
+    except Exception as e:  # noqa: BLE001 - a peer that fails at this shape says so and the run goes on
+        print(f"{name} full_bf16: failed at B={batch} d={dim} N={n}: {e}", flush=True)
+        return
+    label = f"{name} full_bf16"
+    print(f"{label:<22} B={batch:<6} d={dim:<5} N={n:<10} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
+          f"peak extra fwd {f_peak / 1e6:9.1f} MB  fwd+bwd {fb_peak / 1e6:9.1f} MB  loss {loss:.4f}", flush=True)
+    del w, h, t
 
 
 def adaptive(batch, dim, n, reps, device):
@@ -132,11 +165,13 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
     if a.quick:
         ceilings(1024, 2304, 32768, device)
-        full_softmax(1024, 2304, 32768, a.reps, device)
+        for name, fn in [("torch", torch_linear_cross_entropy)] + fused_peers():
+            full_softmax(1024, 2304, 32768, a.reps, device, name, fn)
         adaptive(1024, 512, 100000, a.reps, device)
     else:
         ceilings(8192, 2304, 262144, device)
-        full_softmax(8192, 2304, 262144, a.reps, device)
+        for name, fn in [("torch", torch_linear_cross_entropy)] + fused_peers():
+            full_softmax(8192, 2304, 262144, a.reps, device, name, fn)
         adaptive(8192, 512, 1 << 20, a.reps, device)
     return 0
 
