@@ -27,6 +27,7 @@
 #                                    kernels, copies, summed
 #   bench/cuda/gpu_run.sh pack       $OUT's logs into logs.tar.gz (the device tool brings 8 files back)
 #   bench/cuda/gpu_run.sh poison     the CUDA cases with poisoned workspace pieces (XSOFTMAX_POISON_WORKSPACE)
+#   bench/cuda/gpu_run.sh sweep      the tree-shape sweep at 1M and 10M classes: JSON and PNG
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -295,6 +296,23 @@ test_binary() {
   fi
 }
 
+# The tree-shape sweep (heads_cuda_bench --sweep: complete trees of branching 2 ... N at N = 1M
+# and 10M, B = 8192, d = 512, bf16, and the full softmax) as JSON, drawn by bench/plot_heads.py:
+# $out/heads_tree_shapes_gpu.{json,png}, to check into bench/. $SWEEP_N overrides the sizes.
+sweep() {
+  local bench=$build/bench/cuda/heads_cuda_bench
+  if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
+    [[ -x /tmp/gpu-bin/heads_cuda_bench ]] || unpack_carried /tmp/gpu-bin
+    bench=/tmp/gpu-bin/heads_cuda_bench
+  fi
+  log "sweep $(date -u +%FT%TZ)"
+  "$bench" --sweep "$out/heads_tree_shapes_gpu.json" --sweep-n "${SWEEP_N:-1000000,10000000}" 2>&1 |
+    tee "$out/sweep.txt" | grep -v '^  '
+  python3 bench/plot_heads.py "$out/heads_tree_shapes_gpu.json" "$out/heads_tree_shapes_gpu.png" \
+    --title "xsoftmax heads on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1): forward+backward time per sample, B = 8192, d = 512, bf16" ||
+    true
+}
+
 # The CUDA-specific cases with every workspace piece filled with 0xFF bytes when handed out
 # (XSOFTMAX_POISON_WORKSPACE, detail/cuda/workspace.cuh): a kernel that reads scratch nobody wrote
 # then computes with NaNs and the case fails. Within $POISON_LIMIT seconds (default 60).
@@ -375,5 +393,6 @@ case "${1:-all}" in
   profile) profile ;;
   pack) pack ;;
   poison) poison ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison" >&2; exit 2 ;;
+  sweep) sweep ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep" >&2; exit 2 ;;
 esac

@@ -9,6 +9,8 @@
 //   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
 //                               forward_backward_async, topk; the others print nan), e.g. under a profiler
 //   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
+//   heads_cuda_bench --sweep bench/heads_tree_shapes_gpu.json [--sweep-n 1000000,10000000]
+//                               the tree-shape sweep (see run_sweep), drawn by bench/plot_heads.py
 //
 // Compare the first line with bench/cuda/torch_peer.py (PyTorch F.cross_entropy(F.linear(h, W))
 // in bf16 at the same shape). Memory columns: `ws` is the head's cached workspace after the calls
@@ -30,6 +32,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <random>
 #include <string>
@@ -163,17 +166,128 @@ std::vector<double> zipf_counts(index_t n) {
   return c;
 }
 
+/// A complete `branching`-ary tree over n >= 2 classes as a runtime tree: consecutive nodes of a
+/// level share a parent (the last group of a level may be smaller), so its depth is
+/// ceil(log_branching n) and branching >= n gives one node over every class.
+xs::runtime_tree<> complete_tree(index_t n, index_t branching) {
+  std::vector<index_t> parent(static_cast<std::size_t>(n), -1);
+  index_t level_begin = 0, level_size = n;
+  while (level_size > 1) {
+    const index_t groups = (level_size + branching - 1) / branching;
+    const index_t next_begin = static_cast<index_t>(parent.size());
+    parent.resize(parent.size() + static_cast<std::size_t>(groups), -1);
+    for (index_t i = 0; i < level_size; ++i) parent[static_cast<std::size_t>(level_begin + i)] = next_begin + i / branching;
+    level_begin = next_begin;
+    level_size = groups;
+  }
+  return xs::runtime_tree<>::from_parents(std::move(parent), n);
+}
+
+/// The tree-shape sweep of the CUDA issue: forward_backward of the HS over complete trees of
+/// branching 2, 4, 16, 64, N^(1/4), N^(1/3), N^(1/2) and N (depth 1: every class under the root)
+/// and of the full softmax, for each N of `sizes`, B = 8192, d = 512, bf16, Zipf targets. Writes
+/// `path` as Google Benchmark-style JSON (one record per shape: name "hs/depth<D>_b<branching>/
+/// bf16/N=<n>" or "full_softmax/bf16/N=<n>", real_time in ms, items_per_second in samples), which
+/// bench/plot_heads.py draws. A shape whose head does not fit the GPU is reported and skipped.
+int run_sweep(const std::string& path, const std::vector<index_t>& sizes, int reps) {
+  std::FILE* out = std::fopen(path.c_str(), "w");
+  if (!out) {
+    std::fprintf(stderr, "heads_cuda_bench: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const index_t rows = 8192, dim = 512;
+  std::fprintf(out, "{\n  \"context\": {\"device\": \"%s\", \"B\": %lld, \"d\": %lld, \"storage\": \"bf16\", "
+               "\"measure\": \"forward_backward\", \"reps\": %d},\n  \"benchmarks\": [",
+               prop.name, static_cast<long long>(rows), static_cast<long long>(dim), reps);
+  bool first = true;
+  const auto record = [&](const std::string& name, int depth, index_t branching, double ms, index_t grad_rows) {
+    std::fprintf(out, "%s\n    {\"name\": \"%s\", \"run_name\": \"%s\", \"run_type\": \"iteration\", "
+                 "\"real_time\": %.4f, \"time_unit\": \"ms\", \"items_per_second\": %.1f, \"depth\": %d, "
+                 "\"branching\": %lld, \"rows\": %lld}",
+                 first ? "" : ",", name.c_str(), name.c_str(), ms, static_cast<double>(rows) / (ms * 1e-3), depth,
+                 static_cast<long long>(branching), static_cast<long long>(grad_rows));
+    first = false;
+    std::fflush(out);
+    std::printf("%-40s depth %2d  branching %9lld  fwd+bwd %9.3f ms  %7.3f us/sample  grad rows %lld\n", name.c_str(),
+                depth, static_cast<long long>(branching), ms, ms * 1e3 / static_cast<double>(rows),
+                static_cast<long long>(grad_rows));
+    std::fflush(stdout);
+  };
+  for (const index_t n : sizes) {
+    const inputs in(rows, dim, n, true, 1);
+    std::vector<index_t> branchings = {2, 4, 16, 64, n};
+    for (const double root : {4.0, 3.0, 2.0}) branchings.push_back(static_cast<index_t>(std::ceil(std::pow(double(n), 1.0 / root))));
+    std::sort(branchings.begin(), branchings.end());
+    branchings.erase(std::unique(branchings.begin(), branchings.end()), branchings.end());
+    for (const index_t b : branchings) {
+      int depth = 0;
+      for (index_t level = n; level > 1; level = (level + b - 1) / b) ++depth;
+      const std::string name = "hs/depth" + std::to_string(depth) + "_b" + std::to_string(b) + "/bf16/N=" + std::to_string(n);
+      std::fprintf(stderr, "  sweep: %s\n", name.c_str());
+      try {
+        using R = xs::runtime_tree<>;
+        xs::hierarchical_softmax<R, xs::bf16, xs::cuda> head(complete_tree(n, b), dim);
+        typename decltype(head)::gradient_type g;
+        thrust::device_vector<float> grad_h(static_cast<std::size_t>(rows * dim));
+        const xs::matrix_view<float> ghv(thrust::raw_pointer_cast(grad_h.data()), rows, dim);
+        std::size_t peak = 0;
+        const double ms = time_ms("forward_backward", [&] { head.forward_backward(in.hv(), in.tv(), ghv, g); }, reps, peak);
+        record(name, depth, b, ms, g.num_rows());
+      } catch (const std::exception& e) {
+        std::printf("%-40s skipped: %s\n", name.c_str(), e.what());
+        (void)cudaGetLastError();
+      }
+    }
+    const std::string name = "full_softmax/bf16/N=" + std::to_string(n);
+    std::fprintf(stderr, "  sweep: %s\n", name.c_str());
+    try {
+      xs::full_softmax<xs::bf16, xs::cuda> head(n, dim);
+      typename decltype(head)::gradient_type g;
+      thrust::device_vector<float> grad_h(static_cast<std::size_t>(rows * dim));
+      const xs::matrix_view<float> ghv(thrust::raw_pointer_cast(grad_h.data()), rows, dim);
+      std::size_t peak = 0;
+      const double ms = time_ms("forward_backward", [&] { head.forward_backward(in.hv(), in.tv(), ghv, g); }, reps, peak);
+      record(name, 1, n, ms, g.num_rows());
+    } catch (const std::exception& e) {
+      std::printf("%-40s skipped: %s\n", name.c_str(), e.what());
+      (void)cudaGetLastError();
+    }
+  }
+  std::fprintf(out, "\n  ]\n}\n");
+  std::fclose(out);
+  std::printf("wrote %s\n", path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
   std::string filter;
   int reps_option = 0;
+  std::string sweep_path;
+  std::vector<index_t> sweep_sizes = {1000000, 10000000};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only_measurement = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps_option = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--sweep") && i + 1 < argc) sweep_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--sweep-n") && i + 1 < argc) {
+      sweep_sizes.clear();
+      for (const char* p = argv[++i]; *p;) {
+        char* end = nullptr;
+        const long long v = std::strtoll(p, &end, 10);
+        if (end == p || v < 2) {
+          std::fprintf(stderr, "heads_cuda_bench: --sweep-n wants class counts >= 2 separated by commas, got '%s'\n", argv[i]);
+          return 2;
+        }
+        sweep_sizes.push_back(static_cast<index_t>(v));
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
     else {
       std::fprintf(stderr, "heads_cuda_bench: unknown option '%s' (see the file's header)\n", argv[i]);
       return 2;
@@ -195,6 +309,7 @@ int main(int argc, char** argv) {
   std::printf("heads_cuda_bench on %s (%.1f GiB), bf16 weights and hidden rows, k = 10%s\n", prop.name,
               prop.totalGlobalMem / double(1 << 30), quick ? ", --quick sizes" : "");
   const int reps = reps_option > 0 ? reps_option : quick ? 3 : 10;
+  if (!sweep_path.empty()) return run_sweep(sweep_path, sweep_sizes, reps_option > 0 ? reps_option : 3);
   const auto want = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
 
   using full = xs::full_softmax<xs::bf16, xs::cuda>;
