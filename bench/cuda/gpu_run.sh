@@ -28,6 +28,7 @@
 #   bench/cuda/gpu_run.sh pack       $OUT's logs into logs.tar.gz (the device tool brings 8 files back)
 #   bench/cuda/gpu_run.sh poison     the CUDA cases with poisoned workspace pieces (XSOFTMAX_POISON_WORKSPACE)
 #   bench/cuda/gpu_run.sh sweep      the tree-shape sweep at 1M and 10M classes: JSON and PNG
+#   bench/cuda/gpu_run.sh scale      one HS training step over $SCALE_N classes (default 100M: an H200)
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -313,6 +314,18 @@ sweep() {
     true
 }
 
+# One HS training step at scale (heads_cuda_bench --filter hs_scale): $SCALE_N classes (default 100M:
+# 102 GB of bf16 weights, an H200's size; on an H100 about 60M fit), d = 512, B = 8192.
+scale() {
+  local bench=$build/bench/cuda/heads_cuda_bench
+  if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
+    [[ -x /tmp/gpu-bin/heads_cuda_bench ]] || unpack_carried /tmp/gpu-bin
+    bench=/tmp/gpu-bin/heads_cuda_bench
+  fi
+  log "scale ${SCALE_N:-100000000} $(date -u +%FT%TZ)"
+  "$bench" --filter hs_scale --scale-n "${SCALE_N:-100000000}" --reps 3 2>&1 | tee "$out/scale.txt" | tee -a "$out/phases.txt"
+}
+
 # The CUDA-specific cases with every workspace piece filled with 0xFF bytes when handed out
 # (XSOFTMAX_POISON_WORKSPACE, detail/cuda/workspace.cuh): a kernel that reads scratch nobody wrote
 # then computes with NaNs and the case fails. Within $POISON_LIMIT seconds (default 60).
@@ -394,5 +407,6 @@ case "${1:-all}" in
   pack) pack ;;
   poison) poison ;;
   sweep) sweep ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep" >&2; exit 2 ;;
+  scale) scale ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale" >&2; exit 2 ;;
 esac

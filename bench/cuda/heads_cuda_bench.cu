@@ -9,6 +9,7 @@
 //   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
 //                               forward_backward_async, topk; the others print nan), e.g. under a profiler
 //   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
+//   heads_cuda_bench --filter hs_scale [--scale-n 100000000]   one HS training step at scale
 //   heads_cuda_bench --sweep bench/heads_tree_shapes_gpu.json [--sweep-n 1000000,10000000]
 //                               the tree-shape sweep (see run_sweep), drawn by bench/plot_heads.py
 //
@@ -269,12 +270,14 @@ int main(int argc, char** argv) {
   int reps_option = 0;
   std::string sweep_path;
   std::vector<index_t> sweep_sizes = {1000000, 10000000};
+  index_t scale_n = 100000000;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only_measurement = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps_option = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--sweep") && i + 1 < argc) sweep_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--scale-n") && i + 1 < argc) scale_n = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--sweep-n") && i + 1 < argc) {
       sweep_sizes.clear();
       for (const char* p = argv[++i]; *p;) {
@@ -368,6 +371,25 @@ int main(int argc, char** argv) {
     const std::size_t base = used_bytes();
     xs::hierarchical_softmax<T, xs::bf16, xs::cuda> head(T(n), 300);
     run_head("hs_uniform2_10m", head, 8192, n, true, reps, base);
+  }
+  // Scale: one training step of a 3-level HS (465^3 >= 100M leaves) over --scale-n classes (default
+  // 100M, d = 512, bf16: 102 GB of weights, an H200's size; on an H100 pass the largest N that fits).
+  // Only forward_backward is timed (an exact top-k on untrained weights expands every node). A head
+  // that does not fit the GPU says so.
+  if (!quick && filter.find("hs_scale") != std::string::npos) {
+    using T = xs::uniform_tree<3, 465>;
+    const index_t n = scale_n;
+    std::printf("hs_scale: N = %lld, d = 512, bf16 weights %.1f GB\n", static_cast<long long>(n),
+                static_cast<double>(n) * 512 * 2 / 1e9);
+    std::fflush(stdout);
+    only_measurement = "forward_backward";
+    try {
+      const std::size_t base = used_bytes();
+      xs::hierarchical_softmax<T, xs::bf16, xs::cuda> head(T(n), 512);
+      run_head("hs_scale_" + std::to_string(n), head, 8192, n, true, reps, base);
+    } catch (const std::exception& e) {
+      std::printf("hs_scale: N = %lld does not fit or failed: %s\n", static_cast<long long>(n), e.what());
+    }
   }
   return 0;
 }
