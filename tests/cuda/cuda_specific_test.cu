@@ -134,6 +134,32 @@ TEST_CASE("cuda full_softmax: more than 2^31 weight elements (64-bit offsets)") 
   CHECK(ghh[dim] == doctest::Approx(p_t / 2 / 16).epsilon(1e-2));
 }
 
+TEST_CASE("cuda owned weights of more than 2^31 elements: initial_weight past 2^31 (64-bit fill)") {
+  // The owning constructor fills the weights on the device (detail::initial_weight of the element's
+  // 64-bit index): elements past 2^31 must get their own values, not a wrapped index's.
+  const index_t dim = 256, n = (index_t(1) << 31) / dim + 1000;
+  const std::size_t weight_bytes = static_cast<std::size_t>(n * dim) * sizeof(__nv_bfloat16);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  REQUIRE(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess);
+  if (free_bytes < weight_bytes + (std::size_t(1) << 30)) {
+    std::printf("xsoftmax_cuda_tests: SKIP the 2^31-element initialisation test: %zu bytes free, %zu needed\n",
+                free_bytes, weight_bytes + (std::size_t(1) << 30));
+    WARN_MESSAGE(false, "SKIP: not enough free GPU memory for the 2^31-element initialisation test");
+    return;
+  }
+  const xs::full_softmax<xs::bf16, xs::cuda> head(n, dim, false, xs::init_options{21});
+  const __nv_bfloat16* w = head.weights().data;
+  const index_t last = n * dim - 1, two31 = index_t(1) << 31;
+  for (const index_t e : {index_t(0), two31 - 1, two31, two31 + 12345, last}) {
+    __nv_bfloat16 got;
+    REQUIRE(cudaMemcpy(&got, w + e, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess);
+    const float want = xs::to_float(
+        xs::from_float<__nv_bfloat16>(xs::detail::initial_weight(21, static_cast<unsigned long long>(e), 1.f / 16)));
+    INFO("element " << e);
+    CHECK(xs::to_float(got) == want);
+  }
+}
+
 TEST_CASE("cuda heads on two streams from two host threads equal a sequential run") {
   rng g(61);
   weights<__nv_bfloat16> w(g, 20000, 64, true);
