@@ -248,12 +248,8 @@ rerun() {
 # memory operations, summed), else Nsight Compute's per-kernel summary of its first 300 launches.
 # $PROFILE_FILTER picks the head (default full_bf16_1m); binaries from .gpu-bin/ (carry) or $build.
 profile() {
-  local bench=$build/bench/cuda/heads_cuda_bench filter=${PROFILE_FILTER:-full_bf16_1m}
-  local only=${PROFILE_ONLY:-forward_backward}
-  if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
-    [[ -x /tmp/gpu-bin/heads_cuda_bench ]] || unpack_carried /tmp/gpu-bin
-    bench=/tmp/gpu-bin/heads_cuda_bench
-  fi
+  local bench filter=${PROFILE_FILTER:-full_bf16_1m} only=${PROFILE_ONLY:-forward_backward}
+  bench=$(bench_binary)
   log "profile $filter $only $(date -u +%FT%TZ)"
   if command -v nsys > /dev/null; then
     nsys profile --force-overwrite true -o /tmp/xsoftmax_profile --stats=false "$bench" --quick --filter "$filter" \
@@ -287,26 +283,27 @@ sanitize_with() {
   tail -n 1 "$out/$tool.txt" | tee -a "$out/phases.txt"
 }
 
-# The GPU test binary: the carried one (.gpu-bin/, unpacked once into /tmp/gpu-bin) when there is
-# one, else $build's.
-test_binary() {
-  if [[ -e .gpu-bin/xsoftmax_cuda_tests.xz ]]; then
-    [[ -x /tmp/gpu-bin/xsoftmax_cuda_tests ]] || unpack_carried /tmp/gpu-bin > /dev/null
-    echo /tmp/gpu-bin/xsoftmax_cuda_tests
+# A GPU binary: the carried one (.gpu-bin/, unpacked once into /tmp/gpu-bin) when there is one,
+# else $build's. Arguments: its path in the build folder (tests/cuda/xsoftmax_cuda_tests, ...).
+carried_or_built() {
+  local name
+  name=$(basename "$1")
+  if [[ -e .gpu-bin/$name.xz ]]; then
+    [[ -x /tmp/gpu-bin/$name ]] || unpack_carried /tmp/gpu-bin > /dev/null
+    echo "/tmp/gpu-bin/$name"
   else
-    echo "$build/tests/cuda/xsoftmax_cuda_tests"
+    echo "$build/$1"
   fi
 }
+test_binary() { carried_or_built tests/cuda/xsoftmax_cuda_tests; }
+bench_binary() { carried_or_built bench/cuda/heads_cuda_bench; }
 
 # The tree-shape sweep (heads_cuda_bench --sweep: complete trees of branching 2 ... N at N = 1M
 # and 10M, B = 8192, d = 512, bf16, and the full softmax) as JSON, drawn by bench/plot_heads.py:
 # $out/heads_tree_shapes_gpu.{json,png}, to check into bench/. $SWEEP_N overrides the sizes.
 sweep() {
-  local bench=$build/bench/cuda/heads_cuda_bench
-  if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
-    [[ -x /tmp/gpu-bin/heads_cuda_bench ]] || unpack_carried /tmp/gpu-bin
-    bench=/tmp/gpu-bin/heads_cuda_bench
-  fi
+  local bench
+  bench=$(bench_binary)
   log "sweep $(date -u +%FT%TZ)"
   "$bench" --sweep "$out/heads_tree_shapes_gpu.json" --sweep-n "${SWEEP_N:-1000000,10000000}" 2>&1 |
     tee "$out/sweep.txt" | grep -v '^  '
@@ -318,11 +315,8 @@ sweep() {
 # One HS training step at scale (heads_cuda_bench --filter hs_scale): $SCALE_N classes (default 100M:
 # 102 GB of bf16 weights, an H200's size; on an H100 about 60M fit), d = 512, B = 8192.
 scale() {
-  local bench=$build/bench/cuda/heads_cuda_bench
-  if [[ -e .gpu-bin/heads_cuda_bench.xz ]]; then
-    [[ -x /tmp/gpu-bin/heads_cuda_bench ]] || unpack_carried /tmp/gpu-bin
-    bench=/tmp/gpu-bin/heads_cuda_bench
-  fi
+  local bench
+  bench=$(bench_binary)
   log "scale ${SCALE_N:-100000000} $(date -u +%FT%TZ)"
   "$bench" --filter hs_scale --scale-n "${SCALE_N:-100000000}" --reps 3 2>&1 | tee "$out/scale.txt" | tee -a "$out/phases.txt"
 }
