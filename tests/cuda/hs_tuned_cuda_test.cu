@@ -161,9 +161,9 @@ void tuned_search_equals_generic(index_t rows, index_t d, index_t k, index_t bea
     thrust::device_vector<index_t> cls(static_cast<std::size_t>(rows * k));
     thrust::device_vector<int> overflow(static_cast<std::size_t>(rows), 7);
     const xs::detail::topk_search_step<false, T, decltype(tv), 1> step{
-        tv,        raw(dh), d,     matrix_view<const T>(raw(dw), w_rows, d), with_bias ? raw(db) : nullptr,
-        k,         beam,    capacity, max_block, 0, rows, raw(open_key), raw(child_lp), raw(leaf_lp),
-        matrix_view<index_t>(raw(cls), rows, k), matrix_view<float>(raw(lp), rows, k), raw(overflow)};
+        tv, raw(dh), d, matrix_view<const T>(raw(dw), w_rows, d), with_bias ? raw(db) : nullptr, k, beam, capacity,
+        max_block, 0, rows, raw(open_key), raw(child_lp), raw(leaf_lp), matrix_view<index_t>(raw(cls), rows, k),
+        matrix_view<float>(raw(lp), rows, k), raw(overflow)};
     if (tuned) xs::detail::tree_search_tuning<xs::cuda>::run(ex, step);
     else xs::detail::parallel_for(ex, rows, step);
     res.synchronize();

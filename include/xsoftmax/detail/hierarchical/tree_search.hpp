@@ -224,16 +224,14 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
       const index_t n = std::min(tile, rows - row0);
       constexpr index_t G = search_rows_per_task<B>;
-      if (Sigmoid && beam == 0)  // exact on a binary tree: two levels per pop (sigmoid_pair_search.hpp)
+      if (Sigmoid && beam == 0) {  // exact on a binary tree: two levels per pop (sigmoid_pair_search.hpp)
         parallel_for(ex, (n + G - 1) / G,
                      sigmoid_pair_step<T, View, G>{tv, h.data, h.cols, w, bias, k, capacity, row0, n, open_key.data(),
                                                    leaf_lp.data(), classes, log_probs, raw(overflow), start_begin});
-      else {
-        const topk_search_step<Sigmoid, T, View, G> step{tv,        h.data,          h.cols,         w,
-                                                         bias,      k,               beam,           capacity,
-                                                         max_block, row0,            n,              open_key.data(),
-                                                         child_lp.data(), leaf_lp.data(), classes, log_probs,
-                                                         raw(overflow), start_begin, start_size};
+      } else {
+        const topk_search_step<Sigmoid, T, View, G> step{
+            tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0, n, open_key.data(), child_lp.data(),
+            leaf_lp.data(), classes, log_probs, raw(overflow), start_begin, start_size};
         if constexpr (!Sigmoid && G == 1 && tree_search_tuning<B>::available) tree_search_tuning<B>::run(ex, step);
         else parallel_for(ex, (n + G - 1) / G, step);
       }
