@@ -8,6 +8,7 @@
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/host/backend_ops.hpp>
 #include <xsoftmax/detail/primitives/finite_scan.hpp>
+#include <xsoftmax/detail/primitives/mix_seed.hpp>
 #include <xsoftmax/detail/primitives/parallel_for.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/detail/sparse_gradient_checks.hpp>
@@ -24,21 +25,20 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
 namespace xsoftmax::detail {
 
 /// The initial value of weight element e (row-major index) for `seed`: uniform in [-scale, scale),
-/// from (seed, e) alone — splitmix64 of the pair, its top 24 bits as a fraction. A counter-based
+/// from (seed, e) alone — `mix_seed` (splitmix64) of seed + e times its increment, the top 24 bits
+/// as a fraction: element e gets the e-th value of splitmix64's stream from `seed`. A counter-based
 /// generator, so that every backend fills its weights in parallel where they live, with the same
 /// values, and no host copy is made (a sequential generator filled 10M x 300 weights on the host in
 /// more than 30 s on the GPU machine, and 100M x 512 bf16 weights are 100 GB).
 XSOFTMAX_HD inline float initial_weight(unsigned long long seed, unsigned long long e, float scale) {
-  unsigned long long z = seed + 0x9E3779B97F4A7C15ull * (e + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
+  const std::uint64_t z = mix_seed(seed + 0x9E3779B97F4A7C15ull * e);
   const float u = static_cast<float>(z >> 40) * (1.f / 16777216.f);  // [0, 1), exact in fp32
   return (2.f * u - 1.f) * scale;
 }

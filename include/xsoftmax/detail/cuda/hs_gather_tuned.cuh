@@ -83,9 +83,9 @@ __global__ void gather_level_kernel(const node_run* runs, index_t n_runs, index_
   }
 }
 
-/// Blocks of at least this many children take `gather_level_wide_kernel`: one warp scoring a
-/// 1024-child node alone (1024 dependent dot products) took 3 ms a call on an H100
-/// (bench/RESULTS.md, "second GPU session"), with a few hundred warps busy.
+/// Blocks of at least this many children take `gather_level_wide_kernel`: with one warp scoring a
+/// 1024-child node alone (1024 dependent dot products), the level took 9.4 ms a call on an H100
+/// (bench/RESULTS.md, "second GPU session").
 inline constexpr index_t gather_wide_block = 64;
 
 /// `gather_level_kernel` for softmax nodes with wide blocks: one block of Threads threads per

@@ -18,6 +18,7 @@
 /// multiply-adds.
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/mix_seed.hpp>
 #include <xsoftmax/detail/selection/sampling.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
 

@@ -8,6 +8,7 @@
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/mirrored_vector.hpp>
+#include <xsoftmax/detail/primitives/mix_seed.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -17,14 +18,6 @@
 #include <vector>
 
 namespace xsoftmax::detail {
-
-/// splitmix64: decorrelates (seed, step) pairs into independent generator seeds.
-inline std::uint64_t mix_seed(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 /// Which distribution a sampler draws from.
 enum class sampler_kind { uniform, log_uniform, counts };
