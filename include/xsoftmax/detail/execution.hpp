@@ -53,29 +53,20 @@
 /// writes with a row's stride between neighbouring threads, and on the first GPU runs such loops
 /// took 0.3-0.5 ms for a 1024 x 512 batch (bench/RESULTS.md). A host backend runs one task per row
 /// with the columns in an inner loop (which vectorises). `return` in the body ends that element only.
-#if defined(__CUDACC__)
-#define XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cols, r, j, ...)                                          \
-  do {                                                                                              \
-    const ::xsoftmax::index_t xsoftmax_cols_ = (cols);                                              \
-    if constexpr (::xsoftmax::detail::runs_on_device<std::decay_t<decltype(ex)>>) {                 \
-      if (xsoftmax_cols_ > 0)                                                                       \
-        ::xsoftmax::detail::parallel_for(ex, (rows) * xsoftmax_cols_,                               \
-                                         [=] __device__(::xsoftmax::index_t xsoftmax_e_) {          \
-                                           const ::xsoftmax::index_t r = xsoftmax_e_ / xsoftmax_cols_; \
-                                           const ::xsoftmax::index_t j = xsoftmax_e_ % xsoftmax_cols_; \
-                                           __VA_ARGS__                                              \
-                                         });                                                        \
-    } else {                                                                                        \
-      XSOFTMAX_PARALLEL_FOR_2D_HOST_(ex, rows, r, j, __VA_ARGS__);                                  \
-    }                                                                                               \
+#define XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cols, r, j, ...)                          \
+  do {                                                                              \
+    const ::xsoftmax::index_t xsoftmax_cols_ = (cols);                              \
+    if constexpr (::xsoftmax::detail::runs_on_device<std::decay_t<decltype(ex)>>) { \
+      if (xsoftmax_cols_ > 0)                                                       \
+        XSOFTMAX_PARALLEL_FOR(ex, (rows) * xsoftmax_cols_, xsoftmax_e_, {           \
+          const ::xsoftmax::index_t r = xsoftmax_e_ / xsoftmax_cols_;               \
+          const ::xsoftmax::index_t j = xsoftmax_e_ % xsoftmax_cols_;               \
+          __VA_ARGS__                                                               \
+        });                                                                         \
+    } else {                                                                        \
+      XSOFTMAX_PARALLEL_FOR_2D_HOST_(ex, rows, r, j, __VA_ARGS__);                  \
+    }                                                                               \
   } while (false)
-#else
-#define XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cols, r, j, ...)        \
-  do {                                                             \
-    const ::xsoftmax::index_t xsoftmax_cols_ = (cols);             \
-    XSOFTMAX_PARALLEL_FOR_2D_HOST_(ex, rows, r, j, __VA_ARGS__);    \
-  } while (false)
-#endif
 /// The host form of XSOFTMAX_PARALLEL_FOR_2D (reads `xsoftmax_cols_`): a task per row, the body an
 /// inlined lambda per column, so that `return` means what it means on a device.
 #define XSOFTMAX_PARALLEL_FOR_2D_HOST_(ex, rows, r, j, ...)                                  \
