@@ -15,7 +15,8 @@
 //   rows              weight rows touched (rows of the sparse gradient)
 //   MB                rows x d x sizeof(storage): bytes of weights the step must read at least once
 //   GFLOP             useful multiply-adds x 2: 8BNd for the full softmax (score pass, recompute
-//                     pass, two gradient GEMMs), 6 d x sum over samples and levels of the node's
+//                     pass, two gradient GEMMs; 6BNd for full_softmax_rows256: row blocks of 256
+//                     that keep every score, no recompute pass), 6 d x sum over samples and levels of the node's
 //                     children for softmax nodes (score, dh, dW), 6 d x path length for sigmoid nodes
 //   flop_floor_ms     GFLOP / the sgemm rate measured at start-up
 //   mem_floor_ms      MB / the memory bandwidth measured at start-up (streaming read)
@@ -270,11 +271,19 @@ void time_steps(benchmark::State& state, head_and_grad<Head>& hg, const problem&
 // Benchmarks
 // ------------------------------------------------------------------------------------------------
 
-void bm_full(benchmark::State& state, index_t n) {
+/// The full softmax; with `row_block` > 0 solved in blocks of that many rows, each keeping all its
+/// scores (a score cache of row_block x N x 4 bytes): no recompute pass, 6BNd useful FLOPs.
+void bm_full(benchmark::State& state, index_t n, index_t row_block = 0) {
   using head_type = xs::full_softmax<xs::fp32, xs::omp>;
   const problem& p = get_problem(n);
-  auto& hg = cached_head<head_type>("full/" + std::to_string(n), [&] { return head_type(n, dim); });
-  time_steps(state, hg, p, 8.0 * batch * double(n) * dim, /*is_full=*/true, /*warm_up=*/false);
+  auto& hg = cached_head<head_type>("full/" + std::to_string(n) + "/" + std::to_string(row_block), [&] {
+    head_type h(n, dim);
+    h.set_row_block(row_block);
+    if (row_block > 0) h.set_score_cache_bytes(row_block * n * index_t(sizeof(float)));
+    return h;
+  });
+  time_steps(state, hg, p, (row_block > 0 ? 6.0 : 8.0) * batch * double(n) * dim, /*is_full=*/row_block == 0,
+             /*warm_up=*/false);
 }
 
 template <class Tree, class Precision, class NodeForm>
@@ -310,6 +319,10 @@ void register_size() {
   auto* full = benchmark::RegisterBenchmark(("full_softmax/fp32/N=" + std::to_string(n)).c_str(),
                                             [](benchmark::State& s) { bm_full(s, n); });
   full->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime()->Iterations(n >= 1'000'000 ? 1 : 3);
+  // The same step in blocks of 256 rows, each keeping all its scores (full_softmax::set_row_block).
+  auto* blocks = benchmark::RegisterBenchmark(("full_softmax_rows256/fp32/N=" + std::to_string(n)).c_str(),
+                                              [](benchmark::State& s) { bm_full(s, n, 256); });
+  blocks->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime()->Iterations(n >= 1'000'000 ? 1 : 3);
 
   static_assert(std::size_t(B2) * B2 >= std::size_t(N) && std::size_t(B2 - 1) * (B2 - 1) < std::size_t(N));
   static_assert(std::size_t(B3) * B3 * B3 >= std::size_t(N));

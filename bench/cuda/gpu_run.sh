@@ -29,6 +29,9 @@
 #   bench/cuda/gpu_run.sh poison     the CUDA cases with poisoned workspace pieces (XSOFTMAX_POISON_WORKSPACE)
 #   bench/cuda/gpu_run.sh sweep      the tree-shape sweep at 1M and 10M classes: JSON and PNG
 #   bench/cuda/gpu_run.sh scale      one HS training step over $SCALE_N classes (default 100M: an H200)
+#   bench/cuda/gpu_run.sh rowblocks  the full softmax at the PyTorch peer's shape in row blocks that keep
+#                                    every score ($ROW_BLOCKS) at several chunk sizes ($CHUNKS), then the
+#                                    peer (PyTorch, Cut Cross-Entropy, Liger) on the same machine
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -321,6 +324,20 @@ scale() {
   "$bench" --filter hs_scale --scale-n "${SCALE_N:-100000000}" --reps 3 2>&1 | tee "$out/scale.txt" | tee -a "$out/phases.txt"
 }
 
+# The full softmax's backward without the recompute pass: forward_backward at 8192 x 2304 x 256K
+# in row blocks of $ROW_BLOCKS rows (0: one block, the 64 MiB default score cache), each keeping all
+# its scores (R x 256K x 4 bytes), at chunk sizes $CHUNKS (0: automatic), then torch_peer.py's full
+# softmax rows (PyTorch, Cut Cross-Entropy, Liger) side by side on the same machine.
+rowblocks() {
+  local bench
+  bench=$(bench_binary)
+  log "rowblocks $(date -u +%FT%TZ)"
+  "$bench" --filter full_bf16_256k --only forward_backward --reps "${ROWBLOCK_REPS:-5}" \
+    --row-blocks "${ROW_BLOCKS:-0,1024,2048,4096}" --chunks "${CHUNKS:-0,4096}" 2>&1 |
+    tee "$out/rowblocks.txt" | grep -v '^  ' | tee -a "$out/phases.txt"
+  peer
+}
+
 # The CUDA-specific cases with every workspace piece filled with 0xFF bytes when handed out
 # (XSOFTMAX_POISON_WORKSPACE, detail/cuda/workspace.cuh): a kernel that reads scratch nobody wrote
 # then computes with NaNs and the case fails. Within $POISON_LIMIT seconds (default 60).
@@ -403,5 +420,6 @@ case "${1:-all}" in
   poison) poison ;;
   sweep) sweep ;;
   scale) scale ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale" >&2; exit 2 ;;
+  rowblocks) rowblocks ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks" >&2; exit 2 ;;
 esac

@@ -12,6 +12,11 @@
 //   heads_cuda_bench --filter hs_scale [--scale-n 100000000]   one HS training step at scale
 //   heads_cuda_bench --sweep bench/heads_tree_shapes_gpu.json [--sweep-n 1000000,10000000]
 //                               the tree-shape sweep (see run_sweep), drawn by bench/plot_heads.py
+//   heads_cuda_bench --filter full_bf16_256k --row-blocks 0,1024,2048 --chunks 0,4096
+//                               the full softmax heads once per (row block, chunk) pair: row block R
+//                               > 0 solves the backward in blocks of R rows, each keeping all its
+//                               scores (full_softmax::set_row_block, a score cache of R x N x 4
+//                               bytes); chunk 0 is the automatic chunk size (default: 0 and 0)
 //
 // Compare the first line with bench/cuda/torch_peer.py (PyTorch F.cross_entropy(F.linear(h, W))
 // in bf16 at the same shape). Memory columns: `ws` is the head's cached workspace after the calls
@@ -61,6 +66,19 @@ std::size_t used_bytes() {
 
 /// The measurement `--only` names (empty: all).
 std::string only_measurement;
+
+/// A comma-separated list of integers >= `least` ("0,1024"), or false.
+bool parse_list(const char* text, long long least, std::vector<index_t>& out) {
+  out.clear();
+  for (const char* p = text; *p;) {
+    char* end = nullptr;
+    const long long v = std::strtoll(p, &end, 10);
+    if (end == p || v < least || (*end != ',' && *end != '\0')) return false;
+    out.push_back(static_cast<index_t>(v));
+    p = *end == ',' ? end + 1 : end;
+  }
+  return !out.empty();
+}
 
 /// Milliseconds per call of f over `reps` calls, after one warm-up call; NaN when `--only` names
 /// another measurement than `what`.
@@ -271,6 +289,7 @@ int main(int argc, char** argv) {
   std::string sweep_path;
   std::vector<index_t> sweep_sizes = {1000000, 10000000};
   index_t scale_n = 100000000;
+  std::vector<index_t> row_blocks = {0}, chunks = {0};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
@@ -279,16 +298,19 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--sweep") && i + 1 < argc) sweep_path = argv[++i];
     else if (!std::strcmp(argv[i], "--scale-n") && i + 1 < argc) scale_n = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--sweep-n") && i + 1 < argc) {
-      sweep_sizes.clear();
-      for (const char* p = argv[++i]; *p;) {
-        char* end = nullptr;
-        const long long v = std::strtoll(p, &end, 10);
-        if (end == p || v < 2) {
-          std::fprintf(stderr, "heads_cuda_bench: --sweep-n wants class counts >= 2 separated by commas, got '%s'\n", argv[i]);
-          return 2;
-        }
-        sweep_sizes.push_back(static_cast<index_t>(v));
-        p = *end == ',' ? end + 1 : end;
+      if (!parse_list(argv[++i], 2, sweep_sizes)) {
+        std::fprintf(stderr, "heads_cuda_bench: --sweep-n wants class counts >= 2 separated by commas, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (!std::strcmp(argv[i], "--row-blocks") && i + 1 < argc) {
+      if (!parse_list(argv[++i], 0, row_blocks)) {
+        std::fprintf(stderr, "heads_cuda_bench: --row-blocks wants row counts >= 0 separated by commas, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (!std::strcmp(argv[i], "--chunks") && i + 1 < argc) {
+      if (!parse_list(argv[++i], 0, chunks)) {
+        std::fprintf(stderr, "heads_cuda_bench: --chunks wants column counts >= 0 separated by commas, got '%s'\n", argv[i]);
+        return 2;
       }
     }
     else {
@@ -316,19 +338,24 @@ int main(int argc, char** argv) {
   const auto want = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
 
   using full = xs::full_softmax<xs::bf16, xs::cuda>;
+  // A full softmax head once per (row block, chunk) of --row-blocks and --chunks; the name says
+  // which when either list is not just {0}.
+  const bool variants = row_blocks != std::vector<index_t>{0} || chunks != std::vector<index_t>{0};
+  const auto run_full = [&](const std::string& name, index_t n, index_t dim, index_t rows) {
+    for (const index_t r : row_blocks)
+      for (const index_t c : chunks) {
+        const std::size_t base = used_bytes();
+        full head(n, dim);  // a fresh head each time: its workspace (and peak) is this variant's own
+        head.set_row_block(r);
+        head.set_chunk_size(c);
+        head.set_score_cache_bytes(r > 0 ? r * n * index_t(sizeof(float)) : full::default_score_cache_bytes);
+        const std::string label = variants ? name + "_r" + std::to_string(r) + "_c" + std::to_string(c) : name;
+        run_head(label, head, rows, n, false, reps, base);
+      }
+  };
   // The PyTorch peer's shape (bench/cuda/torch_peer.py): 8192 x 2304 x 256K.
-  if (want("full_bf16_256k")) {
-    const std::size_t base = used_bytes();
-    const index_t n = quick ? 32768 : 262144;
-    full head(n, 2304);
-    run_head("full_bf16_256k", head, quick ? 1024 : 8192, n, false, reps, base);
-  }
-  if (want("full_bf16_1m")) {
-    const std::size_t base = used_bytes();
-    const index_t n = quick ? 65536 : 1 << 20;
-    full head(n, 512);
-    run_head("full_bf16_1m", head, quick ? 512 : 4096, n, false, reps, base);
-  }
+  if (want("full_bf16_256k")) run_full("full_bf16_256k", quick ? 32768 : 262144, 2304, quick ? 1024 : 8192);
+  if (want("full_bf16_1m")) run_full("full_bf16_1m", quick ? 65536 : 1 << 20, 512, quick ? 512 : 4096);
   // Two-level sqrt(N) tree over 1M classes (1024 x 1024): top level one GEMM, second level runs.
   if (want("hs_uniform2_1m")) {
     using T = xs::uniform_tree<2, 1024>;

@@ -4,7 +4,8 @@
 /// `full_softmax`: the exact softmax cross-entropy over all N classes, the baseline every other head
 /// is measured against. The B x N logits matrix is never materialised: scores are produced chunk by
 /// chunk of classes and folded into an online log-sum-exp; the backward pass recomputes each chunk
-/// that does not fit the score-cache budget (`set_score_cache_bytes`). Peak extra memory is
+/// that does not fit the score-cache budget (`set_score_cache_bytes`), which can hold every score of
+/// a block of rows when the batch is solved in row blocks (`set_row_block`). Peak extra memory is
 /// O(B x chunk_size) plus that budget.
 
 #include <xsoftmax/backend.hpp>
@@ -147,11 +148,26 @@ class full_softmax
   /// results are bitwise the same at every budget. A budget of B x num_classes x 4 bytes or more keeps
   /// every score (then no separate chunk buffer is needed either); 0 keeps none, the lowest memory.
   /// Default `default_score_cache_bytes` (on cuda, device memory). Forward-only verbs keep nothing.
-  /// The cuda backend's tuned kernel (bf16/fp16 weights, plain loss) ignores the budget and
-  /// recomputes. A class-sharded head keeps its own columns' scores (the budget is per rank).
+  /// The budget is per row block when the batch is solved in blocks (`set_row_block`). A
+  /// class-sharded head keeps its own columns' scores (the budget is per rank).
   /// Throws `invalid_argument` when `bytes` < 0.
   void set_score_cache_bytes(index_t bytes);
   [[nodiscard]] index_t score_cache_bytes() const { return score_cache_bytes_; }
+
+  /// Packed rows that `forward_backward` and `backward` solve together (0, the default: the whole
+  /// batch at once). With blocks of R rows each block is a complete softmax over every class (its
+  /// own log-sum-exp, losses and hidden-gradient rows) and its weight (and bias) gradient is added
+  /// to the earlier blocks'. Paired with a score cache that holds a block's every score
+  /// (`set_score_cache_bytes(R * num_classes * 4)`), the backward pass recomputes nothing: it saves
+  /// one of the step's four GEMMs (2 B x N x dim FLOPs) and pays one more read and write of the
+  /// N x dim fp32 weight gradient per extra block. That pays while R is above about 4 F / W rows
+  /// for a GEMM rate F and memory bandwidth W: tens of rows on a CPU, about a thousand on an H100
+  /// (bench/RESULTS.md, "Row blocks"). A block's chunks are sized for its rows (`chunk_size_for`)
+  /// and the weight gradient's sums over rows are grouped by block: results are within rounding of,
+  /// not bitwise, those without blocks. Not used by forward-only verbs or class-sharded heads.
+  /// Throws `invalid_argument` when `rows` < 0.
+  void set_row_block(index_t rows);
+  [[nodiscard]] index_t row_block() const { return row_block_; }
 
   // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
   // forms, apply_sgd) are head_verbs'. What is particular to this head:
@@ -227,6 +243,7 @@ class full_softmax
   using weights_base::store_;
   index_t chunk_size_ = 0;
   index_t score_cache_bytes_ = default_score_cache_bytes;
+  index_t row_block_ = 0;
 };
 
 }  // namespace xsoftmax

@@ -71,11 +71,12 @@ struct state {
   head_cache cache;
 };
 
-/// A full softmax with a score-cache budget other than the library's default (the head itself is a
-/// view made per call, like handle 0's).
+/// A full softmax with a score-cache budget other than the library's default, or solved in row
+/// blocks (the head itself is a view made per call, like handle 0's).
 struct full_state final : state {
-  explicit full_state(int64_t b) : score_cache_bytes(b) {}
+  full_state(int64_t b, int64_t r) : score_cache_bytes(b), row_block(r) {}
   int64_t score_cache_bytes;
+  int64_t row_block;
 };
 
 struct tree_state final : state {

@@ -74,6 +74,7 @@ void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at:
     if (auto* full = dynamic_cast<full_state*>(st.get())) {
       xs::full_softmax<P, backend> head(w, b);
       head.set_score_cache_bytes(full->score_cache_bytes);
+      head.set_row_block(full->row_block);
       f(head);
       return;
     }
@@ -232,11 +233,12 @@ std::vector<index_t> to_index_vector(const at::Tensor& t, const char* name) {
   return std::vector<index_t>(p, p + c.numel());
 }
 
-int64_t create_full(int64_t score_cache_bytes) {
+int64_t create_full(int64_t score_cache_bytes, int64_t row_block) {
   return guarded([&] {
     xs::full_softmax<xs::fp32, backend> check(1, 1);
-    check.set_score_cache_bytes(score_cache_bytes);  // validates now (throws naming the value)
-    return register_state(std::make_shared<full_state>(score_cache_bytes));
+    check.set_score_cache_bytes(score_cache_bytes);  // validate now (throw naming the value)
+    check.set_row_block(row_block);
+    return register_state(std::make_shared<full_state>(score_cache_bytes, row_block));
   });
 }
 
@@ -386,7 +388,7 @@ void register_sharded_ops(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "xsoftmax PyTorch operators (CPU) and head handles";
-  m.def("create_full", &create_full, pybind11::arg("score_cache_bytes"));
+  m.def("create_full", &create_full, pybind11::arg("score_cache_bytes"), pybind11::arg("row_block"));
   m.def("default_score_cache_bytes", [] { return xs::full_softmax<xs::fp32, backend>::default_score_cache_bytes; });
   m.def("create_tree", &create_tree, pybind11::arg("parent"), pybind11::arg("leaf_class"),
         pybind11::arg("num_classes"), pybind11::arg("sigmoid"));

@@ -207,6 +207,40 @@ def test_score_cache_bytes_rejects_negative_and_survives_copies():
         assert torch.equal(clone.predict(h, 3)[1], head.predict(h, 3)[1])
 
 
+def test_row_block_gives_the_same_step_within_rounding():
+    # B = 1000 rows in blocks of 300 (the last of 100), each keeping every score (the default
+    # budget with row_block: 300 x N x 4 bytes) or none (score_cache_bytes=0).
+    n, d, b = 700, 8, 1000
+    torch.manual_seed(4)
+    hidden, targets = torch.randn(b, d), torch.randint(0, n, (b,))
+    targets[::9] = -100
+    results = []
+    for row_block, budget in ((None, None), (300, None), (300, 0)):
+        head = FullSoftmaxLoss(n, d, bias=True, score_cache_bytes=budget, row_block=row_block)
+        with torch.no_grad():
+            head.weight.copy_(torch.linspace(-1, 1, n * d).reshape(n, d).sin())
+            head.bias.copy_(torch.linspace(-1, 1, n))
+        results.append(run(head, hidden, targets, 1.0))
+        assert f"row_block={row_block}" in repr(head)
+    for other in results[1:]:
+        for a, e in zip(other, results[0]):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+    ref = reference(hidden, targets, head.weight, head.bias, "mean", -100)
+    torch.testing.assert_close(results[1][0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1][2] * ref[4], ref[2], rtol=1e-4, atol=1e-6)
+
+
+def test_row_block_rejects_negative_and_survives_copies():
+    with pytest.raises(ValueError, match="rows = -2"):
+        FullSoftmaxLoss(N, D, row_block=-2)
+    import copy
+    head = FullSoftmaxLoss(N, D, row_block=2)
+    h, t = torch.randn(5, D), torch.randint(0, N, (5,))
+    clone = copy.deepcopy(head)
+    assert clone.row_block == 2
+    torch.testing.assert_close(clone(h, t), head(h, t))
+
+
 def test_upstream_scale_is_applied_to_the_weight_gradient():
     # loss.backward() takes the operator's gradient as it is (no num_classes x dim copy);
     # (loss * 2.5).backward(): scaled, and equal to 2.5 x the first.

@@ -47,8 +47,8 @@ class _Handle:
         return (_Handle, (self._factory,))
 
 
-def _make_full(score_cache_bytes):
-    return _C.create_full(score_cache_bytes)
+def _make_full(score_cache_bytes, row_block):
+    return _C.create_full(score_cache_bytes, row_block)
 
 
 def _make_tree(parent, leaf_class, num_classes, sigmoid):
@@ -186,25 +186,38 @@ class FullSoftmaxLoss(_SoftmaxHead):
             scores are kept in class order while they fit, each saving one of the step's four
             B x chunk x dim GEMMs; B x num_classes x 4 bytes keeps all (a step then does three GEMMs,
             like ``F.cross_entropy(F.linear(...))``). Results are bitwise the same at every budget.
-            None: the library's default (``xsoftmax._C.default_score_cache_bytes()``, 64 MiB);
-            0: keep none, the least memory. A negative value raises ``ValueError``.
+            None: the library's default (``xsoftmax._C.default_score_cache_bytes()``, 64 MiB), or with
+            ``row_block``, row_block x num_classes x 4 (every score of a block kept); 0: keep none,
+            the least memory. A negative value raises ``ValueError``.
+        row_block: solve a training step in blocks of this many rows (None or 0: all at once), each
+            a complete softmax over every class, their weight gradients added up. With a budget
+            holding a block's every score (the default with ``row_block``), nothing is recomputed,
+            at the memory of row_block rows' scores instead of B rows': one of the four GEMMs saved
+            for one more pass over the weight gradient per extra block (worth it for blocks of more
+            than a few tens of rows on a CPU). Results are within rounding of those without blocks.
+            A negative value raises ``ValueError``.
     """
 
     def __init__(self, num_classes, dim, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
-                 sparse_grad=False, device=None, init_scale=None, score_cache_bytes=None):
+                 sparse_grad=False, device=None, init_scale=None, score_cache_bytes=None, row_block=None):
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
                          init_scale)
         self.score_cache_bytes = None if score_cache_bytes is None else int(score_cache_bytes)
+        self.row_block = None if row_block is None else int(row_block)
         self._cache_handle = None
-        if self.score_cache_bytes is not None:
-            self._cache_handle = _Handle(functools.partial(_make_full, self.score_cache_bytes))
+        if self.score_cache_bytes is not None or self.row_block:
+            blocks = self.row_block or 0
+            budget = self.score_cache_bytes
+            if budget is None:
+                budget = blocks * num_classes * 4 if blocks > 0 else _C.default_score_cache_bytes()
+            self._cache_handle = _Handle(functools.partial(_make_full, budget, blocks))
 
     @property
     def _head(self):
         return 0 if self._cache_handle is None else self._cache_handle.value
 
     def extra_repr(self):
-        return super().extra_repr() + f", score_cache_bytes={self.score_cache_bytes}"
+        return super().extra_repr() + f", score_cache_bytes={self.score_cache_bytes}, row_block={self.row_block}"
 
     def forward(self, hidden, targets):
         return self._loss(hidden, targets, self._head, None)

@@ -2,7 +2,7 @@
 // The tuned parts of the CUDA dense softmax (detail/cuda/dense_tuned.cuh) against their oracles, the
 // generic versions on the same backend: the bf16/fp16 tensor-core kernels (dense_softmax against
 // dense_softmax_generic: loss, grad_h, grad_w and grad_b, over several chunks, with and without bias
-// and score cache, within the storage type's tolerance, support.cuh), and the block-per-row online
+// and score cache, in row blocks, within the storage type's tolerance, support.cuh), and the block-per-row online
 // log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores), and the
 // block-per-row running top-k (detail/cuda/topk_tuned.cuh: row_topk_update against
 // row_topk_update_generic, with ties, -inf scores and listed ids, bit for bit).
@@ -25,7 +25,7 @@ using namespace xsoftmax_cuda_test;
 
 template <class T>
 void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, bool with_bias, unsigned seed,
-                          index_t score_cache_bytes = 0) {
+                          index_t score_cache_bytes = 0, index_t row_block = 0) {
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> h(static_cast<std::size_t>(rows * d)), up(static_cast<std::size_t>(rows));
@@ -54,6 +54,7 @@ void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, boo
     a.n = n;
     a.chunk = chunk;
     a.score_cache_bytes = score_cache_bytes;
+    a.row_block = row_block;
     a.loss = thrust::raw_pointer_cast(loss.data());
     a.upstream = thrust::raw_pointer_cast(dup.data());
     a.grad_h = thrust::raw_pointer_cast(gh.data());
@@ -88,6 +89,9 @@ TEST_CASE("cuda dense_softmax: the tuned bf16/fp16 path equals the generic primi
   tuned_equals_generic<__half>(33, 1000, 40, 256, true, 3);
   tuned_equals_generic<__half>(64, 2049, 17, 512, false, 4);
   tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 5, 33 * 512 * 4);  // 2 of 4 chunks kept
+  // Row blocks of 8 (the last of 1), each keeping all its scores: grad_w and grad_b added up
+  tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 6, 8 * 1000 * 4, 8);
+  tuned_equals_generic<__half>(64, 2049, 17, 512, false, 7, 0, 20);  // blocks recomputing every chunk
 }
 
 TEST_CASE("cuda online_lse_update: the block-per-row kernel equals the generic loop (its oracle)") {

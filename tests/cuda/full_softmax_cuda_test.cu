@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // full_softmax on the cuda backend against the serial backend: every verb, fp32 / bf16 / fp16,
-// with and without bias, ignore_index, several chunk sizes; apply_sgd (the workspace: cuda_specific_test.cu).
+// with and without bias, ignore_index, several chunk sizes, row blocks; apply_sgd (the workspace: cuda_specific_test.cu).
 
 #include "support.cuh"
 
@@ -16,7 +16,8 @@ using namespace xsoftmax_cuda_test;
 namespace xs = xsoftmax;
 
 template <class P>
-void full_against_serial(index_t n, index_t dim, index_t rows, bool bias, index_t chunk, unsigned long long seed) {
+void full_against_serial(index_t n, index_t dim, index_t rows, bool bias, index_t chunk, unsigned long long seed,
+                         index_t row_block = 0) {
   using S = typename P::storage_type;
   rng g(seed);
   weights<S> w(g, n, dim, bias);
@@ -24,9 +25,11 @@ void full_against_serial(index_t n, index_t dim, index_t rows, bool bias, index_
   const xs::full_softmax<P, xs::serial> ref(w.host_view(), w.host_bias());
   xs::full_softmax<P, xs::cuda> dev(w.device_view(), w.device_bias());
   dev.set_chunk_size(chunk);
+  dev.set_row_block(row_block);  // with a score cache holding a block's every score: nothing recomputed
+  if (row_block > 0) dev.set_score_cache_bytes(row_block * n * index_t(sizeof(float)));
   const std::string what = std::string("full_softmax<") + xs::element_name<S>() + "> N=" + std::to_string(n) +
                            " d=" + std::to_string(dim) + " B=" + std::to_string(rows) + (bias ? " bias" : "") +
-                           " chunk=" + std::to_string(chunk);
+                           " chunk=" + std::to_string(chunk) + " row block=" + std::to_string(row_block);
   check_head(ref, dev, b, tolerance_for<S>(), what, 5);
 }
 
@@ -42,6 +45,12 @@ TEST_CASE("cuda full_softmax bf16 and fp16 equal serial within their tolerance")
   full_against_serial<xs::bf16>(513, 33, 70, false, 100, 6);
   full_against_serial<xs::fp16>(1000, 16, 37, true, 0, 7);
   full_against_serial<xs::fp16>(513, 33, 70, false, 100, 8);
+}
+
+TEST_CASE("cuda full_softmax in row blocks equals serial without (generic fp32 and tuned bf16 paths)") {
+  full_against_serial<xs::fp32>(1000, 16, 37, true, 97, 9, 10);  // blocks of 10, 10, 10, 7 packed rows or fewer
+  full_against_serial<xs::bf16>(513, 33, 70, false, 100, 10, 16);
+  full_against_serial<xs::bf16>(1000, 16, 37, true, 0, 11, 5);
 }
 
 TEST_CASE("cuda full_softmax: every target ignored") {

@@ -27,25 +27,6 @@ using xsoftmax::index_t;
 using xsoftmax::loss_options;
 using xsoftmax::reduction;
 
-/// lse - (1 - eps) s_t - eps mean(s) + z lse^2 over the classes `classes(t)` (all when empty).
-sample_loss_fn smoothed_reference(double eps, double z, std::function<std::vector<index_t>(index_t)> classes = {}) {
-  return [=](const ref_params& p, const double* h, index_t t) {
-    std::vector<index_t> set;
-    if (classes) set = classes(t);
-    else
-      for (index_t c = 0; c < p.rows; ++c) set.push_back(c);
-    test_vector<double> s;
-    double target = 0, sum = 0;
-    for (index_t c : set) {
-      s.push_back(p.score(c, h));
-      sum += s.back();
-      if (c == t) target = s.back();
-    }
-    const double lse = logsumexp(s);
-    return lse - (1 - eps) * target - eps * sum / static_cast<double>(set.size()) + z * lse * lse;
-  };
-}
-
 loss_options terms(double eps, double z, reduction r = reduction::mean) {
   loss_options o;
   o.reduce = r;

@@ -76,6 +76,12 @@ void full_softmax<P, B, S>::set_score_cache_bytes(index_t bytes) {
 }
 
 template <class P, class B, class S>
+void full_softmax<P, B, S>::set_row_block(index_t rows) {
+  detail::expects(rows >= 0, "full_softmax::set_row_block: rows = ", rows, " must be >= 0");
+  row_block_ = rows;
+}
+
+template <class P, class B, class S>
 index_t full_softmax<P, B, S>::chunk_size_for(index_t batch_rows) const {
   index_t c = chunk_size_;
   if (c == 0) {
@@ -134,7 +140,10 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   a.h = batch.hidden_view();
   a.target = batch.target_data();
   a.n = n_cls;
-  a.chunk = chunk_size_for(rows);
+  // Row blocks only in the backward (see set_row_block); a block's chunks are sized for its rows.
+  const bool blocked = grad_weights && row_block_ > 0 && row_block_ < rows;
+  a.chunk = chunk_size_for(blocked ? row_block_ : rows);
+  a.row_block = blocked ? row_block_ : 0;
   a.score_cache_bytes = score_cache_bytes_;
   a.loss = detail::raw(losses);
   a.label_smoothing = options.label_smoothing;

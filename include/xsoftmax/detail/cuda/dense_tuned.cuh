@@ -59,7 +59,9 @@ struct add_bias {
 };
 
 /// The dense softmax's plain-loss gradient of element e of a chunk (rows x cn, columns from c0) of
-/// biased scores, in place, and its copy in T times `scale` for the tensor-core GEMMs.
+/// biased scores, in T times `scale` for the tensor-core GEMMs, and (`keep_fp32`: for the bias
+/// gradient's column sums) in fp32 in place. Without a bias the fp32 copy is not written: 4 bytes
+/// of the ~26 each score element moves.
 template <class T>
 struct softmax_gradient {
   float* s;
@@ -69,11 +71,12 @@ struct softmax_gradient {
   const float* upstream;
   const index_t* target;
   float scale;
+  bool keep_fp32;
   XSOFTMAX_HD void operator()(index_t e) const {
     const index_t r = e / cn;
     float v = expf(s[e] - lse[r]) * upstream[r];
     if (target[r] - c0 == e - r * cn) v -= upstream[r];
-    s[e] = v;
+    if (keep_fp32) s[e] = v;
     g[e] = from_float<T>(v * scale);
   }
 };
@@ -121,17 +124,21 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
     if (bias) parallel_for(ex_, rows_ * cn, gpu::add_bias<T>{s, bias + first, cn});
   }
 
-  /// Chunk c0's scores s (rows x cn) -> G = (softmax - onehot) * upstream in place, and its copy
-  /// in T times `scale_` (one thread per element); then grad_h += G W_chunk and
-  /// grad_w[c0 : c0 + cn] = G^T H, reading that copy, scaled back exactly through alpha.
+  /// Chunk c0's scores s (rows x cn) -> G = (softmax - onehot) * upstream in T times `scale_`
+  /// (one thread per element), and in place in fp32 when the bias gradient reads it; then
+  /// grad_h += G W_chunk and grad_w[c0 : c0 + cn] = (or +=, a later row block) G^T H, reading the
+  /// copy in T, scaled back exactly through alpha.
   void backward(matrix_view<const T> w, index_t c0, index_t cn, float* s, const float* lse) {
-    parallel_for(ex_, rows_ * cn, gpu::softmax_gradient<T>{s, g_, cn, c0, lse, a_.upstream, a_.target, scale_});
+    const bool keep_fp32 = a_.grad_b != nullptr;
+    parallel_for(ex_, rows_ * cn,
+                 gpu::softmax_gradient<T>{s, g_, cn, c0, lse, a_.upstream, a_.target, scale_, keep_fp32});
     const float alpha = 1.f / scale_;  // exact: a power of two
     cublasHandle_t h = ex_.res.cublas();
     const T* w_chunk = w.row(a_.first + c0);
     gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cn, alpha, g_, cn, w_chunk, w.stride, 1.f, a_.grad_h,
                  d_);
-    gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, 0.f,
+    const float beta = a_.accumulate_weight_gradient ? 1.f : 0.f;
+    gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, beta,
                  a_.grad_w + c0 * d_, d_);
   }
 

@@ -48,6 +48,16 @@ struct dense_softmax_args {
   float* grad_h = nullptr;           ///< rows x d (stride d); receives += G * W_block
   float* grad_w = nullptr;           ///< n x d (stride d); overwritten with G^T * H
   float* grad_b = nullptr;           ///< n; overwritten with the column sums of G (may be null)
+  /// grad_w and grad_b receive += instead of being overwritten (a later block of rows).
+  bool accumulate_weight_gradient = false;
+  /// Backward only: rows solved in blocks of at most this many (0: all at once). Each block is a
+  /// complete softmax over the n columns (its own log-sum-exp, loss and grad_h rows); its weight and
+  /// bias gradients are added to the previous blocks'. The point: a score cache of
+  /// row_block x n x 4 bytes then keeps every score of a block, so pass 2 recomputes no chunk (one
+  /// GEMM of 2 x rows x n x d FLOPs saved), at the price of one more read and write of the n x d
+  /// fp32 weight gradient per extra block. The sums over rows are grouped by block: the weight
+  /// gradients are within rounding (not bitwise) of those of one block.
+  index_t row_block = 0;
   /// Optional: column j is weight row `columns[j]` instead of `first + j` (strictly ascending; a
   /// chunk whose rows are contiguous is read in place, any other is gathered into fp32 first).
   const index_t* columns = nullptr;
@@ -98,6 +108,36 @@ struct dense_softmax_tuning {
 template <bool Tuned, class Ex, class T>
 void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a);
 
+/// Where pass 1 keeps the scores of `rows` rows of `a` in chunks of `chunk` columns: the first
+/// `kept` chunks (in order) whose scores fit the budget, `kept_floats` in all, in the cache; every
+/// other chunk in one rows x chunk work buffer of `work_floats` (none when all are kept).
+struct score_cache_plan {
+  index_t kept = 0, kept_floats = 0, work_floats = 0;
+  [[nodiscard]] index_t floats() const { return kept_floats + work_floats; }
+};
+
+[[nodiscard]] inline score_cache_plan plan_score_cache(const dense_softmax_args& a, index_t rows, index_t chunk) {
+  score_cache_plan p;
+  const index_t chunks = chunk > 0 ? (a.n + chunk - 1) / chunk : 0;  // none for an empty block
+  if (a.upstream && a.score_cache_bytes > 0) {
+    const index_t budget = a.score_cache_bytes / static_cast<index_t>(sizeof(float));
+    while (p.kept < chunks) {
+      const index_t next = rows * std::min(chunk, a.n - p.kept * chunk);
+      if (p.kept_floats + next > budget) break;
+      p.kept_floats += next, ++p.kept;
+    }
+  }
+  p.work_floats = p.kept < chunks ? rows * chunk : 0;
+  return p;
+}
+
+/// Solves `a` for all its rows together (`a.row_block` aside): see `dense_softmax_solve`. `memory`:
+/// at least `plan_score_cache(a, rows, chunk).floats()` floats for the score cache and work buffer
+/// (null: allocated here).
+template <bool Tuned, class Ex, class T>
+void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a,
+                        float* memory = nullptr);
+
 /// Solves `a` with the backend's tuned kernels when it has them for T and this problem.
 template <class Ex, class T>
 void dense_softmax(const Ex& ex, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
@@ -112,6 +152,35 @@ void dense_softmax_generic(const Ex& ex, matrix_view<const T> w, const T* bias, 
 
 template <bool Tuned, class Ex, class T>
 void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
+  const index_t rows = a.h.rows, block = a.row_block;
+  if (!a.upstream || block <= 0 || block >= rows) {  // a forward pass keeps no score: nothing to gain
+    dense_softmax_rows<Tuned>(ex_in, w, bias, a);
+    return;
+  }
+  // One score cache and work buffer for every block (the largest block's, or the last's, which may
+  // keep more chunks): allocated per block, a host cache of hundreds of MiB would be page-faulted
+  // in again by each block.
+  using backend_type = typename std::decay_t<decltype(as_execution(ex_in))>::backend;
+  const index_t chunk = std::min(a.chunk, a.n), last = rows - (rows - 1) / block * block;
+  const index_t floats = std::max(plan_score_cache(a, block, chunk).floats(), plan_score_cache(a, last, chunk).floats());
+  scratch_buffer<backend_type, float> memory(static_cast<std::size_t>(floats));
+  dense_softmax_args b = a;
+  for (index_t r0 = 0; r0 < rows; r0 += block) {
+    const index_t rn = std::min(block, rows - r0);
+    b.h = matrix_view<const float>(a.h.row(r0), rn, a.h.cols, a.h.stride);
+    b.target = a.target + r0;
+    b.loss = a.loss + r0;
+    b.upstream = a.upstream + r0;
+    b.grad_h = a.grad_h ? a.grad_h + r0 * a.h.cols : nullptr;
+    b.accumulate_weight_gradient = a.accumulate_weight_gradient || r0 > 0;
+    b.row_block = 0;
+    dense_softmax_rows<Tuned>(ex_in, w, bias, b, memory.data());
+  }
+}
+
+template <bool Tuned, class Ex, class T>
+void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a,
+                        float* memory) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   using fvector = typename execution_type::template vector<float>;
@@ -129,26 +198,17 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
   }
 
   // The score cache: the first chunks (in order) whose scores fit the budget, pass 1 writing them in
-  // place; the work buffer holds every other chunk, and is not needed when all are kept.
-  const index_t chunks = chunk > 0 ? (a.n + chunk - 1) / chunk : 0;  // none for an empty block
-  index_t kept = 0, kept_floats = 0;
-  if (a.upstream && a.score_cache_bytes > 0) {
-    const index_t budget = a.score_cache_bytes / static_cast<index_t>(sizeof(float));
-    while (kept < chunks) {
-      const index_t next = rows * std::min(chunk, a.n - kept * chunk);
-      if (kept_floats + next > budget) break;
-      kept_floats += next, ++kept;
-    }
-  }
-  // Written by pass 1's GEMMs (beta = 0) before anything reads them: no value-initialisation.
-  scratch_buffer<typename execution_type::backend, float> cache(static_cast<std::size_t>(kept_floats));
-  scratch_buffer<typename execution_type::backend, float> scores(kept < chunks ? static_cast<std::size_t>(rows * chunk) : 0);
+  // place; the work buffer (after the cache) holds every other chunk, and is not needed when all
+  // are kept. Written by pass 1's GEMMs (beta = 0) before anything reads them: no value-initialisation.
+  const score_cache_plan plan = plan_score_cache(a, rows, chunk);
+  const index_t kept = plan.kept;
+  scratch_buffer<typename execution_type::backend, float> own(memory ? 0 : static_cast<std::size_t>(plan.floats()));
+  float* const cache = memory ? memory : own.data();
+  float* const scores = cache + plan.kept_floats;
   fvector scratch, gathered, gathered_bias;
   // Where chunk c0's scores live: kept chunk k at rows * chunk * k in the cache (all but the last
   // chunk are full, and a kept last chunk is last in the cache), the others in the work buffer.
-  auto chunk_scores = [&](index_t c0) {
-    return c0 / chunk < kept ? cache.data() + rows * c0 : scores.data();
-  };
+  auto chunk_scores = [&](index_t c0) { return c0 / chunk < kept ? cache + rows * c0 : scores; };
 
   // A margin scores the normalised rows (normalised once here) against each chunk's weight rows,
   // then divides column j by |w_j|; the target's cosine is kept for the backward slope.
@@ -308,16 +368,20 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
       host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
       dw.op_a = host::op::transpose;
       dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = hv.data, dw.ldb = hv.stride;
+      dw.beta = a.accumulate_weight_gradient ? 1.f : 0.f;
       dw.c = a.grad_w + c0 * d, dw.ldc = d;
       gemm(ex, dw);
     }
+    // The projection is linear and idempotent: projecting an accumulated gradient again adds this
+    // block's projected part to the earlier blocks' (within rounding).
     if (margin) project_weight_gradient(ex, wf, winv, a.grad_w + c0 * d);
     if (a.grad_b) {
       float* gb = a.grad_b + c0;
+      const bool accumulate = a.accumulate_weight_gradient;
       XSOFTMAX_PARALLEL_FOR(ex, cn, j, {
         float acc = 0.f;  // rows in fixed order: deterministic
         for (index_t r = 0; r < rows; ++r) acc += s[r * cn + j];
-        gb[j] = acc;
+        gb[j] = accumulate ? gb[j] + acc : acc;
       });
     }
   }
