@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// full_softmax_memory: the exact softmax's memory / speed trade-off, on the CPU.
+//
+// A training step of the exact softmax over N classes computes B x N scores. xsoftmax never holds
+// them all: it scores chunks of classes, folds them into an online log-sum-exp and, in the
+// backward pass, recomputes every chunk it did not keep. Two settings choose how much it keeps:
+//   * set_score_cache_bytes(bytes): the first pass's chunks kept for the second while they fit
+//     (default 64 MiB); every kept chunk saves one GEMM of the backward's recomputation. B x N x 4
+//     bytes keeps them all: three GEMMs a step instead of four, as F.cross_entropy(F.linear(...)).
+//   * set_row_block(R): the step solved in blocks of R rows, each a complete softmax, their weight
+//     gradients added up. With a cache of R x N x 4 bytes, every score of a block is kept: three
+//     GEMMs a step at R rows' memory instead of B rows'. Each extra block re-reads and re-writes the
+//     N x d weight gradient once, which pays while R is above about 4 x (GEMM rate) / (memory
+//     bandwidth): tens of rows on a CPU, about a thousand on an H100 (bench/RESULTS.md, "Row blocks").
+//
+// The program times one training step (forward_backward, best of three) of the same head, batch
+// and weights under four settings, and shows that they compute the same step: the losses and
+// gradients agree to rounding (bitwise for the cache alone; within rounding with row blocks,
+// whose weight-gradient sums over rows are grouped by block).
+//
+// Build and run (from the repository root):
+//   cmake -S . -B build && cmake --build build -j2 --target full_softmax_memory && ./build/examples/full_softmax_memory
+
+#include <xsoftmax/full_softmax.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+namespace xs = xsoftmax;
+using xs::index_t;
+
+namespace {
+
+constexpr index_t num_classes = 100'000;
+constexpr index_t dim = 128;
+constexpr index_t batch = 1024;
+
+using head_type = xs::full_softmax<xs::fp32, xs::omp>;
+
+/// One setting of the trade-off.
+struct setting {
+  const char* name;
+  index_t cache_bytes;
+  index_t row_block;
+};
+
+/// What one step outputs, and how long it took.
+struct step_result {
+  float loss = 0;
+  std::vector<float> grad_hidden;
+  head_type::gradient_type grad;
+  double seconds = 0;
+};
+
+step_result timed_step(head_type& head, const std::vector<float>& hidden, const std::vector<index_t>& targets) {
+  step_result r;
+  r.grad_hidden.assign(static_cast<std::size_t>(batch * dim), 0.f);
+  const xs::matrix_view<const float> h(hidden.data(), batch, dim);
+  const xs::vector_view<const index_t> t(targets.data(), batch);
+  r.seconds = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {  // best of three: the first call also pays for page faults
+    const auto start = std::chrono::steady_clock::now();
+    r.loss = head.forward_backward(h, t, xs::matrix_view<float>(r.grad_hidden.data(), batch, dim), r.grad);
+    r.seconds = std::min(r.seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return r;
+}
+
+/// The largest |a - b| / (1 + |b|) over two equally long vectors of floats.
+template <class V>
+double largest_gap(const V& a, const V& b) {
+  double gap = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    gap = std::max(gap, std::abs(double(a[i]) - double(b[i])) / (1.0 + std::abs(double(b[i]))));
+  return gap;
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> gauss(0.f, 1.f);
+  std::vector<float> hidden(static_cast<std::size_t>(batch * dim));
+  for (float& x : hidden) x = gauss(rng) / std::sqrt(float(dim)) * 4.f;
+  std::vector<index_t> targets(static_cast<std::size_t>(batch));
+  for (index_t& t : targets) t = static_cast<index_t>(rng() % num_classes);
+
+  // The head owns N x d weights, initialised from a seed (the same values on every backend).
+  head_type head(num_classes, dim);
+  const index_t score_bytes = index_t(sizeof(float)) * num_classes;  // one row's scores
+  const setting settings[] = {
+      {"default: 64 MiB cache, the rest recomputed", head_type::default_score_cache_bytes, 0},
+      {"no cache: every chunk recomputed", 0, 0},
+      {"every score kept (B x N x 4 bytes)", batch * score_bytes, 0},
+      {"row blocks of 256, each keeping its scores", 256 * score_bytes, 256},
+  };
+  std::printf("exact softmax, N = %lld classes, d = %lld, batch %lld, one forward_backward step\n\n",
+              static_cast<long long>(num_classes), static_cast<long long>(dim), static_cast<long long>(batch));
+  std::printf("%-46s %10s %9s %12s %12s\n", "setting", "cache MiB", "step ms", "loss", "grad gap");
+  std::vector<step_result> results;
+  for (const setting& s : settings) {
+    head.set_score_cache_bytes(s.cache_bytes);
+    head.set_row_block(s.row_block);
+    results.push_back(timed_step(head, hidden, targets));
+    const step_result& r = results.back();
+    const step_result& first = results.front();
+    // The gap of the hidden and weight gradients against the default setting's.
+    const double gap = std::max(largest_gap(r.grad_hidden, first.grad_hidden), largest_gap(r.grad.values, first.grad.values));
+    std::printf("%-46s %10.1f %9.1f %12.6f %12.2e\n", s.name, static_cast<double>(s.cache_bytes) / (1 << 20),
+                r.seconds * 1e3, r.loss, gap);
+  }
+  std::printf("\nThe settings without a full cache also use one batch x %lld-class chunk buffer (%.1f MiB).\n",
+              static_cast<long long>(head.chunk_size_for(batch)),
+              static_cast<double>(batch * head.chunk_size_for(batch) * 4) / (1 << 20));
+  return 0;
+}
