@@ -170,6 +170,15 @@ def test_every_sample_ignored(reduction):
     assert hidden.grad.abs().sum() == 0 and head.weight.grad.abs().sum() == 0
 
 
+def sine_head(n, d, **options):
+    """A FullSoftmaxLoss with bias and fixed, smooth weights (the same at every call)."""
+    head = FullSoftmaxLoss(n, d, bias=True, **options)
+    with torch.no_grad():
+        head.weight.copy_(torch.linspace(-1, 1, n * d).reshape(n, d).sin())
+        head.bias.copy_(torch.linspace(-1, 1, n))
+    return head
+
+
 def test_score_cache_bytes_gives_bitwise_the_same_step():
     # B = 4096 rows: the library's chunks are 2048 classes (32 MiB of scores), so N = 5000 is three
     # chunks; the budgets keep none, one, two (the default, 64 MiB) and all of them.
@@ -180,10 +189,7 @@ def test_score_cache_bytes_gives_bitwise_the_same_step():
     chunk_bytes = b * 2048 * 4
     results = []
     for budget in (0, chunk_bytes + 1, None, b * n * 4):
-        head = FullSoftmaxLoss(n, d, bias=True, score_cache_bytes=budget)
-        with torch.no_grad():
-            head.weight.copy_(torch.linspace(-1, 1, n * d).reshape(n, d).sin())
-            head.bias.copy_(torch.linspace(-1, 1, n))
+        head = sine_head(n, d, score_cache_bytes=budget)
         results.append(run(head, hidden, targets, 1.0))
         assert f"score_cache_bytes={budget}" in repr(head)
     for other in results[1:]:
@@ -216,10 +222,7 @@ def test_row_block_gives_the_same_step_within_rounding():
     targets[::9] = -100
     results = []
     for row_block, budget in ((None, None), (300, None), (300, 0)):
-        head = FullSoftmaxLoss(n, d, bias=True, score_cache_bytes=budget, row_block=row_block)
-        with torch.no_grad():
-            head.weight.copy_(torch.linspace(-1, 1, n * d).reshape(n, d).sin())
-            head.bias.copy_(torch.linspace(-1, 1, n))
+        head = sine_head(n, d, score_cache_bytes=budget, row_block=row_block)
         results.append(run(head, hidden, targets, 1.0))
         assert f"row_block={row_block}" in repr(head)
     for other in results[1:]:
