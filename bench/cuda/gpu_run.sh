@@ -32,6 +32,9 @@
 #   bench/cuda/gpu_run.sh rowblocks  the full softmax at the PyTorch peer's shape in row blocks that keep
 #                                    every score ($ROW_BLOCKS) at several chunk sizes ($CHUNKS), then the
 #                                    peer (PyTorch, Cut Cross-Entropy, Liger) on the same machine
+#   bench/cuda/gpu_run.sh session    a whole session's plan in one call of about 9 minutes on carried
+#                                    binaries (carry .gpu-bin .whl): prebuilt, rowblocks, sweep at 1M,
+#                                    scale at $SCALE_N (default 60M: an H100), pack; each under a limit
 #
 # The GPU machine reaches no package registry. It has nvcc, CMake, ninja, compute-sanitizer and
 # PyTorch; doctest (header-only) must be carried: copy /usr/include/doctest into .deps/doctest/ here
@@ -334,8 +337,29 @@ rowblocks() {
   log "rowblocks $(date -u +%FT%TZ)"
   "$bench" --filter full_bf16_256k --only forward_backward --reps "${ROWBLOCK_REPS:-5}" \
     --row-blocks "${ROW_BLOCKS:-0,1024,2048,4096}" --chunks "${CHUNKS:-0,4096}" 2>&1 |
-    tee "$out/rowblocks.txt" | grep -v '^  ' | tee -a "$out/phases.txt"
+    tee "$out/rowblocks.txt" | grep -v '^  ' | tee -a "$out/phases.txt" ||
+    log "rowblocks: heads_cuda_bench failed (rowblocks.txt); the peers still run"
   peer
+}
+
+# A whole session in one device call (timeout_s 600): the checks of `prebuilt` within shorter
+# limits, then `rowblocks` (with the peers), `sweep` at 1M classes, `scale` and `pack`, each under
+# `timeout` so that a slow phase costs its own limit. About 540 s.
+session() {
+  local t0=$SECONDS rc
+  TESTS_LIMIT=${TESTS_LIMIT:-70} MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-90} BENCH_HEAD_LIMIT=${BENCH_HEAD_LIMIT:-15} \
+    TEST_JOBS=${TEST_JOBS:-8} prebuilt || log "prebuilt: exit $?"
+  local phase limit
+  for phase in rowblocks:170 sweep:80 scale:60; do
+    limit=${phase#*:} phase=${phase%:*}
+    log "session: $phase at $((SECONDS - t0)) s (limit $limit s)"
+    rc=0
+    SWEEP_N=${SWEEP_N:-1000000} SCALE_N=${SCALE_N:-60000000} timeout "$limit" bash "$self" "$phase" \
+      > "$out/session_$phase.txt" 2>&1 || rc=$?
+    (( rc == 0 )) || log "session: $phase exit $rc"
+  done
+  log "session: done at $((SECONDS - t0)) s"
+  pack
 }
 
 # The CUDA-specific cases with every workspace piece filled with 0xFF bytes when handed out
@@ -421,5 +445,6 @@ case "${1:-all}" in
   sweep) sweep ;;
   scale) scale ;;
   rowblocks) rowblocks ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks" >&2; exit 2 ;;
+  session) session ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session" >&2; exit 2 ;;
 esac
