@@ -6,7 +6,7 @@
 // every score, with bias, loss terms, an angular margin and ignored rows; the primitive with
 // blocks must agree with the primitive without, within rounding, on gathered columns with logit
 // offsets too (the selective softmax's use); forward-only verbs ignore the blocks; the setter's
-// contract. Host backends (serial, omp).
+// contract. Host backends (serial, omp), and cuda in the GPU test binary (tests/cuda/CMakeLists.txt).
 
 #include "support/head_checks.hpp"
 
