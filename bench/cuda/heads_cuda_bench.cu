@@ -21,8 +21,10 @@
 // Compare the first line with bench/cuda/torch_peer.py (PyTorch F.cross_entropy(F.linear(h, W))
 // in bf16 at the same shape). Memory columns: `ws` is the head's cached workspace after the calls
 // (its scratch: packed rows, score chunks), `grad` the sparse gradient's bytes, `peak` the largest
-// device memory in use seen by cudaMemGetInfo around the calls minus what was in use before the
-// inputs were allocated (a lower bound on the true peak: it is sampled, not tracked).
+// device memory in use that cudaMemGetInfo showed, polled every 0.2 ms on a second thread during
+// each measurement's untimed warm-up call (so transient buffers such as the score cache count,
+// and the timed calls are not disturbed), minus what was in use before the inputs were allocated:
+// sampled, not tracked, so a buffer that lives well under 0.2 ms can be missed.
 
 #include <xsoftmax/cuda.cuh>
 #include <xsoftmax/tree/runtime_tree.hpp>
@@ -33,6 +35,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -42,6 +45,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -80,12 +84,41 @@ bool parse_list(const char* text, long long least, std::vector<index_t>& out) {
   return !out.empty();
 }
 
-/// Milliseconds per call of f over `reps` calls, after one warm-up call; NaN when `--only` names
-/// another measurement than `what`.
+/// While alive, polls the device memory in use every 0.2 ms on its own thread; `peak()` is the
+/// largest value seen (the caller's thread keeps launching meanwhile).
+class memory_sampler {
+ public:
+  memory_sampler() : thread_([this] {
+    while (!stop_.load()) {
+      const std::size_t now = used_bytes();
+      if (now > peak_.load()) peak_.store(now);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }) {}
+  memory_sampler(const memory_sampler&) = delete;
+  memory_sampler& operator=(const memory_sampler&) = delete;
+  ~memory_sampler() {
+    stop_.store(true);
+    thread_.join();
+  }
+  [[nodiscard]] std::size_t peak() const { return peak_.load(); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> peak_{0};
+  std::thread thread_;  // last: starts once the atomics exist
+};
+
+/// Milliseconds per call of f over `reps` calls, after one warm-up call (during which `peak` takes
+/// the memory_sampler's largest reading); NaN when `--only` names another measurement than `what`.
 double time_ms(const char* what, const std::function<void()>& f, int reps, std::size_t& peak) {
   if (!only_measurement.empty() && only_measurement != what) return std::nan("");
-  f();
-  peak = std::max(peak, used_bytes());
+  {
+    const memory_sampler sampler;
+    f();
+    BENCH_CUDA(cudaDeviceSynchronize());  // the call's queued work (an _async verb's) has run
+    peak = std::max({peak, sampler.peak(), used_bytes()});
+  }
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
