@@ -105,7 +105,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const detail::batch_rows<B> packed = detail::pack_rows(ex, hidden, targets, options.ignore_index, false);
   if (want_grad) upstream = detail::upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
   const index_t rows = packed.rows;
-  detail::scratch_buffer<B, float> sorted_hidden(static_cast<std::size_t>(rows * d));
+  detail::scratch_buffer<B, float> sorted_hidden(static_cast<std::size_t>(rows * d), ex);
   const detail::batch_rows<B> batch =
       detail::sort_by_leaf_rank(ex, tv, packed, upstream, hidden, packed.sample_data(), sorted_hidden.data());
 
@@ -116,7 +116,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   };
   // Each level's child per row, from the planning pass (written before read: no zero-fill).
   const int levels = detail::planned_levels(ex, tv, batch.target_data(), rows, Tree::max_depth);
-  detail::scratch_buffer<B, index_t> children(static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels));
+  detail::scratch_buffer<B, index_t> children(static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels), ex);
   const detail::run_plan plan =
       detail::plan_runs(ex, tv, batch.target_data(), rows, levels, sigmoid_form,
                         [=](const detail::node_run& run) -> index_t {

@@ -180,7 +180,7 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   const std::size_t n = static_cast<std::size_t>(rows);
   // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
   // places in the backend's memory.
-  scratch_buffer<B, index_t> key_buf(n), size_buf(n), run_key_buf(n), run_count_buf(n), run_size_buf(n);
+  scratch_buffer<B, index_t> key_buf(n, ex), size_buf(n, ex), run_key_buf(n, ex), run_count_buf(n, ex), run_size_buf(n, ex);
   index_t *key = key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
           *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
   const std::unique_ptr<index_t[]> keys(new index_t[n]), counts(new index_t[n]), sizes(new index_t[n]);

@@ -217,8 +217,9 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
                                 static_cast<std::size_t>(max_block + k) * sizeof(float) + sizeof(int);
     const index_t tile =
         std::clamp<index_t>(static_cast<index_t>(tree_search_budget_bytes / per_row), 1, rows);
-    scratch_buffer<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity));
-    scratch_buffer<B, float> child_lp(static_cast<std::size_t>(tile * max_block)), leaf_lp(static_cast<std::size_t>(tile * k));
+    scratch_buffer<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity), ex);
+    scratch_buffer<B, float> child_lp(static_cast<std::size_t>(tile * max_block), ex),
+        leaf_lp(static_cast<std::size_t>(tile * k), ex);
     backend_vector<B, int> overflow(static_cast<std::size_t>(tile));
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {

@@ -160,10 +160,11 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
   // One score cache and work buffer for every block (the largest block's, or the last's, which may
   // keep more chunks): allocated per block, a host cache of hundreds of MiB would be page-faulted
   // in again by each block.
-  using backend_type = typename std::decay_t<decltype(as_execution(ex_in))>::backend;
+  const auto& ex = as_execution(ex_in);
+  using backend_type = typename std::decay_t<decltype(ex)>::backend;
   const index_t chunk = std::min(a.chunk, a.n), last = rows - (rows - 1) / block * block;
   const index_t floats = std::max(plan_score_cache(a, block, chunk).floats(), plan_score_cache(a, last, chunk).floats());
-  scratch_buffer<backend_type, float> memory(static_cast<std::size_t>(floats));
+  scratch_buffer<backend_type, float> memory(static_cast<std::size_t>(floats), ex);
   dense_softmax_args b = a;
   for (index_t r0 = 0; r0 < rows; r0 += block) {
     const index_t rn = std::min(block, rows - r0);
@@ -202,7 +203,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   // are kept. Written by pass 1's GEMMs (beta = 0) before anything reads them: no value-initialisation.
   const score_cache_plan plan = plan_score_cache(a, rows, chunk);
   const index_t kept = plan.kept;
-  scratch_buffer<typename execution_type::backend, float> own(memory ? 0 : static_cast<std::size_t>(plan.floats()));
+  scratch_buffer<typename execution_type::backend, float> own(memory ? 0 : static_cast<std::size_t>(plan.floats()), ex);
   float* const cache = memory ? memory : own.data();
   float* const scores = cache + plan.kept_floats;
   fvector scratch, gathered, gathered_bias;
