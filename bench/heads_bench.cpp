@@ -278,8 +278,7 @@ void bm_full(benchmark::State& state, index_t n, index_t row_block = 0) {
   const problem& p = get_problem(n);
   auto& hg = cached_head<head_type>("full/" + std::to_string(n) + "/" + std::to_string(row_block), [&] {
     head_type h(n, dim);
-    h.set_row_block(row_block);
-    if (row_block > 0) h.set_score_cache_bytes(row_block * n * index_t(sizeof(float)));
+    if (row_block > 0) h.keep_scores_in_row_blocks(row_block);
     return h;
   });
   time_steps(state, hg, p, (row_block > 0 ? 6.0 : 8.0) * batch * double(n) * dim, /*is_full=*/row_block == 0,
@@ -319,7 +318,7 @@ void register_size() {
   auto* full = benchmark::RegisterBenchmark(("full_softmax/fp32/N=" + std::to_string(n)).c_str(),
                                             [](benchmark::State& s) { bm_full(s, n); });
   full->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime()->Iterations(n >= 1'000'000 ? 1 : 3);
-  // The same step in blocks of 256 rows, each keeping all its scores (full_softmax::set_row_block).
+  // The same step in blocks of 256 rows, each keeping all its scores (keep_scores_in_row_blocks).
   auto* blocks = benchmark::RegisterBenchmark(("full_softmax_rows256/fp32/N=" + std::to_string(n)).c_str(),
                                               [](benchmark::State& s) { bm_full(s, n, 256); });
   blocks->Unit(benchmark::kMillisecond)->UseRealTime()->MeasureProcessCPUTime()->Iterations(n >= 1'000'000 ? 1 : 3);

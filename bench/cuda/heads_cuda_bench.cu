@@ -15,8 +15,8 @@
 //   heads_cuda_bench --filter full_bf16_256k --row-blocks 0,1024,2048 --chunks 0,4096
 //                               the full softmax heads once per (row block, chunk) pair: row block R
 //                               > 0 solves the backward in blocks of R rows, each keeping all its
-//                               scores (full_softmax::set_row_block, a score cache of R x N x 4
-//                               bytes); chunk 0 is the automatic chunk size (default: 0 and 0)
+//                               scores (full_softmax::keep_scores_in_row_blocks: a score cache
+//                               of R x N x 4 bytes); chunk 0 is the automatic chunk size (default: 0 and 0)
 //
 // Compare the first line with bench/cuda/torch_peer.py (PyTorch F.cross_entropy(F.linear(h, W))
 // in bf16 at the same shape). Memory columns: `ws` is the head's cached workspace after the calls
@@ -379,9 +379,8 @@ int main(int argc, char** argv) {
       for (const index_t c : chunks) {
         const std::size_t base = used_bytes();
         full head(n, dim);  // a fresh head each time: its workspace (and peak) is this variant's own
-        head.set_row_block(r);
+        if (r > 0) head.keep_scores_in_row_blocks(r);
         head.set_chunk_size(c);
-        head.set_score_cache_bytes(r > 0 ? r * n * index_t(sizeof(float)) : full::default_score_cache_bytes);
         const std::string label = variants ? name + "_r" + std::to_string(r) + "_c" + std::to_string(c) : name;
         run_head(label, head, rows, n, false, reps, base);
       }

@@ -8,8 +8,9 @@
 //   * set_score_cache_bytes(bytes): the first pass's chunks kept for the second while they fit
 //     (default 64 MiB); every kept chunk saves one GEMM of the backward's recomputation. B x N x 4
 //     bytes keeps them all: three GEMMs a step instead of four, as F.cross_entropy(F.linear(...)).
-//   * set_row_block(R): the step solved in blocks of R rows, each a complete softmax, their weight
-//     gradients added up. With a cache of R x N x 4 bytes, every score of a block is kept: three
+//   * keep_scores_in_row_blocks(R): the step solved in blocks of R rows (set_row_block), each a
+//     complete softmax, their weight gradients added up, with a cache of R x N x 4 bytes
+//     (set_score_cache_bytes), so that every score of a block is kept: three
 //     GEMMs a step at R rows' memory instead of B rows'. Each extra block re-reads and re-writes the
 //     N x d weight gradient once, which pays while R is above about 4 x (GEMM rate) / (memory
 //     bandwidth): tens of rows on a CPU, about a thousand on an H100 (bench/RESULTS.md, "Row blocks").
@@ -104,8 +105,9 @@ int main() {
   std::printf("%-46s %10s %9s %12s %12s\n", "setting", "cache MiB", "step ms", "loss", "grad gap");
   std::vector<step_result> results;
   for (const setting& s : settings) {
+    head.set_row_block(0);
     head.set_score_cache_bytes(s.cache_bytes);
-    head.set_row_block(s.row_block);
+    if (s.row_block > 0) head.keep_scores_in_row_blocks(s.row_block);  // and a cache of row_block x N x 4 bytes
     results.push_back(timed_step(head, hidden, targets));
     const step_result& r = results.back();
     const step_result& first = results.front();

@@ -158,7 +158,7 @@ class full_softmax
   /// batch at once). With blocks of R rows each block is a complete softmax over every class (its
   /// own log-sum-exp, losses and hidden-gradient rows) and its weight (and bias) gradient is added
   /// to the earlier blocks'. Paired with a score cache that holds a block's every score
-  /// (`set_score_cache_bytes(R * num_classes * 4)`), the backward pass recomputes nothing: it saves
+  /// (`keep_scores_in_row_blocks` sets both), the backward pass recomputes nothing: it saves
   /// one of the step's four GEMMs (2 B x N x dim FLOPs) and pays one more read and write of the
   /// N x dim fp32 weight gradient per extra block. That pays while R is above about 4 F / W rows
   /// for a GEMM rate F and memory bandwidth W: tens of rows on a CPU, about a thousand on an H100
@@ -168,6 +168,10 @@ class full_softmax
   /// Throws `invalid_argument` when `rows` < 0.
   void set_row_block(index_t rows);
   [[nodiscard]] index_t row_block() const { return row_block_; }
+  /// `set_row_block(rows)` with the score cache that keeps every score of a block:
+  /// `set_score_cache_bytes(rows * local classes * 4)` (0 rows: one block, no cache). The backward
+  /// then recomputes nothing. Throws `invalid_argument` when `rows` < 0 (nothing changed).
+  void keep_scores_in_row_blocks(index_t rows);
 
   // The verbs (forward, forward_backward, backward, log_prob, topk, log_distribution, their `_async`
   // forms, apply_sgd) are head_verbs'. What is particular to this head:

@@ -25,8 +25,7 @@ void full_against_serial(index_t n, index_t dim, index_t rows, bool bias, index_
   const xs::full_softmax<P, xs::serial> ref(w.host_view(), w.host_bias());
   xs::full_softmax<P, xs::cuda> dev(w.device_view(), w.device_bias());
   dev.set_chunk_size(chunk);
-  dev.set_row_block(row_block);  // with a score cache holding a block's every score: nothing recomputed
-  if (row_block > 0) dev.set_score_cache_bytes(row_block * n * index_t(sizeof(float)));
+  if (row_block > 0) dev.keep_scores_in_row_blocks(row_block);  // nothing recomputed
   const std::string what = std::string("full_softmax<") + xs::element_name<S>() + "> N=" + std::to_string(n) +
                            " d=" + std::to_string(dim) + " B=" + std::to_string(rows) + (bias ? " bias" : "") +
                            " chunk=" + std::to_string(chunk) + " row block=" + std::to_string(row_block);

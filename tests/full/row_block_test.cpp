@@ -159,3 +159,22 @@ TEST_CASE("full_softmax::set_row_block: default 0, round trip, negative rejected
   }
   CHECK(head.row_block() == 256);  // unchanged after the error
 }
+
+TEST_CASE("full_softmax::keep_scores_in_row_blocks: the row block and a cache of its every score; errors change nothing") {
+  xsoftmax::full_softmax<xsoftmax::fp32, xsoftmax::serial> head(10, 4);
+  head.keep_scores_in_row_blocks(3);
+  CHECK(head.row_block() == 3);
+  CHECK(head.score_cache_bytes() == 3 * 10 * 4);
+  head.keep_scores_in_row_blocks(0);  // one block, nothing kept
+  CHECK(head.row_block() == 0);
+  CHECK(head.score_cache_bytes() == 0);
+  head.keep_scores_in_row_blocks(5);
+  try {
+    head.keep_scores_in_row_blocks(-1);
+    FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("rows = -1") != std::string::npos);
+  }
+  CHECK(head.row_block() == 5);
+  CHECK(head.score_cache_bytes() == 5 * 10 * 4);
+}

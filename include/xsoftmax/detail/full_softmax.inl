@@ -82,6 +82,12 @@ void full_softmax<P, B, S>::set_row_block(index_t rows) {
 }
 
 template <class P, class B, class S>
+void full_softmax<P, B, S>::keep_scores_in_row_blocks(index_t rows) {
+  set_row_block(rows);  // checks rows first: nothing changes on an error
+  set_score_cache_bytes(rows * local_classes() * static_cast<index_t>(sizeof(float)));
+}
+
+template <class P, class B, class S>
 index_t full_softmax<P, B, S>::chunk_size_for(index_t batch_rows) const {
   index_t c = chunk_size_;
   if (c == 0) {
