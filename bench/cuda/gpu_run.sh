@@ -25,6 +25,7 @@
 #                                    address and the code addresses on the stack (tests/cuda/main.cu)
 #   bench/cuda/gpu_run.sh profile    one quick-bench head ($PROFILE_FILTER) under nsys (or ncu): API calls,
 #                                    kernels, copies, summed
+#   bench/cuda/gpu_run.sh profiles   the per-kernel breakdown of each headline configuration (ncu)
 #   bench/cuda/gpu_run.sh pack       $OUT's logs into logs.tar.gz (the device tool brings 8 files back)
 #   bench/cuda/gpu_run.sh poison     the CUDA cases with poisoned workspace pieces (XSOFTMAX_POISON_WORKSPACE)
 #   bench/cuda/gpu_run.sh sweep      the tree-shape sweep at 1M and 10M classes: JSON and PNG
@@ -188,7 +189,9 @@ check_binaries() {
   grep -E 'exit [1-9]' "$out/tests.txt" | head -n 20 || true
   log "example $(( SECONDS - t0 )) s"
   timeout 20 "$example" > "$out/example.txt" 2>&1 || log "example exit $?"
-  DEADLINE=$(( $(date +%s) + ${MEMCHECK_LIMIT:-170} )) sanitize_with memcheck "$tests" --test-case-exclude='*2^31*'
+  if (( ${MEMCHECK_LIMIT:-170} > 0 )); then
+    DEADLINE=$(( $(date +%s) + ${MEMCHECK_LIMIT:-170} )) sanitize_with memcheck "$tests" --test-case-exclude='*2^31*'
+  fi
   log "bench_quick $(( SECONDS - t0 )) s"
   quick_bench "$bench"
   log "done $(( SECONDS - t0 )) s"
@@ -253,21 +256,40 @@ rerun() {
 # head of the quick bench under Nsight Systems when the machine has it (CUDA API calls, kernels and
 # memory operations, summed), else Nsight Compute's per-kernel summary of its first 300 launches.
 # $PROFILE_FILTER picks the head (default full_bf16_1m); binaries from .gpu-bin/ (carry) or $build.
+# $PROFILE_ARGS: the bench's options (default --quick; e.g. "--reps 1 --row-blocks 4096" for a full
+# size); $PROFILE_NAME names the output, profile_<name>.txt (default: profile.txt).
 profile() {
   local bench filter=${PROFILE_FILTER:-full_bf16_1m} only=${PROFILE_ONLY:-forward_backward}
+  local file=$out/profile${PROFILE_NAME:+_$PROFILE_NAME}.txt
   bench=$(bench_binary)
-  log "profile $filter $only $(date -u +%FT%TZ)"
+  log "profile $filter $only ${PROFILE_ARGS:---quick} $(date -u +%FT%TZ)"
+  # shellcheck disable=SC2086  # PROFILE_ARGS is words on purpose
   if command -v nsys > /dev/null; then
-    nsys profile --force-overwrite true -o /tmp/xsoftmax_profile --stats=false "$bench" --quick --filter "$filter" \
-      --only "$only" > "$out/profile_run.txt" 2>&1 || true
+    nsys profile --force-overwrite true -o /tmp/xsoftmax_profile --stats=false "$bench" ${PROFILE_ARGS:---quick} \
+      --filter "$filter" --only "$only" > "${file%.txt}_run.txt" 2>&1 || true
     nsys stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum --format csv \
-      /tmp/xsoftmax_profile.nsys-rep > "$out/profile.txt" 2>&1 || true
+      /tmp/xsoftmax_profile.nsys-rep > "$file" 2>&1 || true
   else
-    # One metric (each kernel's duration) needs one pass per launch, not the default sections' many.
-    ncu --metrics gpu__time_duration.sum --launch-count "${PROFILE_LAUNCHES:-300}" --print-summary per-kernel \
-      "$bench" --quick --filter "$filter" --only "$only" > "$out/profile.txt" 2>&1 || true
+    # One metric (each kernel's duration) needs one pass per launch, not the default sections' many;
+    # the clocks as the card has them (METHOD.md: leave them alone).
+    ncu --clock-control none --metrics gpu__time_duration.sum --launch-count "${PROFILE_LAUNCHES:-300}" \
+      --print-summary per-kernel "$bench" ${PROFILE_ARGS:---quick} --filter "$filter" --only "$only" > "$file" 2>&1 || true
   fi
-  tail -n 5 "$out/profile.txt"
+  tail -n 5 "$file"
+}
+
+# The per-kernel breakdown (ncu's gpu__time_duration per launch, summed by kernel) of each headline
+# configuration, one bench process each under its own limit: the full softmax's training step at
+# the peer's shape as the defaults run it and in row blocks of 4096 (one warm-up and one timed call:
+# about 2 x 2000 launches), the small call of target 5, and the 2-level HS at 1M classes.
+profiles() {
+  local spec name filter args launches limit
+  for spec in "full256k|full_bf16_256k|--reps 1|4500|70" "full256k_r4096|full_bf16_256k|--reps 1 --row-blocks 4096|4500|60" \
+    "small|full_bf16_256k|--quick --reps 1|400|20" "hs2_1m|hs_uniform2_1m|--reps 1|600|40"; do
+    IFS='|' read -r name filter args launches limit <<< "$spec"
+    PROFILE_NAME=$name PROFILE_FILTER=$filter PROFILE_ARGS=$args PROFILE_LAUNCHES=$launches \
+      timeout "$limit" bash "$self" profile || log "profiles: $name exit $?"
+  done
 }
 
 # The phases below run on $build, one call each; every test case in its own process (each_case).
@@ -345,12 +367,16 @@ rowblocks() {
 # A whole session in one device call (timeout_s 600): the checks of `prebuilt` within shorter
 # limits, then `rowblocks` (with the peers), `sweep` at 1M classes, `scale` and `pack`, each under
 # `timeout` so that a slow phase costs its own limit. About 540 s.
+# $SESSION_PHASES (phase:limit words; default "rowblocks:170 sweep:80 scale:60") picks the phases
+# after prebuilt; NO_PREBUILT=1 leaves prebuilt out (a second call on the same binaries).
 session() {
   local t0=$SECONDS rc
-  TESTS_LIMIT=${TESTS_LIMIT:-70} MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-90} BENCH_HEAD_LIMIT=${BENCH_HEAD_LIMIT:-15} \
-    TEST_JOBS=${TEST_JOBS:-8} prebuilt || log "prebuilt: exit $?"
+  if [[ -z ${NO_PREBUILT:-} ]]; then
+    TESTS_LIMIT=${TESTS_LIMIT:-70} MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-90} BENCH_HEAD_LIMIT=${BENCH_HEAD_LIMIT:-15} \
+      TEST_JOBS=${TEST_JOBS:-8} prebuilt || log "prebuilt: exit $?"
+  fi
   local phase limit
-  for phase in rowblocks:170 sweep:80 scale:60; do
+  for phase in ${SESSION_PHASES:-rowblocks:170 sweep:80 scale:60}; do
     limit=${phase#*:} phase=${phase%:*}
     log "session: $phase at $((SECONDS - t0)) s (limit $limit s)"
     rc=0
@@ -446,5 +472,6 @@ case "${1:-all}" in
   scale) scale ;;
   rowblocks) rowblocks ;;
   session) session ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session" >&2; exit 2 ;;
+  profiles) profiles ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session|profiles" >&2; exit 2 ;;
 esac

@@ -9,7 +9,8 @@
 //   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
 //                               forward_backward_async, topk; the others print nan), e.g. under a profiler
 //   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
-//   heads_cuda_bench --filter hs_scale [--scale-n 100000000]   one HS training step at scale
+//   heads_cuda_bench --filter hs_scale [--scale-n 100000000]   one HS and one KNN softmax training
+//                               step at scale (the KNN softmax on a given random graph, K = 10)
 //   heads_cuda_bench --sweep bench/heads_tree_shapes_gpu.json [--sweep-n 1000000,10000000]
 //                               the tree-shape sweep (see run_sweep), drawn by bench/plot_heads.py
 //   heads_cuda_bench --filter full_bf16_256k --row-blocks 0,1024,2048 --chunks 0,4096
@@ -38,6 +39,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -448,6 +450,44 @@ int main(int argc, char** argv) {
       run_head("hs_scale_" + std::to_string(n), head, 8192, n, true, reps, base);
     } catch (const std::exception& e) {
       std::printf("hs_scale: N = %lld does not fit or failed: %s\n", static_cast<long long>(n), e.what());
+    }
+    std::fflush(stdout);
+    // The KNN softmax at the same N: a selective softmax over the union of the batch targets' K =
+    // 10 graph neighbours. Its graph is given, not built (an exact build is O(N^2 d): days at
+    // 100M): uniformly random neighbour lists, the worst case for the active set (a trained
+    // graph's neighbourhoods of frequent targets overlap). Times the training step only.
+    try {
+      const index_t k = 10;
+      const auto t_graph = std::chrono::steady_clock::now();
+      std::vector<index_t> ids(static_cast<std::size_t>(n * k));
+      {
+        // Filled by 16 threads from a counter-based generator (a second on 1e9 ids).
+        std::vector<std::thread> fill;
+        const std::size_t parts = 16, size = ids.size();
+        for (std::size_t p = 0; p < parts; ++p)
+          fill.emplace_back([&, p] {
+            for (std::size_t i = size * p / parts; i < size * (p + 1) / parts; ++i) {
+              std::uint64_t z = i + 0x9e3779b97f4a7c15ULL;
+              z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+              z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+              ids[i] = static_cast<index_t>((z ^ (z >> 31)) % static_cast<std::uint64_t>(n));
+            }
+          });
+        for (auto& t : fill) t.join();
+      }
+      xs::knn_options options;
+      options.graph.k = k;
+      options.rebuild_every = 0;
+      xs::knn_selector selector(xs::knn_graph::from_lists(n, 512, k, std::move(ids)), options);
+      std::printf("knn_scale: N = %lld, K = %lld random neighbours, graph made on the host in %.1f s\n",
+                  static_cast<long long>(n), static_cast<long long>(k),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t_graph).count());
+      std::fflush(stdout);
+      const std::size_t base = used_bytes();
+      xs::selective_softmax<xs::knn_selector, xs::bf16, xs::cuda> head(std::move(selector), n, 512);
+      run_head("knn_scale_" + std::to_string(n), head, 8192, n, true, reps, base);
+    } catch (const std::exception& e) {
+      std::printf("knn_scale: N = %lld does not fit or failed: %s\n", static_cast<long long>(n), e.what());
     }
   }
   return 0;

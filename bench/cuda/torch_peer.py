@@ -5,8 +5,9 @@
 1. Full softmax, bf16, B x d x N = 8192 x 2304 x 256K (the heads_cuda_bench line full_bf16_256k):
    loss = F.cross_entropy(F.linear(h, W), t); forward, and forward + backward, time per call and
    torch.cuda.max_memory_allocated (PyTorch materialises the B x N logits, and their gradient).
-   The same for Cut Cross-Entropy and Liger's fused linear cross-entropy when they import
-   (carried wheels), on the same inputs.
+   The same for PyTorch's F.linear_cross_entropy (where torch has it), Cut Cross-Entropy and
+   Liger's fused linear cross-entropy when they import (carried wheels), on the same inputs; then
+   all of them again at the small call 1024 x 2304 x 32K (heads_cuda_bench --quick's first line).
 2. torch.nn.AdaptiveLogSoftmaxWithLoss over N = 1M classes (cutoffs 20K / 200K, div_value 4),
    bf16, d = 512, B = 8192, Zipf-like targets: the closest built-in peer of a hierarchical softmax.
 3. The two ceilings of the floors in bench/RESULTS.md, measured on this device: a 4 GiB
@@ -65,12 +66,24 @@ def torch_linear_cross_entropy(h, w, t):
     return F.cross_entropy(F.linear(h, w), t)
 
 
+def torch_fused_linear_cross_entropy():
+    """PyTorch's own fused op, F.linear_cross_entropy, where this torch has it (else None)."""
+    fn = getattr(F, "linear_cross_entropy", None)
+    if fn is None:
+        print(f"F.linear_cross_entropy not in torch {torch.__version__}", flush=True)
+        return None
+    return lambda h, w, t: fn(h, w, t)
+
+
 def fused_peers():
     """(name, loss(h, w, t)) of the fused linear cross-entropy packages that import here: Cut
     Cross-Entropy (Apple, `cut_cross_entropy.linear_cross_entropy`, its default "cce" kernels and
     gradient filter) and Liger's fused linear cross-entropy. Carry their wheels (pure Python; torch and
     Triton are on the GPU machine): bench/cuda/gpu_run.sh installs what .whl/ holds."""
     peers = []
+    torch_fused = torch_fused_linear_cross_entropy()
+    if torch_fused is not None:
+        peers.append(("torch_fused", torch_fused))
     try:
         from cut_cross_entropy import linear_cross_entropy
         peers.append(("cce", lambda h, w, t: linear_cross_entropy(h, w, t)))
@@ -170,8 +183,13 @@ def main():
         adaptive(1024, 512, 100000, a.reps, device)
     else:
         ceilings(8192, 2304, 262144, device)
-        for name, fn in [("torch", torch_linear_cross_entropy)] + fused_peers():
+        peers = [("torch", torch_linear_cross_entropy)] + fused_peers()
+        for name, fn in peers:
             full_softmax(8192, 2304, 262144, a.reps, device, name, fn)
+        # The small call of the issue's target 5 (heads_cuda_bench --quick's first line), where
+        # host-side cost per call shows: more repetitions, the time being short.
+        for name, fn in peers:
+            full_softmax(1024, 2304, 32768, 5 * a.reps, device, name, fn)
         adaptive(8192, 512, 1 << 20, a.reps, device)
     return 0
 
