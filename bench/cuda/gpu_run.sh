@@ -350,14 +350,17 @@ scale() {
 }
 
 # The full softmax's backward without the recompute pass: forward_backward at 8192 x 2304 x 256K
-# in row blocks of $ROW_BLOCKS rows (0: one block, the 64 MiB default score cache), each keeping all
-# its scores (R x 256K x 4 bytes), at chunk sizes $CHUNKS (0: automatic), then torch_peer.py's full
+# in row blocks of $ROW_BLOCKS rows (0: the head's automatic plan, full_softmax::training_plan),
+# each keeping all its scores (R x 256K x 4 bytes), at chunk sizes $CHUNKS (0: automatic), then torch_peer.py's full
 # softmax rows (PyTorch, Cut Cross-Entropy, Liger) side by side on the same machine.
 rowblocks() {
   local bench
   bench=$(bench_binary)
   log "rowblocks $(date -u +%FT%TZ)"
-  "$bench" --filter full_bf16_256k --only forward_backward --reps "${ROWBLOCK_REPS:-5}" \
+  # ROWBLOCKS_ALL=1: every measurement (forward and top-10 too), not only forward_backward
+  local only=(--only forward_backward)
+  [[ -n ${ROWBLOCKS_ALL:-} ]] && only=()
+  "$bench" --filter full_bf16_256k "${only[@]}" --reps "${ROWBLOCK_REPS:-5}" \
     --row-blocks "${ROW_BLOCKS:-0,1024,2048,4096}" --chunks "${CHUNKS:-0,4096}" 2>&1 |
     tee "$out/rowblocks.txt" | grep -v '^  ' | tee -a "$out/phases.txt" ||
     log "rowblocks: heads_cuda_bench failed (rowblocks.txt); the peers still run"

@@ -125,6 +125,48 @@ def test_malformed_trees(parent, n, what):
         HierarchicalSoftmaxLoss(n, D, tree=Tree.from_parents(parent, n))
 
 
+def test_tensors_on_another_device_are_rejected():
+    # A meta (or, on a CPU build, CUDA) tensor beside CPU weights once gave uninitialised memory.
+    head = FullSoftmaxLoss(1000, 16, reduction="none")
+    with pytest.raises(ValueError, match="targets is on device meta but the head's weight is on cpu"):
+        head(torch.randn(64, 16), torch.randint(0, 1000, (64,), device="meta"))
+    with pytest.raises(ValueError, match="hidden is on device meta"):
+        head(torch.randn(64, 16, device="meta"), torch.randint(0, 1000, (64,)))
+    with pytest.raises(ValueError, match="hidden is on device meta"):
+        head.predict(torch.randn(4, 16, device="meta"), k=2)
+
+
+def test_non_tensor_inputs_and_late_reduction():
+    head = FullSoftmaxLoss(N, D)
+    with pytest.raises(TypeError, match="hidden must be a torch.Tensor, got list"):
+        head([[0.0] * D], torch.tensor([0]))
+    with pytest.raises(TypeError, match="targets must be a torch.Tensor, got list"):
+        head(torch.randn(1, D), [0])
+    with pytest.raises(ValueError, match="reduction = 'avg'"):
+        head.reduction = "avg"
+    assert head.reduction == "mean"  # unchanged by the refused assignment
+    h = torch.randn(3, D)
+    t = torch.tensor([0, 1, 2])
+    head.reduction = "none"
+    per_sample = head(h, t)
+    head.reduction = "sum"
+    assert torch.allclose(head(h, t), per_sample.sum())
+
+
+@pytest.mark.parametrize("name", ["full", "hs", "sampled", "knn"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_double_backward_is_refused(name, reduction):
+    # The fused operator (mean) and the loss operator's backward (none) both refuse create_graph.
+    head = heads()[name]
+    head.reduction = reduction
+    h = torch.randn(4, D, requires_grad=True)
+    t = torch.tensor([0, 1, 2, 3])
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(head(h, t).sum(), h, create_graph=True)
+    (g,) = torch.autograd.grad(head(h, t).sum(), h)  # without create_graph the same call works
+    assert g.shape == h.shape and not g.requires_grad
+
+
 def test_non_cpu_device_is_rejected():
     with pytest.raises(ValueError, match="CPU"):
         FullSoftmaxLoss(N, D, device="meta")

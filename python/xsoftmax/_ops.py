@@ -147,6 +147,17 @@ def _weight_gradients(grad_rows, grad_values, grad_bias, scale, weight_shape, we
     return grad_weight, grad_b
 
 
+def _refuse_double_backward():
+    """The operators' gradients are not themselves differentiable: with create_graph=True (grad
+    mode on inside backward, outside any tracing) say so instead of returning gradients that
+    silently lack their second-order terms."""
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling() and _dispatch_mode() is None:
+        raise RuntimeError("xsoftmax: double backward (torch.autograd.grad(..., create_graph=True), "
+                           "backward(create_graph=True), or a torch.func transform such as grad or jacrev, which "
+                           "differentiates with create_graph=True) is not supported: the heads' gradients come from "
+                           "fused kernels that are not themselves differentiable")
+
+
 def _fused_setup_context(ctx, inputs, output):
     hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad = inputs
     _, grad_hidden, grad_rows, grad_values, grad_bias = output
@@ -161,6 +172,7 @@ def _fused_setup_context(ctx, inputs, output):
 def _fused_backward(ctx, grad_loss, *unused):
     if grad_loss is None:  # not materialised: the loss does not reach what is differentiated
         return (None,) * 9
+    _refuse_double_backward()
     grad_hidden, grad_rows, grad_values, grad_bias = ctx.saved_tensors
     hidden_dtype, weight_shape, weight_dtype, has_bias, sparse_grad = ctx.info
     need = ctx.needs_input_grad
@@ -179,6 +191,7 @@ def _loss_setup_context(ctx, inputs, output):
 
 
 def _loss_backward(ctx, grad_loss):
+    _refuse_double_backward()
     hidden, weight, bias, targets, step = ctx.saved_tensors
     reduction, ignore_index, head, sparse_grad = ctx.args
     hidden_dtype, weight_shape, weight_dtype, has_bias = ctx.info

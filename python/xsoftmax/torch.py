@@ -92,7 +92,7 @@ class _SoftmaxHead(nn.Module):
             raise ValueError(f"device = {device}: this build of xsoftmax runs on CPU tensors only")
         self.num_classes = int(num_classes)
         self.dim = int(dim)
-        self.reduction = _check_reduction(reduction)
+        self.reduction = reduction  # checked by the property's setter
         self.ignore_index = int(ignore_index)
         self.sparse_grad = bool(sparse_grad)
         self.weight = nn.Parameter(torch.empty(int(weight_rows), self.dim, dtype=dtype, device=device))
@@ -102,6 +102,15 @@ class _SoftmaxHead(nn.Module):
             self.register_parameter("bias", None)
         self._init_scale = init_scale
         self.reset_parameters()
+
+    @property
+    def reduction(self):
+        """'mean', 'sum' or 'none'; checked when set (also after construction)."""
+        return self._reduction
+
+    @reduction.setter
+    def reduction(self, value):
+        self._reduction = _check_reduction(value)
 
     def reset_parameters(self):
         scale = self._init_scale if self._init_scale is not None else 1.0 / math.sqrt(self.dim)
@@ -120,6 +129,7 @@ class _SoftmaxHead(nn.Module):
     def _hidden_2d(self, hidden):
         if not isinstance(hidden, torch.Tensor):
             raise TypeError(f"hidden must be a torch.Tensor, got {type(hidden).__name__}")
+        self._check_device("hidden", hidden)
         if hidden.dim() < 1 or hidden.shape[-1] != self.dim:
             raise ValueError(f"hidden has shape {tuple(hidden.shape)}; its last dimension must be dim = {self.dim}")
         if not hidden.is_floating_point():
@@ -128,9 +138,17 @@ class _SoftmaxHead(nn.Module):
             hidden = hidden.float()
         return hidden.reshape(-1, self.dim)
 
+    def _check_device(self, name, tensor):
+        """Every tensor of a call on the weight's device: a CPU head never reads a meta or CUDA
+        tensor's memory (a meta target once gave an uninitialised loss)."""
+        if tensor.device != self.weight.device:
+            raise ValueError(f"{name} is on device {tensor.device} but the head's weight is on {self.weight.device}: "
+                             f"move {name} to {self.weight.device} (or the module to {tensor.device}, where supported)")
+
     def _targets_1d(self, targets, hidden):
         if not isinstance(targets, torch.Tensor):
             raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+        self._check_device("targets", targets)
         if targets.dtype != torch.int64:
             raise ValueError(f"targets.dtype = {targets.dtype} must be torch.int64 (class indices)")
         if tuple(targets.shape) != tuple(hidden.shape[:-1]):
@@ -143,8 +161,8 @@ class _SoftmaxHead(nn.Module):
         ignore_index = self.ignore_index if ignore_index is None else ignore_index
         weight = self.weight if weight is None else weight
         bias = self.bias if bias is None else bias
+        h = self._hidden_2d(hidden)  # first: checks that hidden is a tensor
         lead = hidden.shape[:-1]
-        h = self._hidden_2d(hidden)
         t = self._targets_1d(targets, hidden)
         red = _ops.REDUCTIONS[reduction]
         if h.shape[0] == 0:  # empty batch: F.cross_entropy's values (nan mean, 0 sum, empty none)
@@ -159,8 +177,8 @@ class _SoftmaxHead(nn.Module):
         return -self._loss(hidden, targets, head, None, reduction="none", ignore_index=_ops.INT64_MIN)
 
     def _predict(self, hidden, k, head, beam_width=0):
-        lead = hidden.shape[:-1]
         h = self._hidden_2d(hidden)
+        lead = hidden.shape[:-1]
         if not 1 <= int(k) <= self.num_classes:
             raise ValueError(f"k = {k} must be in [1, num_classes = {self.num_classes}]")
         if h.shape[0] == 0:

@@ -2,8 +2,10 @@
 // The tuned parts of the CUDA dense softmax (detail/cuda/dense_tuned.cuh) against their oracles, the
 // generic versions on the same backend: the bf16/fp16 tensor-core kernels (dense_softmax against
 // dense_softmax_generic: loss, grad_h, grad_w and grad_b, over several chunks, with and without bias
-// and score cache, in row blocks, within the storage type's tolerance, support.cuh), and the block-per-row online
-// log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores), and the
+// and score cache, in row blocks, over gathered columns with and without logit offsets, chunks narrow and wide (the row-wise gradient kernel, vectorised
+// and not), within the storage type's tolerance, support.cuh), and the block-per-row online
+// log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores, rows read
+// as scalars and as 16-byte vectors), and the
 // block-per-row running top-k (detail/cuda/topk_tuned.cuh: row_topk_update against
 // row_topk_update_generic, with ties, -inf scores and listed ids, bit for bit).
 
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 namespace xs = xsoftmax;
@@ -23,22 +26,40 @@ namespace {
 
 using namespace xsoftmax_cuda_test;
 
+/// The selective heads' form of the problem: the n columns are gathered weight rows of a larger
+/// matrix (a contiguous run, then every third row: chunks both contiguous and not), with logit
+/// offsets (some negatives removed by -inf, the targets' offsets finite).
+struct gathered_columns {
+  bool on = false;
+  bool offsets = false;
+};
+
 template <class T>
 void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, bool with_bias, unsigned seed,
-                          index_t score_cache_bytes = 0, index_t row_block = 0) {
+                          index_t score_cache_bytes = 0, index_t row_block = 0, gathered_columns gc = {}) {
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
+  const index_t weight_rows = gc.on ? 3 * n + 5 : n;
+  std::vector<index_t> columns;
+  for (index_t j = 0; gc.on && j < n; ++j) columns.push_back(j < n / 2 ? j : n / 2 + 3 * (j - n / 2) + 1);
   std::vector<float> h(static_cast<std::size_t>(rows * d)), up(static_cast<std::size_t>(rows));
-  std::vector<T> w(static_cast<std::size_t>(n * d)), b(static_cast<std::size_t>(n));
+  std::vector<T> w(static_cast<std::size_t>(weight_rows * d)), b(static_cast<std::size_t>(weight_rows));
   std::vector<index_t> t(static_cast<std::size_t>(rows));
   for (auto& x : h) x = nd(g);
   for (auto& x : w) x = xs::from_float<T>(0.3f * nd(g));
   for (auto& x : b) x = xs::from_float<T>(0.1f * nd(g));
   for (auto& x : up) x = 1.f / static_cast<float>(rows);
   for (auto& x : t) x = static_cast<index_t>(g() % n);
+  std::vector<float> negative(static_cast<std::size_t>(n)), target_off(static_cast<std::size_t>(n));
+  for (index_t j = 0; j < n; ++j) {
+    negative[static_cast<std::size_t>(j)] = j % 17 == 5 ? -INFINITY : 0.5f * nd(g);
+    target_off[static_cast<std::size_t>(j)] = 0.5f * nd(g);
+  }
   const auto dh = to_device(h), dup = to_device(up);
   const auto dw = to_device(w), db = to_device(b);
   const auto dt = to_device(t);
+  const auto dcol = to_device(columns);
+  const auto dneg = to_device(negative), dtoff = to_device(target_off);
   const xs::cuda_resources res;
   const xs::detail::execution<xs::cuda> ex{res};
 
@@ -60,7 +81,12 @@ void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, boo
     a.grad_h = thrust::raw_pointer_cast(gh.data());
     a.grad_w = thrust::raw_pointer_cast(gw.data());
     a.grad_b = with_bias ? thrust::raw_pointer_cast(gb.data()) : nullptr;
-    const matrix_view<const T> wv(thrust::raw_pointer_cast(dw.data()), n, d);
+    if (gc.on) a.columns = thrust::raw_pointer_cast(dcol.data());
+    if (gc.offsets) {
+      a.negative_offset = thrust::raw_pointer_cast(dneg.data());
+      a.target_offset = thrust::raw_pointer_cast(dtoff.data());
+    }
+    const matrix_view<const T> wv(thrust::raw_pointer_cast(dw.data()), weight_rows, d);
     const T* bias = with_bias ? thrust::raw_pointer_cast(db.data()) : nullptr;
     if (tuned) {
       REQUIRE(xs::detail::dense_softmax_tuning<xs::cuda, T>::applies(a));
@@ -92,42 +118,59 @@ TEST_CASE("cuda dense_softmax: the tuned bf16/fp16 path equals the generic primi
   // Row blocks of 8 (the last of 1), each keeping all its scores: grad_w and grad_b added up
   tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 6, 8 * 1000 * 4, 8);
   tuned_equals_generic<__half>(64, 2049, 17, 512, false, 7, 0, 20);  // blocks recomputing every chunk
+  // Chunks of 1024 columns or more take the row-wise gradient kernel: vectorised (multiples of 4,
+  // the narrow last chunk on the element-wise kernel), scalar (1250 columns), and in row blocks
+  // that keep every score (chunks at offsets rows x 2052 floats in the cache).
+  tuned_equals_generic<__nv_bfloat16>(40, 3001, 24, 1024, true, 8);
+  tuned_equals_generic<__half>(33, 2500, 24, 1250, false, 9);
+  tuned_equals_generic<__nv_bfloat16>(21, 4100, 16, 2052, true, 10, 8 * 4100 * 4, 8);
+  // Gathered columns (the selective heads), with and without logit offsets, narrow and wide
+  // chunks, with a bias and a score cache keeping the first chunk (the backward then re-gathers it).
+  tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 11, 0, 0, {true, false});
+  tuned_equals_generic<__half>(19, 700, 24, 128, false, 12, 19 * 128 * 4, 0, {true, true});
+  tuned_equals_generic<__nv_bfloat16>(24, 2600, 16, 1024, true, 13, 24 * 1024 * 4, 0, {true, true});
 }
 
 TEST_CASE("cuda online_lse_update: the block-per-row kernel equals the generic loop (its oracle)") {
   static_assert(xs::detail::online_lse_tuning<xs::cuda>::available);
-  const index_t rows = 37, cols = 700, lds = 713, chunk = 300;
-  std::mt19937 g(7);
-  std::normal_distribution<float> nd(0.f, 3.f);
-  std::vector<float> s(static_cast<std::size_t>(rows * lds));
-  for (auto& x : s) x = nd(g);
-  for (index_t j = 0; j < cols; ++j) s[static_cast<std::size_t>(3 * lds + j)] = -INFINITY;  // fully masked row
-  for (index_t j = 0; j < chunk; ++j) s[static_cast<std::size_t>(5 * lds + j)] = -INFINITY;  // masked 1st chunk
-  std::vector<index_t> t(static_cast<std::size_t>(rows));
-  for (auto& x : t) x = static_cast<index_t>(g() % cols);
-  const auto ds = to_device(s);
-  const auto dt = to_device(t);
-  const xs::cuda_resources res;
-  const xs::detail::execution<xs::cuda> ex{res};
-  const auto fold = [&](bool tuned) {
-    xs::detail::basic_online_lse_state<xs::cuda> st(rows);
-    for (index_t c0 = 0; c0 < cols; c0 += chunk) {
-      const float* sp = thrust::raw_pointer_cast(ds.data()) + c0;
-      const index_t cn = std::min(chunk, cols - c0);
-      if (tuned) xs::detail::online_lse_update(ex, sp, rows, cn, lds, c0, thrust::raw_pointer_cast(dt.data()), st);
-      else xs::detail::online_lse_update_generic(ex, sp, rows, cn, lds, c0, thrust::raw_pointer_cast(dt.data()), st);
-    }
-    thrust::device_vector<float> lse(static_cast<std::size_t>(rows));
-    xs::detail::online_lse_finish(ex, st, rows, thrust::raw_pointer_cast(lse.data()));
-    res.synchronize();
-    return std::make_pair(to_host(lse), to_host(st.target_logit));
-  };
-  auto tuned = fold(true), generic = fold(false);
-  CHECK(std::isinf(tuned.first[3]));
-  CHECK(std::isinf(generic.first[3]));
-  tuned.first[3] = generic.first[3] = 0.f;
-  CHECK(relative_gap(tuned.first, generic.first) < 1e-5);
-  CHECK(tuned.second == generic.second);  // the target's score, copied
+  // Rows of an odd stride (scalar reads), then of a multiple of 4 (16-byte reads, with a tail).
+  const std::tuple<index_t, index_t, index_t> layouts[] = {{700, 713, 300}, {2101, 2104, 1024}};
+  for (const auto& layout : layouts) {
+    const index_t cols = std::get<0>(layout), lds = std::get<1>(layout), chunk = std::get<2>(layout);
+    CAPTURE(lds);
+    const index_t rows = 37;
+    std::mt19937 g(7);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::vector<float> s(static_cast<std::size_t>(rows * lds));
+    for (auto& x : s) x = nd(g);
+    for (index_t j = 0; j < cols; ++j) s[static_cast<std::size_t>(3 * lds + j)] = -INFINITY;  // fully masked row
+    for (index_t j = 0; j < chunk; ++j) s[static_cast<std::size_t>(5 * lds + j)] = -INFINITY;  // masked 1st chunk
+    std::vector<index_t> t(static_cast<std::size_t>(rows));
+    for (auto& x : t) x = static_cast<index_t>(g() % cols);
+    const auto ds = to_device(s);
+    const auto dt = to_device(t);
+    const xs::cuda_resources res;
+    const xs::detail::execution<xs::cuda> ex{res};
+    const auto fold = [&](bool tuned) {
+      xs::detail::basic_online_lse_state<xs::cuda> st(rows);
+      for (index_t c0 = 0; c0 < cols; c0 += chunk) {
+        const float* sp = thrust::raw_pointer_cast(ds.data()) + c0;
+        const index_t cn = std::min(chunk, cols - c0);
+        if (tuned) xs::detail::online_lse_update(ex, sp, rows, cn, lds, c0, thrust::raw_pointer_cast(dt.data()), st);
+        else xs::detail::online_lse_update_generic(ex, sp, rows, cn, lds, c0, thrust::raw_pointer_cast(dt.data()), st);
+      }
+      thrust::device_vector<float> lse(static_cast<std::size_t>(rows));
+      xs::detail::online_lse_finish(ex, st, rows, thrust::raw_pointer_cast(lse.data()));
+      res.synchronize();
+      return std::make_pair(to_host(lse), to_host(st.target_logit));
+    };
+    auto tuned = fold(true), generic = fold(false);
+    CHECK(std::isinf(tuned.first[3]));
+    CHECK(std::isinf(generic.first[3]));
+    tuned.first[3] = generic.first[3] = 0.f;
+    CHECK(relative_gap(tuned.first, generic.first) < 1e-5);
+    CHECK(tuned.second == generic.second);  // the target's score, copied
+  }
 }
 
 TEST_CASE("cuda row_topk_update: the block-per-row kernel equals the generic loop (its oracle)") {

@@ -73,12 +73,32 @@ template <class P, class B, class S>
 void full_softmax<P, B, S>::set_score_cache_bytes(index_t bytes) {
   detail::expects(bytes >= 0, "full_softmax::set_score_cache_bytes: bytes = ", bytes, " must be >= 0");
   score_cache_bytes_ = bytes;
+  automatic_plan_ = false;
 }
 
 template <class P, class B, class S>
 void full_softmax<P, B, S>::set_row_block(index_t rows) {
   detail::expects(rows >= 0, "full_softmax::set_row_block: rows = ", rows, " must be >= 0");
   row_block_ = rows;
+  automatic_plan_ = false;
+}
+
+template <class P, class B, class S>
+void full_softmax<P, B, S>::use_automatic_plan() {
+  row_block_ = 0;
+  score_cache_bytes_ = default_score_cache_bytes;
+  automatic_plan_ = true;
+}
+
+template <class P, class B, class S>
+dense_step_plan full_softmax<P, B, S>::training_plan(index_t batch_rows) const {
+  if constexpr (!is_host_backend<B> && !sharded) {
+    if (automatic_plan_)
+      return detail::automatic_device_plan(batch_rows, local_classes(), chunk_size_, default_score_cache_bytes);
+  }
+  const bool blocked = row_block_ > 0 && row_block_ < batch_rows;
+  // A block's chunks are sized for its rows.
+  return {blocked ? row_block_ : 0, score_cache_bytes_, chunk_size_for(blocked ? row_block_ : batch_rows)};
 }
 
 template <class P, class B, class S>
@@ -91,9 +111,9 @@ template <class P, class B, class S>
 index_t full_softmax<P, B, S>::chunk_size_for(index_t batch_rows) const {
   index_t c = chunk_size_;
   if (c == 0) {
-    // ~32 MiB of fp32 scores: large enough that the GEMM runs near peak, small enough for L3-ish
-    // reuse of the chunk between the score and gradient GEMMs.
-    c = detail::default_chunk_columns(batch_rows);
+    // Host: ~32 MiB of fp32 scores, large enough that the GEMM runs near peak, small enough for
+    // L3-ish reuse of the chunk between the score and gradient GEMMs. Device: ~256 MiB, wide GEMMs.
+    c = is_host_backend<B> ? detail::default_chunk_columns(batch_rows) : detail::device_chunk_columns(batch_rows);
   }
   return std::min(c, local_classes());
 }
@@ -146,11 +166,15 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   a.h = batch.hidden_view();
   a.target = batch.target_data();
   a.n = n_cls;
-  // Row blocks only in the backward (see set_row_block); a block's chunks are sized for its rows.
-  const bool blocked = grad_weights && row_block_ > 0 && row_block_ < rows;
-  a.chunk = chunk_size_for(blocked ? row_block_ : rows);
-  a.row_block = blocked ? row_block_ : 0;
-  a.score_cache_bytes = score_cache_bytes_;
+  // Row blocks and the score cache only in the backward (see training_plan).
+  if (grad_weights) {
+    const dense_step_plan plan = training_plan(rows);
+    a.chunk = plan.chunk;
+    a.row_block = plan.row_block;
+    a.score_cache_bytes = plan.score_cache_bytes;
+  } else {
+    a.chunk = chunk_size_for(rows);
+  }
   a.loss = detail::raw(losses);
   a.label_smoothing = options.label_smoothing;
   a.z_loss = options.z_loss;

@@ -76,7 +76,8 @@ void selective_softmax<S, P, B, Sh>::set_chunk_size(index_t classes) {
 template <class S, class P, class B, class Sh>
 index_t selective_softmax<S, P, B, Sh>::chunk_size_for(index_t batch_rows, index_t active) const {
   index_t c = chunk_size_;
-  if (c == 0) c = detail::default_chunk_columns(batch_rows);  // the full softmax's rule: the same chunks
+  if (c == 0)  // the full softmax's rule: the same chunks
+    c = is_host_backend<B> ? detail::default_chunk_columns(batch_rows) : detail::device_chunk_columns(batch_rows);
   return std::max<index_t>(1, std::min(c, active));
 }
 

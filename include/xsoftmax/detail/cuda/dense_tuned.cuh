@@ -8,11 +8,19 @@
 ///  * `dense_softmax_tuning<cuda, T>`, bf16/fp16 weights: the packed rows are rounded to the storage
 ///    type once and every GEMM reads the weights in place on the tensor cores (fp32 accumulation),
 ///    instead of the generic per-chunk widening of the weight rows to fp32 (TF32 GEMMs); the bias
-///    and the gradient G (rounded to T for the GEMMs in the same pass) one thread per element. It
-///    serves blocks without gathered columns, logit offsets, loss terms, margins or row combination
-///    (the full softmax's plain loss, the hierarchical softmax's dense runs).
-///  * `online_lse_tuning<cuda>`: one thread block per row (coalesced reads, CUB block reductions)
-///    instead of one thread per row.
+///    one thread per element, the gradient G (rounded to T for the GEMMs in the same pass) a row at
+///    a time with 16-byte accesses for chunks of 1024 columns or more, else one thread per element.
+///    Gathered columns (the selective, sampled and KNN softmax's active sets) are gathered in T, a
+///    chunk at a time, into the workspace. It serves the plain loss, with or without logit offsets,
+///    without loss terms, margins or row combination (the full softmax's plain loss, the
+///    hierarchical softmax's dense runs, the selective heads' shared pass).
+///  * `online_lse_tuning<cuda>`: one thread block per row (coalesced 16-byte reads, one online pass
+///    for the max and the sum of exp, a CUB block reduction) instead of one thread per row.
+///
+/// Measured on an H200 (bench/RESULTS.md, the third GPU session) before the row-wise gradient and
+/// the one-pass log-sum-exp: the two element-wise passes over a 4096 x 16384 chunk took 224 us
+/// (gradient: 6 bytes an element, floor 94 us) and 127 us (log-sum-exp, which read each row twice:
+/// floor 63 us for one read).
 
 #include <xsoftmax/detail/cuda/gemm.cuh>
 #include <xsoftmax/detail/cuda/gradient_scale.cuh>
@@ -23,6 +31,8 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 namespace xsoftmax::detail {
@@ -34,10 +44,11 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     online_lse_kernel(const float* s, index_t rows, index_t cols, index_t lds, index_t col_offset,
                       const index_t* targets, float* run_max, float* run_sum, float* target_logit) {
-  __shared__ typename cub::BlockReduce<float, Threads>::TempStorage temp;
+  __shared__ typename cub::BlockReduce<float2, Threads>::TempStorage temp;
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = s + r * lds;
-    const float2 ms = block_max_sum<Threads>(row, cols, temp);
+    if (r != blockIdx.x) __syncthreads();  // the last row's reduction is done with `temp`
+    const float2 ms = block_online_max_sum<Threads>(row, cols, temp);  // one read of the row
     if (threadIdx.x != 0) continue;
     const float old_max = run_max[r], new_max = old_max > ms.x ? old_max : ms.x;
     if (new_max != -INFINITY) {  // both partial sums rescaled to the new max (exp(-inf) = 0)
@@ -48,6 +59,21 @@ __global__ void __launch_bounds__(Threads)
     if (t >= 0 && t < cols) target_logit[r] = row[t];
   }
 }
+
+/// out[j * d + p] = w[columns[j]][p] (j < cn, p < d), one thread per element: a chunk's gathered
+/// weight rows (or, with d = 1 and stride 1, its bias entries), kept in T for the tensor cores.
+template <class T>
+struct gather_rows {
+  const T* w;
+  index_t stride;
+  const index_t* columns;
+  T* out;
+  index_t d;
+  XSOFTMAX_HD void operator()(index_t e) const {
+    const index_t j = e / d, p = e - j * d;
+    out[e] = w[columns[j] * stride + p];
+  }
+};
 
 /// s[r * cn + j] += b[j], one thread per element.
 template <class T>
@@ -81,6 +107,49 @@ struct softmax_gradient {
   }
 };
 
+/// `softmax_gradient` a row at a time: blockIdx.y strides over the rows (the row's log-sum-exp,
+/// upstream gradient and target read once), the x blocks over its columns, four columns a thread
+/// with 16-byte loads of s and 4-element stores of G when `vec` (cn a multiple of 4, s 16-byte and
+/// g 4-element aligned). No integer division per element. For chunks of 1024 columns or more.
+template <class T, int Threads>
+__global__ void __launch_bounds__(Threads)
+    softmax_gradient_rows_kernel(float* s, T* g, index_t rows, index_t cn, index_t c0, const float* lse,
+                                 const float* upstream, const index_t* target, float scale, bool keep_fp32, bool vec) {
+  struct alignas(4 * sizeof(T)) four {
+    T v[4];
+  };
+  for (index_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const float l = lse[r], u = upstream[r];
+    const index_t t = target[r] - c0;  // outside [0, cn): not in this chunk
+    float* sr = s + r * cn;
+    T* gr = g + r * cn;
+    const index_t first = static_cast<index_t>(blockIdx.x) * Threads + threadIdx.x, step = static_cast<index_t>(gridDim.x) * Threads;
+    if (vec) {
+      for (index_t q = first; q < cn / 4; q += step) {
+        float4 v = reinterpret_cast<const float4*>(sr)[q];
+        const index_t j = 4 * q;
+        v.x = expf(v.x - l) * u - (j == t ? u : 0.f);
+        v.y = expf(v.y - l) * u - (j + 1 == t ? u : 0.f);
+        v.z = expf(v.z - l) * u - (j + 2 == t ? u : 0.f);
+        v.w = expf(v.w - l) * u - (j + 3 == t ? u : 0.f);
+        if (keep_fp32) reinterpret_cast<float4*>(sr)[q] = v;
+        four o;
+        o.v[0] = from_float<T>(v.x * scale);
+        o.v[1] = from_float<T>(v.y * scale);
+        o.v[2] = from_float<T>(v.z * scale);
+        o.v[3] = from_float<T>(v.w * scale);
+        reinterpret_cast<four*>(gr)[q] = o;
+      }
+    } else {
+      for (index_t j = first; j < cn; j += step) {
+        const float v = expf(sr[j] - l) * u - (j == t ? u : 0.f);
+        if (keep_fp32) sr[j] = v;
+        gr[j] = from_float<T>(v * scale);
+      }
+    }
+  }
+}
+
 }  // namespace gpu
 
 template <>
@@ -101,27 +170,40 @@ template <class T>
 struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   static constexpr bool available = !std::is_same_v<T, float>;
 
+  /// The plain loss (logit offsets allowed: they shift the scores, not the gradient's form), over
+  /// a block of weight rows or gathered columns; not margins, loss terms or row combination.
   [[nodiscard]] static bool applies(const dense_softmax_args& a) {
-    return !a.columns && !a.negative_offset && !a.target_offset && a.plain_loss() && !a.margin.enabled() &&
-           !a.combine_rows;
+    return a.plain_loss() && !a.margin.enabled() && !a.combine_rows;
   }
 
   /// Rounds the rows to T (in the workspace, with G's chunk when backward); for fp16, the scale
-  /// of G (`gradient_scale`).
+  /// of G (`gradient_scale`). With gathered columns, room for a chunk's weight rows (and bias) in T.
   dense_softmax_tuning(const execution<::xsoftmax::cuda>& ex, const dense_softmax_args& a, index_t chunk)
       : ex_(ex), a_(a), scratch_(ex.res.workspace()), rows_(a.h.rows), d_(a.h.cols) {
     h_ = scratch_.take<T>(rows_ * d_);
     rows_to_storage(ex_, a.h, h_);
+    if (a.columns) {
+      w_gathered_ = scratch_.take<T>(chunk * d_);
+      b_gathered_ = scratch_.take<T>(chunk);
+    }
     if (!a.upstream) return;
     g_ = scratch_.take<T>(rows_ * chunk);
     if constexpr (gpu::scales_gradient<T>) scale_ = gpu::gradient_scale(ex.res, a.upstream, rows_);
   }
 
-  /// s (rows x cn) = H W[first : first + cn]^T + bias[first : first + cn].
-  void scores(matrix_view<const T> w, const T* bias, index_t first, index_t cn, float* s) const {
-    gpu::gemm<T>(ex_.res.cublas(), gpu::op::none, gpu::op::transpose, rows_, cn, d_, 1.f, h_, d_, w.row(first),
-                 w.stride, 0.f, s, cn);
-    if (bias) parallel_for(ex_, rows_ * cn, gpu::add_bias<T>{s, bias + first, cn});
+  /// s (rows x cn) = H W_chunk^T + bias_chunk for chunk c0's columns (weight rows a.first + c0 ...
+  /// read in place, or the gathered rows a.columns[c0 ...]).
+  void scores(matrix_view<const T> w, const T* bias, index_t c0, index_t cn, float* s) {
+    const matrix_view<const T> wc = chunk_rows(w, c0, cn);
+    gpu::gemm<T>(ex_.res.cublas(), gpu::op::none, gpu::op::transpose, rows_, cn, d_, 1.f, h_, d_, wc.data,
+                 wc.stride, 0.f, s, cn);
+    if (!bias) return;
+    const T* bc = bias + a_.first + c0;
+    if (a_.columns) {
+      parallel_for(ex_, cn, gpu::gather_rows<T>{bias, 1, a_.columns + c0, b_gathered_, 1});
+      bc = b_gathered_;
+    }
+    parallel_for(ex_, rows_ * cn, gpu::add_bias<T>{s, bc, cn});
   }
 
   /// Chunk c0's scores s (rows x cn) -> G = (softmax - onehot) * upstream in T times `scale_`
@@ -130,12 +212,22 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   /// copy in T, scaled back exactly through alpha.
   void backward(matrix_view<const T> w, index_t c0, index_t cn, float* s, const float* lse) {
     const bool keep_fp32 = a_.grad_b != nullptr;
-    parallel_for(ex_, rows_ * cn,
-                 gpu::softmax_gradient<T>{s, g_, cn, c0, lse, a_.upstream, a_.target, scale_, keep_fp32});
+    if (cn >= 1024) {  // wide chunks (the full softmax): a row at a time, vectorised
+      const bool vec = cn % 4 == 0 && reinterpret_cast<std::uintptr_t>(s) % 16 == 0 &&
+                       reinterpret_cast<std::uintptr_t>(g_) % (4 * sizeof(T)) == 0;
+      const index_t x_blocks = (cn / (vec ? 4 : 1) + gpu::block_threads - 1) / gpu::block_threads;
+      const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(std::min<index_t>(rows_, 65535)));
+      gpu::softmax_gradient_rows_kernel<T, gpu::block_threads><<<grid, gpu::block_threads, 0, ex_.res.stream()>>>(
+          s, g_, rows_, cn, c0, lse, a_.upstream, a_.target, scale_, keep_fp32, vec);
+      XSOFTMAX_CUDA_CHECK_LAUNCH();
+    } else {  // narrow chunks (the hierarchical softmax's runs): a thread per element
+      parallel_for(ex_, rows_ * cn,
+                   gpu::softmax_gradient<T>{s, g_, cn, c0, lse, a_.upstream, a_.target, scale_, keep_fp32});
+    }
     const float alpha = 1.f / scale_;  // exact: a power of two
     cublasHandle_t h = ex_.res.cublas();
-    const T* w_chunk = w.row(a_.first + c0);
-    gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cn, alpha, g_, cn, w_chunk, w.stride, 1.f, a_.grad_h,
+    const matrix_view<const T> wc = chunk_rows(w, c0, cn);
+    gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cn, alpha, g_, cn, wc.data, wc.stride, 1.f, a_.grad_h,
                  d_);
     const float beta = a_.accumulate_weight_gradient ? 1.f : 0.f;
     gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, beta,
@@ -150,6 +242,20 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   T* h_ = nullptr;
   T* g_ = nullptr;
   float scale_ = 1.f;
+  T* w_gathered_ = nullptr;  // with columns: one chunk's weight rows (chunk x d) and bias entries
+  T* b_gathered_ = nullptr;
+  index_t gathered_c0_ = -1;  // the chunk whose rows w_gathered_ holds (-1: none)
+
+  /// Chunk c0's weight rows: in place for a block of rows, else gathered (once per chunk and pass:
+  /// the backward of the chunk just scored reuses them).
+  matrix_view<const T> chunk_rows(matrix_view<const T> w, index_t c0, index_t cn) {
+    if (!a_.columns) return matrix_view<const T>(w.row(a_.first + c0), cn, d_, w.stride);
+    if (gathered_c0_ != c0) {
+      parallel_for(ex_, cn * d_, gpu::gather_rows<T>{w.data, w.stride, a_.columns + c0, w_gathered_, d_});
+      gathered_c0_ = c0;
+    }
+    return matrix_view<const T>(w_gathered_, cn, d_);
+  }
 };
 
 }  // namespace xsoftmax::detail

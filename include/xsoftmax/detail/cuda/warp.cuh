@@ -11,6 +11,8 @@
 #include <cub/block/block_reduce.cuh>
 #include <cuda/functional>
 
+#include <cstdint>
+
 namespace xsoftmax::detail::gpu {
 
 inline constexpr int warp_size = 32;
@@ -54,6 +56,54 @@ __device__ float2 block_max_sum(const float* row, index_t n,
   const float2 out = result;
   __syncthreads();  // every thread has read `result` (rewritten by the next call) and `temp` is free
   return out;
+}
+
+/// A row's (max, sum of exp(x - max)) so far: folds one value in, rescaling the sum when the max
+/// grows (an online log-sum-exp); -inf values add nothing, NaN and +inf make the sum NaN as the
+/// two-pass `block_max_sum` does.
+struct max_sum {
+  float m = -INFINITY, s = 0.f;
+  __device__ void add(float x) {
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;  // m = -inf: expf(-inf) = 0
+      m = x;
+    } else if (x != -INFINITY) {
+      s += expf(x - m);
+    }
+  }
+};
+
+/// Two partial (max, sum) pairs as one.
+struct combine_max_sum {
+  __device__ float2 operator()(const float2& a, const float2& b) const {
+    const float m = a.x > b.x ? a.x : b.x;
+    if (m == -INFINITY) return make_float2(-INFINITY, 0.f);
+    return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+  }
+};
+
+/// `block_max_sum` in one pass over the row (each value read once, with 16-byte loads where the row
+/// is 16-byte aligned): the result in thread 0 only. Within rounding of the two-pass form, not
+/// bitwise. No barrier at the end: call again only after a __syncthreads().
+template <int Threads>
+__device__ float2 block_online_max_sum(const float* row, index_t n,
+                                       typename cub::BlockReduce<float2, Threads>::TempStorage& temp) {
+  max_sum acc;
+  index_t j0 = 0;
+  if ((reinterpret_cast<std::uintptr_t>(row) & 15) == 0) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const index_t n4 = n / 4;
+    for (index_t q = threadIdx.x; q < n4; q += Threads) {
+      const float4 v = row4[q];
+      acc.add(v.x);
+      acc.add(v.y);
+      acc.add(v.z);
+      acc.add(v.w);
+    }
+    j0 = n4 * 4;
+  }
+  for (index_t j = j0 + threadIdx.x; j < n; j += Threads) acc.add(row[j]);
+  return cub::BlockReduce<float2, Threads>(temp).Reduce(make_float2(acc.m, acc.s), combine_max_sum{});
 }
 
 }  // namespace xsoftmax::detail::gpu

@@ -89,9 +89,10 @@ struct dense_softmax_args {
 }
 
 /// A backend's tuned kernels of the dense softmax for storage type T, when it has them: specialised
-/// with `available = true`, `applies(args)` (the problems they serve: at most plain loss without
-/// gathered columns, margin or offsets) and, per call, an object built by `(ex, args, chunk)` with
-///   void scores(w, bias, first, cn, float* s);  // s (rows x cn) = H W[first : first + cn]^T + bias
+/// with `available = true`, `applies(args)` (the problems they serve: at most the plain loss, with
+/// or without gathered columns and logit offsets) and, per call, an object built by `(ex, args, chunk)` with
+///   void scores(w, bias, c0, cn, float* s);  // s (rows x cn) = H W_chunk^T + bias_chunk, chunk c0's
+///                                     // columns (weight rows first + c0 ..., or columns[c0 ...])
 ///   void backward(w, c0, cn, float* s, const float* lse);  // chunk c0's scores -> G in place;
 ///                                     // grad_h += G W_chunk, grad_w[c0 : c0 + cn] = G^T H (args')
 /// Everything else (chunking, score cache, log-sum-exp, loss, bias gradient) stays the generic
@@ -232,10 +233,10 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     matrix_view<const float> wf;
     // A contiguous block of rows is read in place (the columns are strictly ascending, so the chunk is
     // contiguous when its last id is its first + cn - 1).
-    const index_t first_row = col ? execution_type::ops::read(ex.res, col + c0) : a.first + c0;
-    if (tg) {  // the tuned kernels read the weight rows in place: `wf` stays empty
+    const index_t first_row = tg || !col ? a.first + c0 : execution_type::ops::read(ex.res, col + c0);
+    if (tg) {  // the tuned kernels read (or gather) the weight rows themselves: `wf` stays empty
       if constexpr (has_tuned) {
-        if (s) tg->scores(w, bias, first_row, cn, s);
+        if (s) tg->scores(w, bias, c0, cn, s);
       }
     } else if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
       wf = s ? dense_scores(ex, hv, w, bias, first_row, cn, s, cn, scratch)
@@ -255,15 +256,19 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     }
     if (margin) row_inverse_norms(ex, wf, winv);
     if (!s) return wf;
+    // On a device these element-wise passes over the chunk run a thread per element (a thread per
+    // row walking thousands of columns took 0.7 ms a chunk on an H200: bench/RESULTS.md); on the
+    // host a task per row.
     if (margin) {
       const index_t* t = a.target;
-      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
+      XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
         float* sr = s + r * cn;
-        const index_t tj = t[r] - c0;
-        for (index_t j = 0; j < cn; ++j) {
-          const float cosine = sr[j] * winv[j];
-          if (j == tj) tcos[r] = cosine;
-          sr[j] = j == tj ? ml.target_logit(cosine) : ml.scale * cosine;
+        const float cosine = sr[j] * winv[j];
+        if (j == t[r] - c0) {
+          tcos[r] = cosine;
+          sr[j] = ml.target_logit(cosine);
+        } else {
+          sr[j] = ml.scale * cosine;
         }
       });
     }
@@ -271,12 +276,9 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
       const float* no = a.negative_offset;
       const float* to = a.target_offset;
       const index_t* t = a.target;
-      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
-        float* sr = s + r * cn;
-        for (index_t j = 0; j < cn; ++j) {
-          const float* o = c0 + j == t[r] ? to : no;
-          if (o) sr[j] += o[c0 + j];
-        }
+      XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
+        const float* o = c0 + j == t[r] ? to : no;
+        if (o) s[r * cn + j] += o[c0 + j];
       });
     }
     return wf;
@@ -334,30 +336,35 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     if (tg) {  // G in place and both gradient GEMMs
       if constexpr (has_tuned) tg->backward(w, c0, cn, s, l);
     } else if (a.plain_loss()) {
-      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
-        float* sr = s + r * cn;
-        const float lr = l[r], ur = u[r];
-        XSOFTMAX_SIMD
-        for (index_t j = 0; j < cn; ++j) sr[j] = fast_exp(sr[j] - lr) * ur;
-        const index_t tj = t[r] - c0;
-        if (tj >= 0 && tj < cn) sr[tj] -= u[r];
-      });
+      if constexpr (runs_on_device<execution_type>) {  // a thread per element (see the forward)
+        XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
+          float* e = s + r * cn + j;
+          *e = fast_exp(*e - l[r]) * u[r] - (j == t[r] - c0 ? u[r] : 0.f);
+        });
+      } else {  // a task per row whose exp loop vectorises
+        XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
+          float* sr = s + r * cn;
+          const float lr = l[r], ur = u[r];
+          XSOFTMAX_SIMD
+          for (index_t j = 0; j < cn; ++j) sr[j] = fast_exp(sr[j] - lr) * ur;
+          const index_t tj = t[r] - c0;
+          if (tj >= 0 && tj < cn) sr[tj] -= u[r];
+        });
+      }
     } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite]
-      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
-        float* sr = s + r * cn;
+      XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
+        float* e = s + r * cn + j;
         const float lr = l[r], ur = u[r], scale = ur * (1.f + 2.f * z * lr);
         const float uniform = eps > 0.f ? eps * ur / static_cast<float>(fc[r]) : 0.f;
-        for (index_t j = 0; j < cn; ++j) sr[j] = sr[j] > -INFINITY ? fast_exp(sr[j] - lr) * scale - uniform : 0.f;
-        const index_t tj = t[r] - c0;
-        if (tj >= 0 && tj < cn) sr[tj] -= (1.f - eps) * ur;
+        *e = *e > -INFINITY ? fast_exp(*e - lr) * scale - uniform : 0.f;
+        if (j == t[r] - c0) *e -= (1.f - eps) * ur;
       });
     }
     if (margin) {  // dloss/dcos_j, divided by |w_j|: G W is then dloss/dh^, G^T H^ is dloss/dw^ / |w_j|
-      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
-        float* sr = s + r * cn;
-        for (index_t j = 0; j < cn; ++j) sr[j] *= ml.scale * winv[j];
-        const index_t tj = t[r] - c0;
-        if (tj >= 0 && tj < cn) sr[tj] *= ml.target_slope(tcos[r]) / ml.scale;
+      XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
+        float* e = s + r * cn + j;
+        *e *= ml.scale * winv[j];
+        if (j == t[r] - c0) *e *= ml.target_slope(tcos[r]) / ml.scale;
       });
     }
     if (!tg) {
