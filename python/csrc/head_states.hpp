@@ -69,6 +69,9 @@ struct state {
   virtual ~state() = default;
   std::mutex mu;
   head_cache cache;
+  /// The module's loss terms (label smoothing, z-loss, margin; `set_loss_terms`), applied by the
+  /// loss operators on top of the call's reduction and ignore_index. Set once, before any call.
+  xs::loss_options terms;
 };
 
 /// A full softmax with a score-cache budget other than the library's default, or solved in row

@@ -37,6 +37,7 @@
 #include <xsoftmax/selective_softmax.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -120,6 +121,16 @@ void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at:
 }
 
 
+/// The call's options with the loss terms of handle `head` (none for handle 0).
+xs::loss_options with_loss_terms(xs::loss_options o, int64_t head, const char* op) {
+  if (head == 0) return o;
+  const xs::loss_options& t = find_state(head, op)->terms;
+  o.label_smoothing = t.label_smoothing;
+  o.z_loss = t.z_loss;
+  o.margin = t.margin;
+  return o;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Operators
 // ------------------------------------------------------------------------------------------------
@@ -131,11 +142,12 @@ at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10
   return guarded([&] {
     const char* op = "loss";
     const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    const xs::loss_options options = with_loss_terms(a.options, head, op);
     const int64_t b = a.hidden.size(0);
     at::Tensor per_sample = at::empty({b}, at::TensorOptions().dtype(at::kFloat));
     float loss = 0;
     with_head<true>(head, weight, bias, step, op, [&](auto& h) {
-      loss = h.forward(hidden_view(a.hidden), targets_view(a.targets), a.options,
+      loss = h.forward(hidden_view(a.hidden), targets_view(a.targets), options,
                        xs::vector_view<float>(per_sample.data_ptr<float>(), b));
     });
     if (a.options.reduce == xs::reduction::none) return per_sample;
@@ -156,9 +168,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fuse
     at::Tensor grad_hidden = at::empty({b, d}, at::TensorOptions().dtype(at::kFloat));
     auto g = std::make_shared<gradient>();
     float loss = 0;
+    const xs::loss_options options = with_loss_terms(a.options, head, op);
     with_head<true>(head, weight, bias, step, op, [&](auto& h) {
       loss = h.forward_backward(hidden_view(a.hidden), targets_view(a.targets),
-                                xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, a.options);
+                                xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, options);
     });
     const bool has_bias = bias.has_value() && bias->defined();
     auto [rows, values, gbias] = gradient_tensors(g, weight.size(0), weight.size(1), has_bias, sparse_grad);
@@ -180,9 +193,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
     const int64_t b = a.hidden.size(0), d = a.hidden.size(1);
     at::Tensor grad_hidden = at::empty({b, d}, at::TensorOptions().dtype(at::kFloat));
     auto g = std::make_shared<gradient>();
+    const xs::loss_options options = with_loss_terms(a.options, head, op);
     with_head<true>(head, weight, bias, step, op, [&](auto& h) {
       h.backward(hidden_view(a.hidden), targets_view(a.targets),
-                 xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, a.options,
+                 xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, options,
                  xs::vector_view<const float>(go.data_ptr<float>(), go.numel()));
     });
     const bool has_bias = bias.has_value() && bias->defined();
@@ -239,6 +253,35 @@ int64_t create_full(int64_t score_cache_bytes, int64_t row_block) {
     check.set_score_cache_bytes(score_cache_bytes);  // validate now (throw naming the value)
     check.set_row_block(row_block);
     return register_state(std::make_shared<full_state>(score_cache_bytes, row_block));
+  });
+}
+
+/// Sets the loss terms of a head handle (see `state::terms`): label smoothing, z-loss and a margin
+/// (0 none, 1 ArcFace, 2 CosFace, with scale s and margin m). Checked here as the library checks
+/// them, so a module fails at construction, not at its first step.
+void set_loss_terms(int64_t head, double label_smoothing, double z_loss, int64_t margin, double margin_scale,
+                    double margin_m) {
+  guarded([&] {
+    TORCH_CHECK_VALUE(label_smoothing >= 0.0 && label_smoothing <= 1.0, "xsoftmax: label_smoothing = ",
+                      label_smoothing, " must be in [0, 1]");
+    TORCH_CHECK_VALUE(z_loss >= 0.0 && std::isfinite(z_loss), "xsoftmax: z_loss = ", z_loss,
+                      " must be finite and >= 0");
+    TORCH_CHECK_VALUE(margin >= 0 && margin <= 2, "xsoftmax: margin = ", margin, " must be 0 (none), 1 (ArcFace) or ",
+                      "2 (CosFace)");
+    xs::loss_options t;
+    t.label_smoothing = static_cast<float>(label_smoothing);
+    t.z_loss = static_cast<float>(z_loss);
+    t.margin.kind = margin == 1 ? xs::margin_kind::arcface : margin == 2 ? xs::margin_kind::cosface
+                                                                         : xs::margin_kind::none;
+    t.margin.scale = static_cast<float>(margin_scale);
+    t.margin.m = static_cast<float>(margin_m);
+    const std::shared_ptr<state> st = find_state(head, "set_loss_terms");
+    TORCH_CHECK_VALUE(dynamic_cast<tree_state*>(st.get()) == nullptr || (label_smoothing == 0.0 && z_loss == 0.0 &&
+                                                                         margin == 0),
+                      "xsoftmax: label smoothing, z-loss and margins are not defined for the hierarchical softmax");
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->terms = t;
+    return 0;
   });
 }
 
@@ -402,6 +445,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("nprobe"));
   m.def("knn_rebuild", &knn_rebuild, pybind11::arg("head"));
   m.def("release", &release_state, pybind11::arg("head"));
+  m.def("set_loss_terms", &set_loss_terms, pybind11::arg("head"), pybind11::arg("label_smoothing"),
+        pybind11::arg("z_loss"), pybind11::arg("margin"), pybind11::arg("margin_scale"), pybind11::arg("margin_m"));
   m.def("has_cblas", &has_cblas);
   xsoftmax_torch::register_sharded_ops(m);
 }

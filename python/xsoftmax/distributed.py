@@ -27,12 +27,11 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _C, _ops
+from ._loss_terms import check_loss_terms
 
 __all__ = ["class_range", "ShardedFullSoftmaxLoss"]
 
 _LAYOUTS = {"data_parallel": 0, "replicated": 1}
-_MARGINS = {None: 0, "arcface": 1, "cosface": 2}
-_DEFAULT_M = {"arcface": 0.5, "cosface": 0.35}
 
 
 def class_range(num_classes, world_size, rank):
@@ -129,19 +128,15 @@ class ShardedFullSoftmaxLoss(nn.Module):
             raise ValueError(f"dtype = {dtype} must be torch.float32, torch.bfloat16 or torch.float16")
         if int(dim) < 1:
             raise ValueError(f"dim = {dim} must be >= 1")
-        if margin not in _MARGINS:
-            raise ValueError(f"margin = {margin!r} must be None, 'arcface' or 'cosface'")
-        if margin is not None and bias:
-            raise ValueError(f"margin = {margin!r} needs bias=False (logits are scaled cosines)")
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.num_classes, self.dim = int(num_classes), int(dim)
         self.class_begin, self.class_end = class_range(self.num_classes, self.world_size, self.rank)
         self.layout, self.reduction, self.ignore_index = layout, reduction, int(ignore_index)
-        self.label_smoothing, self.z_loss = float(label_smoothing), float(z_loss)
-        self.margin, self.margin_scale = margin, float(margin_scale)
-        self.margin_m = float(margin_m if margin_m is not None else _DEFAULT_M.get(margin, 0.0))
+        self.label_smoothing, self.z_loss, self._margin_code, self.margin_scale, self.margin_m = terms
+        self.margin = margin
         rows = self.class_end - self.class_begin
         scale = init_scale if init_scale is not None else 1.0 / math.sqrt(self.dim)
         gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + self.rank)
@@ -176,7 +171,7 @@ class ShardedFullSoftmaxLoss(nn.Module):
     def _run(self, hidden, weight, bias, targets, reduction, grad_output, want_gradients):
         return _C.sharded_full_run(self.group, hidden, weight.detach(), None if bias is None else bias.detach(),
                                    targets, self.num_classes, _LAYOUTS[self.layout], reduction, self.ignore_index,
-                                   self.label_smoothing, self.z_loss, _MARGINS[self.margin], self.margin_scale,
+                                   self.label_smoothing, self.z_loss, self._margin_code, self.margin_scale,
                                    self.margin_m, grad_output, want_gradients)
 
     def forward(self, hidden, targets):

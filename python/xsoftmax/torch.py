@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from . import _C, _ops
+from ._loss_terms import any_terms, check_loss_terms
 from .tree import Tree
 
 __all__ = ["Tree", "FullSoftmaxLoss", "HierarchicalSoftmaxLoss", "SampledSoftmaxLoss", "KNNSoftmaxLoss"]
@@ -49,6 +50,19 @@ class _Handle:
 
 def _make_full(score_cache_bytes, row_block):
     return _C.create_full(score_cache_bytes, row_block)
+
+
+def _with_loss_terms(factory, terms):
+    """A handle from ``factory`` with the module's loss terms set on it (a recipe, so that copies of
+    the module get them too)."""
+    handle = factory()
+    _C.set_loss_terms(handle, *terms)
+    return handle
+
+
+def _recipe(factory, terms):
+    """``factory``, or with the loss terms when they change the loss."""
+    return functools.partial(_with_loss_terms, factory, terms) if any_terms(terms) else factory
 
 
 def _make_tree(parent, leaf_class, num_classes, sigmoid):
@@ -119,10 +133,22 @@ class _SoftmaxHead(nn.Module):
             if self.bias is not None:
                 self.bias.zero_()
 
+    def _set_loss_terms(self, terms, margin):
+        """Keeps the checked loss terms (see ``_loss_terms.check_loss_terms``) as attributes."""
+        self.label_smoothing, self.z_loss, _, self.margin_scale, self.margin_m = terms
+        self.margin = margin
+
     def extra_repr(self):
-        return (f"num_classes={self.num_classes}, dim={self.dim}, weight_rows={self.weight.shape[0]}, "
+        text = (f"num_classes={self.num_classes}, dim={self.dim}, weight_rows={self.weight.shape[0]}, "
                 f"bias={self.bias is not None}, dtype={self.weight.dtype}, reduction={self.reduction!r}, "
                 f"ignore_index={self.ignore_index}, sparse_grad={self.sparse_grad}")
+        if getattr(self, "label_smoothing", 0.0):
+            text += f", label_smoothing={self.label_smoothing}"
+        if getattr(self, "z_loss", 0.0):
+            text += f", z_loss={self.z_loss}"
+        if getattr(self, "margin", None) is not None:
+            text += f", margin={self.margin!r}, margin_scale={self.margin_scale}, margin_m={self.margin_m}"
+        return text
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -214,21 +240,31 @@ class FullSoftmaxLoss(_SoftmaxHead):
             for one more pass over the weight gradient per extra block (worth it for blocks of more
             than a few tens of rows on a CPU). Results are within rounding of those without blocks.
             A negative value raises ``ValueError``.
+        label_smoothing: epsilon in [0, 1], as ``F.cross_entropy(label_smoothing=...)``.
+        z_loss: z >= 0 adds z * logsumexp(logits)^2 per sample (PaLM's z-loss).
+        margin: None, 'arcface' (target logit s cos(theta + m)) or 'cosface' (s (cos theta - m)),
+            on L2-normalised rows and weights (needs ``bias=False``); ``margin_scale`` is s (default
+            64), ``margin_m`` is m (default 0.5 for ArcFace, 0.35 for CosFace).
+            The loss terms change the training loss only: ``log_prob`` and ``predict`` are those
+            of the plain softmax over ``hidden @ weight.T + bias``.
     """
 
     def __init__(self, num_classes, dim, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
-                 sparse_grad=False, device=None, init_scale=None, score_cache_bytes=None, row_block=None):
+                 sparse_grad=False, device=None, init_scale=None, score_cache_bytes=None, row_block=None,
+                 label_smoothing=0.0, z_loss=0.0, margin=None, margin_scale=64.0, margin_m=None):
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
                          init_scale)
+        self._set_loss_terms(terms, margin)
         self.score_cache_bytes = None if score_cache_bytes is None else int(score_cache_bytes)
         self.row_block = None if row_block is None else int(row_block)
         self._cache_handle = None
-        if self.score_cache_bytes is not None or self.row_block:
+        if self.score_cache_bytes is not None or self.row_block or any_terms(terms):
             blocks = self.row_block or 0
             budget = self.score_cache_bytes
             if budget is None:
                 budget = blocks * num_classes * 4 if blocks > 0 else _C.default_score_cache_bytes()
-            self._cache_handle = _Handle(functools.partial(_make_full, budget, blocks))
+            self._cache_handle = _Handle(_recipe(functools.partial(_make_full, budget, blocks), terms))
 
     @property
     def _head(self):
@@ -241,12 +277,12 @@ class FullSoftmaxLoss(_SoftmaxHead):
         return self._loss(hidden, targets, self._head, None)
 
     def log_prob(self, hidden, targets):
-        """log p(targets | hidden), shape of ``targets`` (differentiable)."""
-        return self._log_prob(hidden, targets, self._head)
+        """log p(targets | hidden) of the plain softmax, shape of ``targets`` (differentiable)."""
+        return self._log_prob(hidden, targets, 0)
 
     def predict(self, hidden, k=1):
         """(log-probabilities, classes) of the k most probable classes, shape (..., k), best first."""
-        return self._predict(hidden, k, self._head)
+        return self._predict(hidden, k, 0)
 
 
 class HierarchicalSoftmaxLoss(_SoftmaxHead):
@@ -310,17 +346,23 @@ class _SelectiveHead(_SoftmaxHead):
     """Heads whose training loss is a softmax over a per-step active set. Evaluation (``eval()``
     with ``exact_eval``), ``log_prob`` and ``predict`` use the exact full softmax."""
 
-    def __init__(self, handle, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                 init_scale, exact_eval):
+    def __init__(self, factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                 init_scale, exact_eval, terms, margin):
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
                          init_scale)
-        self._handle = handle
+        self._set_loss_terms(terms, margin)
+        self._handle = _Handle(_recipe(factory, terms))
+        # The exact evaluation loss keeps the loss terms: a full softmax handle that carries them.
+        self._eval_handle = None
+        if any_terms(terms):
+            self._eval_handle = _Handle(_recipe(functools.partial(_make_full, _C.default_score_cache_bytes(), 0),
+                                                terms))
         self.exact_eval = bool(exact_eval)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
 
     def forward(self, hidden, targets):
         if not self.training and self.exact_eval:
-            return self._loss(hidden, targets, 0, None)
+            return self._loss(hidden, targets, 0 if self._eval_handle is None else self._eval_handle.value, None)
         loss = self._loss(hidden, targets, self._handle.value, self.step.clone())
         with torch.no_grad():
             self.step.add_(1)
@@ -346,17 +388,21 @@ class SampledSoftmaxLoss(_SelectiveHead):
             'counts' (P(c) proportional to counts[c] ** power).
         unique: draw without replacement; subtract_log_q: the log-Q correction; seed.
         exact_eval: in eval mode, the loss is the exact full softmax.
+        label_smoothing, z_loss, margin, margin_scale, margin_m: as ``FullSoftmaxLoss``; label
+            smoothing spreads over the step's active set (the target and the sampled negatives).
     """
 
     def __init__(self, num_classes, dim, num_sampled=64, sampler="log_uniform", counts=None, power=1.0, unique=True,
                  subtract_log_q=True, seed=0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
-                 sparse_grad=False, device=None, init_scale=None, exact_eval=True):
+                 sparse_grad=False, device=None, init_scale=None, exact_eval=True, label_smoothing=0.0, z_loss=0.0,
+                 margin=None, margin_scale=64.0, margin_m=None):
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
         if counts is not None:
             counts = torch.as_tensor(counts, dtype=torch.float64).reshape(-1).cpu()
-        handle = _Handle(functools.partial(_make_sampled, int(num_classes), str(sampler), counts, float(power),
-                                           int(num_sampled), bool(unique), bool(subtract_log_q), int(seed)))
-        super().__init__(handle, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale, exact_eval)
+        factory = functools.partial(_make_sampled, int(num_classes), str(sampler), counts, float(power),
+                                    int(num_sampled), bool(unique), bool(subtract_log_q), int(seed))
+        super().__init__(factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                         init_scale, exact_eval, terms, margin)
         self.num_sampled = int(num_sampled)
         self.sampler = sampler
 
@@ -372,17 +418,21 @@ class KNNSoftmaxLoss(_SelectiveHead):
             (``ivf_lists`` lists, 0: sqrt(N); ``nprobe`` lists searched, 0: 8).
         rebuild_every: steps between graph rebuilds (0: never; see ``rebuild_graph``).
         exact_eval: in eval mode, the loss is the exact full softmax.
+        label_smoothing, z_loss, margin, margin_scale, margin_m: as ``FullSoftmaxLoss``; label
+            smoothing spreads over the step's active set.
     """
 
     def __init__(self, num_classes, dim, k=50, metric="cosine", method="exact", neighbors_used=0, rebuild_every=100,
                  ivf_lists=0, nprobe=0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
-                 sparse_grad=False, device=None, init_scale=None, exact_eval=True):
+                 sparse_grad=False, device=None, init_scale=None, exact_eval=True, label_smoothing=0.0, z_loss=0.0,
+                 margin=None, margin_scale=64.0, margin_m=None):
         if not 1 <= int(k) <= int(num_classes):
             raise ValueError(f"k = {k} must be in [1, num_classes = {num_classes}]")
-        handle = _Handle(functools.partial(_make_knn, int(k), str(metric), str(method), int(neighbors_used),
-                                           int(rebuild_every), int(ivf_lists), int(nprobe)))
-        super().__init__(handle, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale, exact_eval)
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
+        factory = functools.partial(_make_knn, int(k), str(metric), str(method), int(neighbors_used),
+                                    int(rebuild_every), int(ivf_lists), int(nprobe))
+        super().__init__(factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
+                         init_scale, exact_eval, terms, margin)
         self.k = int(k)
         self.rebuild_every = int(rebuild_every)
 

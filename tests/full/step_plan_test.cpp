@@ -63,7 +63,7 @@ TEST_CASE("automatic device plan: blocks that keep every score where they fit 2 
 TEST_CASE_TEMPLATE("full_softmax training_plan: the setters end the automatic plan; use_automatic_plan returns",
                    B, XSOFTMAX_TEST_BACKENDS) {
   const index_t n = 40, d = 4;
-  std::vector<float> w(static_cast<std::size_t>(n * d), 0.25f);
+  test_vector<float> w(static_cast<std::size_t>(n * d), 0.25f);
   xsoftmax::full_softmax<xsoftmax::fp32, B> head(mview(w, n, d));
   CHECK(head.automatic_plan());
   auto p = head.training_plan(100);

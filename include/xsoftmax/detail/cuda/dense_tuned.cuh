@@ -14,8 +14,9 @@
 ///    chunk at a time, into the workspace. It serves the plain loss, with or without logit offsets,
 ///    without loss terms, margins or row combination (the full softmax's plain loss, the
 ///    hierarchical softmax's dense runs, the selective heads' shared pass).
-///  * `online_lse_tuning<cuda>`: one thread block per row (coalesced 16-byte reads, one online pass
-///    for the max and the sum of exp, a CUB block reduction) instead of one thread per row.
+///  * `online_lse_tuning<cuda>`: one thread block per row instead of one thread per row: rows of
+///    1024 columns or more in one online pass for the max and the sum of exp (16-byte reads, a CUB
+///    block reduction of (max, sum) pairs), narrower rows in two passes (max, then sum).
 ///
 /// Measured on an H200 (bench/RESULTS.md, the third GPU session) before the row-wise gradient and
 /// the one-pass log-sum-exp: the two element-wise passes over a 4096 x 16384 chunk took 224 us
@@ -44,11 +45,17 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     online_lse_kernel(const float* s, index_t rows, index_t cols, index_t lds, index_t col_offset,
                       const index_t* targets, float* run_max, float* run_sum, float* target_logit) {
-  __shared__ typename cub::BlockReduce<float2, Threads>::TempStorage temp;
+  __shared__ typename cub::BlockReduce<float2, Threads>::TempStorage temp_pairs;
+  __shared__ typename cub::BlockReduce<float, Threads>::TempStorage temp;
+  // Wide rows (the full softmax's chunks) in one online pass, reading each value once; narrow rows
+  // (the hierarchical softmax's nodes) in two passes with every thread busy: on 100-column rows the
+  // one-pass form, a quarter of the threads at work, took 28 % longer (bench/RESULTS.md).
+  const bool one_pass = cols >= 4 * Threads;
   for (index_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* row = s + r * lds;
-    if (r != blockIdx.x) __syncthreads();  // the last row's reduction is done with `temp`
-    const float2 ms = block_online_max_sum<Threads>(row, cols, temp);  // one read of the row
+    if (r != blockIdx.x) __syncthreads();  // the last row's reduction is done with `temp_pairs`
+    const float2 ms = one_pass ? block_online_max_sum<Threads>(row, cols, temp_pairs)
+                               : block_max_sum<Threads>(row, cols, temp);
     if (threadIdx.x != 0) continue;
     const float old_max = run_max[r], new_max = old_max > ms.x ? old_max : ms.x;
     if (new_max != -INFINITY) {  // both partial sums rescaled to the new max (exp(-inf) = 0)
