@@ -167,6 +167,18 @@ def test_double_backward_is_refused(name, reduction):
     assert g.shape == h.shape and not g.requires_grad
 
 
+@pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev"])
+def test_torch_func_transforms_are_refused_clearly(transform):
+    head = FullSoftmaxLoss(N, D, reduction="none")
+    h = torch.randn(3, D)
+    t = torch.tensor([0, 1, 2])
+    fn = {"grad": lambda: torch.func.grad(lambda x: head(x, t).sum())(h),
+          "vmap": lambda: torch.func.vmap(lambda x: head(x[None], t[:1]))(h),
+          "jacrev": lambda: torch.func.jacrev(lambda x: head(x, t))(h)}[transform]
+    with pytest.raises(RuntimeError, match="torch.func transforms .* are not supported"):
+        fn()
+
+
 def test_non_cpu_device_is_rejected():
     with pytest.raises(ValueError, match="CPU"):
         FullSoftmaxLoss(N, D, device="meta")

@@ -212,11 +212,23 @@ torch.library.register_autograd("xsoftmax::loss", _loss_backward, setup_context=
 # Entry points used by the modules
 # --------------------------------------------------------------------------------------------------
 
+def _refuse_functorch():
+    """torch.func transforms (grad, vmap, jacrev, ...) would need the operators' autograd to be
+    functorch-aware and differentiable twice: say so plainly instead of torch's message about
+    setup_context."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if active is not None and active():
+        raise RuntimeError("xsoftmax: torch.func transforms (grad, vmap, jacrev, jvp, ...) are not supported by the "
+                           "xsoftmax heads; use torch.autograd (loss.backward() or torch.autograd.grad)")
+
+
 def loss(hidden, weight, bias, targets, reduction, ignore_index, head=0, step=None, sparse_grad=False):
     """The loss of a (B x d) batch; fused forward+backward when a gradient will be needed.
 
     ``reduction`` is an int (see ``REDUCTIONS``). Returns a scalar, or B values for reduction 0.
+    Raises RuntimeError inside a torch.func transform.
     """
+    _refuse_functorch()
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad and reduction != 0:
@@ -226,4 +238,5 @@ def loss(hidden, weight, bias, targets, reduction, ignore_index, head=0, step=No
 
 def topk(hidden, weight, bias, k, head=0, beam_width=0):
     """(log-probabilities, classes) of the k most probable classes of each row, best first."""
+    _refuse_functorch()
     return _ops.topk(hidden, weight, bias, k, head, beam_width)
