@@ -167,6 +167,14 @@ def test_double_backward_is_refused(name, reduction):
     assert g.shape == h.shape and not g.requires_grad
 
 
+@pytest.mark.parametrize("name", ["full", "hs", "sampled", "knn"])
+def test_log_prob_of_a_bad_target_names_no_ignore_index(name):
+    head = heads()[name]
+    with pytest.raises(IndexError, match=r"targets\[0\] = -5 is out of range \[0, 12\)") as info:
+        head.log_prob(torch.randn(2, D), torch.tensor([-5, 1]))
+    assert "ignore_index" not in str(info.value)
+
+
 @pytest.mark.parametrize("transform", ["grad", "vmap", "jacrev"])
 def test_torch_func_transforms_are_refused_clearly(transform):
     head = FullSoftmaxLoss(N, D, reduction="none")

@@ -200,7 +200,12 @@ class _SoftmaxHead(nn.Module):
         return out.reshape(lead) if red == 0 else out
 
     def _log_prob(self, hidden, targets, head):
-        return -self._loss(hidden, targets, head, None, reduction="none", ignore_index=_ops.INT64_MIN)
+        # No target is ignored here (ignore_index INT64_MIN): a bad target's message must not
+        # mention an ignore_index the caller never gave.
+        try:
+            return -self._loss(hidden, targets, head, None, reduction="none", ignore_index=_ops.INT64_MIN)
+        except IndexError as e:
+            raise IndexError(str(e).replace(f" and is not ignore_index ({_ops.INT64_MIN})", "")) from None
 
     def _predict(self, hidden, k, head, beam_width=0):
         h = self._hidden_2d(hidden)
