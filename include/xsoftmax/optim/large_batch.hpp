@@ -125,11 +125,6 @@ float checked_trust_ratio(const char* where, const Rule& rule, const sum_pair& s
   return trust;
 }
 
-inline void check_learning_rate(const char* where, float lr) {
-  expects<non_finite_error>(std::isfinite(lr), where, ": learning rate ", lr, " is not finite");
-  expects(lr >= 0, where, ": learning rate ", lr, " must be >= 0");
-}
-
 }  // namespace detail
 
 /// LARS or LAMB over a fixed list of dense layers. State, per layer of `size` floats:
@@ -306,15 +301,14 @@ class sparse_trust_ratio_optimizer {
   }
 
   /// One update of `weights` (rows x dim) and `bias` (rows entries or null). Throws as
-  /// `sparse_optimizer::step` (shapes, rows out of range or repeated, non-finite values), plus
-  /// `invalid_argument` for a negative lr and `non_finite_error` for a non-finite trust ratio;
+  /// `sparse_optimizer::step` (weights' shape, stride and null data, lr not finite or < 0, rows out
+  /// of range or repeated, non-finite values), plus `non_finite_error` for a non-finite trust ratio;
   /// nothing is written then. An empty gradient changes nothing but the step count.
   template <class T, class Accum>
   void step(matrix_view<T> weights, detail::non_deduced<T>* bias, const sparse_gradient<Backend, Accum>& g,
             float lr) {
     const char* where = "sparse_trust_ratio_optimizer::step";
-    detail::check_learning_rate(where, lr);
-    base_.check_step(where, weights, bias, g, lr);
+    base_.check_step(where, weights, bias, g, lr);  // weights, lr (finite, >= 0), gradient
     const detail::execution<Backend> ex{resources_};
     const bool with_bias = bias && !g.bias_values.empty();
     // One row per term; 8 rows per partial sum keeps a few thousand touched rows spread over threads.

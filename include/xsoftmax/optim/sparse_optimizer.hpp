@@ -14,13 +14,18 @@
 /// for Adam (two moments) and 102 GB for momentum or Adagrad; bf16 state (`State = bf16` storage)
 /// halves it, at the cost of rounding the state on every update.
 ///
-/// Every step checks the whole gradient first (rows in range and unique, shapes, finite values
-/// times the learning rate; see detail/sparse_gradient_checks.hpp) and throws a typed error naming
-/// the value; nothing is written then.
+/// Every step checks its arguments first and throws a typed error naming the argument and the
+/// value; nothing is written then. The weights go through the heads' output checks
+/// (detail/validation.hpp: `shape_error` for a shape other than rows x dim or a stride smaller than
+/// dim, `invalid_argument` for null data); the learning rate must be finite and >= 0, the rule of
+/// every optimizer of the library, sparse or dense (`non_finite_error` for NaN or +-Inf,
+/// `invalid_argument` for lr < 0); the whole gradient is checked (rows in range and unique, shapes,
+/// finite values times the learning rate; see detail/sparse_gradient_checks.hpp).
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/sparse_gradient_checks.hpp>
+#include <xsoftmax/detail/validation.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/optim/update_rules.hpp>
 #include <xsoftmax/precision.hpp>
@@ -28,6 +33,7 @@
 
 #include <thrust/fill.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace xsoftmax {
@@ -86,6 +92,13 @@ struct sparse_rule_update {
     if (bias_values) element(bias[r], static_cast<float>(bias_values[i]), bias_state + r * Rule::slots, f);
   }
 };
+
+/// The learning-rate rule of every optimizer step (sparse, trust-ratio, dense): finite and >= 0.
+/// Throws `non_finite_error` for NaN or +-Inf and `invalid_argument` for lr < 0, naming the value.
+inline void check_learning_rate(const char* where, float lr) {
+  expects<non_finite_error>(std::isfinite(lr), where, ": learning rate ", lr, " is not finite");
+  expects(lr >= 0, where, ": learning rate ", lr, " must be >= 0");
+}
 
 }  // namespace detail
 
@@ -168,6 +181,10 @@ class sparse_optimizer {
   }
 
   /// One update of `weights` (rows x dim, the backend's memory) and `bias` (rows entries or null).
+  /// Throws (nothing written then): `shape_error` when `weights` is not rows x dim or its stride is
+  /// smaller than dim; `invalid_argument` when `weights.data` is null, lr < 0, or a gradient row is
+  /// repeated; `non_finite_error` for a non-finite lr or gradient value (times lr); `out_of_range`
+  /// for a gradient row outside [0, rows).
   template <class T, class Accum>
   void step(matrix_view<T> weights, detail::non_deduced<T>* bias, const sparse_gradient<Backend, Accum>& g,
             float lr) {
@@ -204,6 +221,8 @@ class sparse_optimizer {
     detail::expects<shape_error>(weights.rows == rows_ && weights.cols == dim_, where, ": weights are ",
                                  weights.rows, " x ", weights.cols, " but the optimizer was made for ", rows_, " x ",
                                  dim_);
+    detail::check_output(where, "weights", weights, rows_, dim_);  // null data, stride < cols
+    detail::check_learning_rate(where, lr);
     detail::expects(!bias || !g.bias_values.size() || bias_state_, where,
                     ": the gradient updates a bias but the optimizer has no bias state (with_bias = false)");
     const detail::execution<Backend> ex{resources_};

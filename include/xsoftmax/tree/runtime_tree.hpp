@@ -159,7 +159,9 @@ class runtime_tree {
   /// node's children are ordered by node index (that order fixes its block and the leaf order).
   /// Throws (message naming the argument and the offending node or value):
   /// `invalid_argument` when num_classes < 1; `shape_error` when the two sizes differ;
-  /// `tree_error` for no root or more than one root, a parent outside [-1, M), a root that is a
+  /// `tree_error` for num_classes > M (checked before anything is allocated, so a huge
+  /// num_classes is a `tree_error`, never `std::bad_alloc`), no root or more than one root, a
+  /// parent outside [-1, M), a root that is a
   /// leaf, a cycle, an orphan (a node not reachable from the root), a class id outside
   /// [0, num_classes), an internal node that carries a class, a leaf that is not a class, a class
   /// listed twice, a class missing, and a class deeper than MaxDepth. O(M + total path length).

@@ -113,8 +113,11 @@ struct parent_topology {
   return t;
 }
 
-/// Checks the argument sizes before anything else: throws `invalid_argument` when
-/// `num_classes < 1` and `shape_error` when `leaf_class.size() != parent.size()`.
+/// Checks the argument sizes before anything else, so that nothing is allocated for a size the
+/// inputs cannot have: throws `invalid_argument` when `num_classes < 1`, `shape_error` when
+/// `leaf_class.size() != parent.size()`, and `tree_error` when a non-empty `parent` has fewer
+/// nodes than `num_classes` (every class is a leaf node of its own; an empty `parent` is left to
+/// the structure check, which reports it as having no root).
 inline void validate_parent_sizes(const std::vector<index_t>& parent,
                                   const std::vector<index_t>& leaf_class, index_t num_classes,
                                   const char* who) {
@@ -122,6 +125,9 @@ inline void validate_parent_sizes(const std::vector<index_t>& parent,
   expects<shape_error>(leaf_class.size() == parent.size(), who,
                        "leaf_class.size() = ", leaf_class.size(),
                        " differs from parent.size() = ", parent.size());
+  expects<tree_error>(parent.empty() || static_cast<std::size_t>(num_classes) <= parent.size(), who,
+                      "num_classes = ", num_classes, " exceeds the ", parent.size(),
+                      " nodes of parent: each class must be a leaf node of its own");
 }
 
 /// Checks the class of every node of a validated tree and returns, for each class, the node that
