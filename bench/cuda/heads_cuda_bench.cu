@@ -28,6 +28,7 @@
 // sampled, not tracked, so a buffer that lives well under 0.2 ms can be missed.
 
 #include <xsoftmax/cuda.cuh>
+#include <xsoftmax/detail/primitives/mix_seed.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
 
@@ -461,17 +462,13 @@ int main(int argc, char** argv) {
       const auto t_graph = std::chrono::steady_clock::now();
       std::vector<index_t> ids(static_cast<std::size_t>(n * k));
       {
-        // Filled by 16 threads from a counter-based generator (a second on 1e9 ids).
+        // Filled by 16 threads from the library's counter-based mixer (a second on 1e9 ids).
         std::vector<std::thread> fill;
         const std::size_t parts = 16, size = ids.size();
         for (std::size_t p = 0; p < parts; ++p)
           fill.emplace_back([&, p] {
-            for (std::size_t i = size * p / parts; i < size * (p + 1) / parts; ++i) {
-              std::uint64_t z = i + 0x9e3779b97f4a7c15ULL;
-              z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-              z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-              ids[i] = static_cast<index_t>((z ^ (z >> 31)) % static_cast<std::uint64_t>(n));
-            }
+            for (std::size_t i = size * p / parts; i < size * (p + 1) / parts; ++i)
+              ids[i] = static_cast<index_t>(xs::detail::mix_seed(i) % static_cast<std::uint64_t>(n));
           });
         for (auto& t : fill) t.join();
       }

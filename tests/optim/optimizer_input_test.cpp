@@ -5,6 +5,7 @@
 // lr)` and `step(head, g, lr)`: a typed error naming the argument and the value, and nothing
 // written. Every backend of the build.
 
+#include "support/check_throws.hpp"
 #include "support/test_memory.hpp"
 
 #include <xsoftmax/full_softmax.hpp>
@@ -18,6 +19,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+using xsoftmax_test::check_throws;
 
 namespace {
 
@@ -62,22 +65,6 @@ struct snapshot {
   bool operator==(const snapshot& x) const { return w == x.w && b == x.b && s == x.s && bs == x.bs && c == x.c; }
 };
 
-template <class E, class F>
-void check_throws_naming(F&& f, const std::string& text) {
-  std::string what;
-  bool caught = false;
-  try {
-    f();
-  } catch (const E& e) {
-    caught = true;
-    what = e.what();
-  } catch (const std::exception& e) {
-    what = std::string("wrong exception type: ") + e.what();
-  }
-  INFO("message: ", what);
-  CHECK(caught);
-  CHECK(what.find(text) != std::string::npos);
-}
 
 template <class Opt, class B>
 void check_optimizer() {
@@ -98,22 +85,22 @@ void check_optimizer() {
   const snapshot<Opt> head_before(opt, head.weights().data, head.bias());
 
   // A null weights pointer with a non-zero size (it crashed).
-  check_throws_naming<xs::invalid_argument>(
+  check_throws<xs::invalid_argument>(
       [&] { opt.step(xs::matrix_view<float>(nullptr, rows, dim), b.data(), g, 0.1f); }, "weights.data is null");
-  check_throws_naming<xs::invalid_argument>(
+  check_throws<xs::invalid_argument>(
       [&] { opt.step(xs::matrix_view<float>(nullptr, rows, dim), head.bias(), g, 0.1f); }, "weights.data is null");
   // A stride smaller than the columns (it was accepted and wrote overlapping rows).
-  check_throws_naming<xs::shape_error>(
+  check_throws<xs::shape_error>(
       [&] { opt.step(xs::matrix_view<float>(w.data(), rows, dim, 2), b.data(), g, 0.1f); }, "weights.stride = 2");
   // The learning rate: finite and >= 0, for every optimizer and both overloads.
-  check_throws_naming<xs::invalid_argument>([&] { opt.step(head, g, -0.1f); }, "-0.1");
-  check_throws_naming<xs::invalid_argument>(
+  check_throws<xs::invalid_argument>([&] { opt.step(head, g, -0.1f); }, "-0.1");
+  check_throws<xs::invalid_argument>(
       [&] { opt.step(xs::matrix_view<float>(w.data(), rows, dim), b.data(), g, -0.1f); }, "must be >= 0");
-  check_throws_naming<xs::invalid_argument>(
+  check_throws<xs::invalid_argument>(
       [&] { opt.step(xs::matrix_view<float>(w.data(), rows, dim), b.data(), g, -0.f - 1e-30f); }, "must be >= 0");
-  check_throws_naming<xs::non_finite_error>([&] { opt.step(head, g, std::numeric_limits<float>::quiet_NaN()); },
+  check_throws<xs::non_finite_error>([&] { opt.step(head, g, std::numeric_limits<float>::quiet_NaN()); },
                                             "not finite");
-  check_throws_naming<xs::non_finite_error>(
+  check_throws<xs::non_finite_error>(
       [&] { opt.step(xs::matrix_view<float>(w.data(), rows, dim), b.data(), g, -std::numeric_limits<float>::infinity()); },
       "not finite");
 

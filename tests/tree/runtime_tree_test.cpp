@@ -3,6 +3,8 @@
 // the exact layout (BFS blocks, DFS leaf order) against an independent construction, and every
 // malformed input rejected with a typed exception naming the offending value.
 
+#include "support/check_throws.hpp"
+
 #include <xsoftmax/tree/runtime_tree.hpp>
 
 #include <doctest/doctest.h>
@@ -16,6 +18,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+using xsoftmax_test::check_throws;
 
 namespace {
 
@@ -262,26 +266,6 @@ void check_layout_matches(const Tree& t, const parent_tree& p) {
   dfs(root);
 }
 
-/// The exception thrown by `f` if it is exactly of kind `Error` (or derived), with its message.
-template <class Error, class F>
-void check_throws(F&& f, std::initializer_list<const char*> substrings) {
-  std::string what;
-  bool caught = false;
-  try {
-    f();
-  } catch (const Error& e) {
-    caught = true;
-    what = e.what();
-  } catch (const std::exception& e) {
-    what = std::string("wrong exception type: ") + e.what();
-  }
-  INFO("message: ", what);
-  REQUIRE(caught);
-  for (const char* s : substrings) {
-    INFO("expected substring: ", s);
-    CHECK(what.find(s) != std::string::npos);
-  }
-}
 
 }  // namespace
 

@@ -105,10 +105,14 @@ struct softmax_gradient {
   const index_t* target;
   float scale;
   bool keep_fp32;
+  /// dLoss/dscore of a score x of a row with log-sum-exp l and upstream gradient u, in the target's
+  /// column or not: the one formula of both gradient kernels.
+  XSOFTMAX_HD static float value(float x, float l, float u, bool target_column) {
+    return expf(x - l) * u - (target_column ? u : 0.f);
+  }
   XSOFTMAX_HD void operator()(index_t e) const {
     const index_t r = e / cn;
-    float v = expf(s[e] - lse[r]) * upstream[r];
-    if (target[r] - c0 == e - r * cn) v -= upstream[r];
+    const float v = value(s[e], lse[r], upstream[r], target[r] - c0 == e - r * cn);
     if (keep_fp32) s[e] = v;
     g[e] = from_float<T>(v * scale);
   }
@@ -135,10 +139,11 @@ __global__ void __launch_bounds__(Threads)
       for (index_t q = first; q < cn / 4; q += step) {
         float4 v = reinterpret_cast<const float4*>(sr)[q];
         const index_t j = 4 * q;
-        v.x = expf(v.x - l) * u - (j == t ? u : 0.f);
-        v.y = expf(v.y - l) * u - (j + 1 == t ? u : 0.f);
-        v.z = expf(v.z - l) * u - (j + 2 == t ? u : 0.f);
-        v.w = expf(v.w - l) * u - (j + 3 == t ? u : 0.f);
+        using grad = softmax_gradient<T>;
+        v.x = grad::value(v.x, l, u, j == t);
+        v.y = grad::value(v.y, l, u, j + 1 == t);
+        v.z = grad::value(v.z, l, u, j + 2 == t);
+        v.w = grad::value(v.w, l, u, j + 3 == t);
         if (keep_fp32) reinterpret_cast<float4*>(sr)[q] = v;
         four o;
         o.v[0] = from_float<T>(v.x * scale);
@@ -149,7 +154,7 @@ __global__ void __launch_bounds__(Threads)
       }
     } else {
       for (index_t j = first; j < cn; j += step) {
-        const float v = expf(sr[j] - l) * u - (j == t ? u : 0.f);
+        const float v = softmax_gradient<T>::value(sr[j], l, u, j == t);
         if (keep_fp32) sr[j] = v;
         gr[j] = from_float<T>(v * scale);
       }
