@@ -14,7 +14,8 @@
    device-to-device copy (bytes read + written per second) and cuBLAS's bf16 GEMM rate through
    torch.matmul, at 8192^3 and at the full softmax's score-GEMM shape (B x N x d).
 
-Usage: python3 bench/cuda/torch_peer.py [--quick] [--reps 10]
+Usage: python3 bench/cuda/torch_peer.py [--quick | --small] [--reps 10]
+(--small: the small call 1024 x 2304 x 32K of every implementation only, 5 x reps calls each)
 Prints one line per configuration. Needs torch with CUDA; Cut Cross-Entropy and Liger are optional.
 """
 import argparse
@@ -168,6 +169,8 @@ def adaptive(batch, dim, n, reps, device):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    p.add_argument("--small", action="store_true",
+                   help="only the small call 1024 x 2304 x 32K of every implementation (5 x reps calls)")
     p.add_argument("--reps", type=int, default=10)
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -176,7 +179,10 @@ def main():
     device = torch.device("cuda")
     torch.manual_seed(0)
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
-    if a.quick:
+    if a.small:
+        for name, fn in [("torch", torch_linear_cross_entropy)] + fused_peers():
+            full_softmax(1024, 2304, 32768, 5 * a.reps, device, name, fn)
+    elif a.quick:
         ceilings(1024, 2304, 32768, device)
         for name, fn in [("torch", torch_linear_cross_entropy)] + fused_peers():
             full_softmax(1024, 2304, 32768, a.reps, device, name, fn)

@@ -26,6 +26,15 @@ struct cuda {};
 namespace detail {
 template <class>
 inline constexpr bool dependent_false = false;
+
+template <class T>
+struct type_identity {
+  using type = T;
+};
+/// `T` in a position that takes no part in template argument deduction (a null pointer passed for
+/// a `T*` parameter deduces nothing; T's parameters come from the other arguments).
+template <class T>
+using non_deduced = typename type_identity<T>::type;
 }  // namespace detail
 
 /// Maps a backend tag to its execution policy, vector type and resources. The primary template is

@@ -152,7 +152,7 @@ TEST_CASE("cuda online_lse_update: the block-per-row kernel equals the generic l
     const xs::cuda_resources res;
     const xs::detail::execution<xs::cuda> ex{res};
     const auto fold = [&](bool tuned) {
-      xs::detail::basic_online_lse_state<xs::cuda> st(rows);
+      xs::detail::basic_online_lse_state<xs::cuda> st(rows, ex);
       for (index_t c0 = 0; c0 < cols; c0 += chunk) {
         const float* sp = thrust::raw_pointer_cast(ds.data()) + c0;
         const index_t cn = std::min(chunk, cols - c0);
@@ -198,7 +198,7 @@ TEST_CASE("cuda row_topk_update: the block-per-row kernel equals the generic loo
     };
     const auto run = [&](bool tuned, unsigned data_seed) {
       std::mt19937 gd(data_seed);
-      xs::detail::basic_row_topk_state<xs::cuda> st(sh.rows, sh.k);
+      xs::detail::basic_row_topk_state<xs::cuda> st(sh.rows, sh.k, ex);
       for (index_t c = 0; c < sh.chunks; ++c) {
         for (auto& x : s) {
           // Few distinct values: ties everywhere (broken by id); every 17th score -inf (a masked class).

@@ -45,10 +45,10 @@ void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, u
   xs::detail::batch_rows<xs::cuda> packed;
   packed.dim = d;
   packed.rows = rows;
-  packed.sample = to_device(sample);
-  packed.target = to_device(t);
-  packed.hidden = to_device(h);
-  thrust::device_vector<float> upstream = to_device(up);
+  packed.sample = to_scratch(ex, sample);
+  packed.target = to_scratch(ex, t);
+  packed.hidden = to_scratch(ex, h);
+  auto upstream = to_scratch(ex, up);
   const auto batch = xs::detail::sort_by_leaf_rank(ex, tree.view(), packed, upstream);
   const auto width = [&](const xs::detail::node_run& run) -> index_t {
     return which == path::dense ? 0 : Sigmoid ? 1 : run.block_size;

@@ -62,6 +62,23 @@ std::vector<T> to_host(const thrust::device_vector<T>& v) {
   return h;
 }
 
+/// `v` in a call's device scratch (detail::scratch_vector) of execution `ex`.
+template <class T>
+xsoftmax::detail::scratch_vector<xsoftmax::cuda, T> to_scratch(const xsoftmax::detail::execution<xsoftmax::cuda>& ex,
+                                                            const std::vector<T>& v) {
+  xsoftmax::detail::scratch_vector<xsoftmax::cuda, T> d(v.size(), ex);
+  thrust::copy(v.begin(), v.end(), d.begin());
+  return d;
+}
+
+/// A call's device scratch (detail::scratch_vector), to the host.
+template <class T>
+std::vector<T> to_host(const xsoftmax::detail::scratch_vector<xsoftmax::cuda, T>& v) {
+  std::vector<T> h(v.size());
+  thrust::copy(v.begin(), v.end(), h.begin());
+  return h;
+}
+
 template <class T>
 T* raw(thrust::device_vector<T>& v) {
   return thrust::raw_pointer_cast(v.data());
@@ -69,6 +86,15 @@ T* raw(thrust::device_vector<T>& v) {
 template <class T>
 const T* raw(const thrust::device_vector<T>& v) {
   return thrust::raw_pointer_cast(v.data());
+}
+
+template <class T>
+T* raw(xsoftmax::detail::scratch_vector<xsoftmax::cuda, T>& v) {
+  return v.data();
+}
+template <class T>
+const T* raw(const xsoftmax::detail::scratch_vector<xsoftmax::cuda, T>& v) {
+  return v.data();
 }
 
 /// max |a - b| / max(max |b|, 1e-30): a tuned kernel's output against its generic oracle's.

@@ -81,8 +81,9 @@ TEST_CASE_TEMPLATE("generic primitives: pack_rows, upstream_gradients, scatter a
   for (index_t i = 0; i < rows; ++i)
     if (t_host[i] != ignore) kept.push_back(i);
   REQUIRE(batch.rows == static_cast<index_t>(kept.size()));
-  const thrust::host_vector<index_t> sample(batch.sample), target(batch.target);
-  const thrust::host_vector<float> packed(batch.hidden);
+  const thrust::host_vector<index_t> sample(batch.sample.begin(), batch.sample.end()),
+      target(batch.target.begin(), batch.target.end());
+  const thrust::host_vector<float> packed(batch.hidden.begin(), batch.hidden.end());
   for (index_t r = 0; r < batch.rows; ++r) {
     CHECK(sample[r] == kept[r]);
     CHECK(target[r] == t_host[kept[r]]);
@@ -91,12 +92,12 @@ TEST_CASE_TEMPLATE("generic primitives: pack_rows, upstream_gradients, scatter a
 
   // Upstream gradients: mean = 1/kept; none with per-sample values = those values, gathered.
   const auto u_mean = xs::detail::upstream_gradients(ex, "t", batch, rows, xs::reduction::mean, {});
-  const thrust::host_vector<float> um(u_mean);
+  const thrust::host_vector<float> um(u_mean.begin(), u_mean.end());
   for (index_t r = 0; r < batch.rows; ++r) CHECK(um[r] == 1.f / static_cast<float>(batch.rows));
   const test_vector<float> go = to_test(random_floats(g, static_cast<std::size_t>(rows)));
   const auto u_none = xs::detail::upstream_gradients(ex, "t", batch, rows, xs::reduction::none,
                                                      xs::vector_view<const float>(go.data(), rows));
-  const thrust::host_vector<float> un(u_none);
+  const thrust::host_vector<float> un(u_none.begin(), u_none.end());
   for (index_t r = 0; r < batch.rows; ++r) CHECK(un[r] == go[kept[r]]);
 
   // Scatter back: ignored rows are 0; the reduction sums in double.
@@ -208,12 +209,12 @@ TEST_CASE_TEMPLATE("generic primitives: running row top-k equals a stable sort (
   const test_vector<float> s = to_test(s_host);
   const xs::backend_resources<B> res{};
   const xs::detail::execution<B> ex{res};
-  xs::detail::basic_row_topk_state<B> st(rows, k);
+  xs::detail::basic_row_topk_state<B> st(rows, k, ex);
   for (index_t c0 = 0; c0 < cols; c0 += 16)  // in chunks, as the heads stream classes
     xs::detail::row_topk_update(ex, s.data() + c0, rows, std::min<index_t>(16, cols - c0), cols, c0, st);
   xs::detail::row_topk_finish(ex, rows, st);
-  const thrust::host_vector<float> score(st.score);
-  const thrust::host_vector<index_t> index(st.index);
+  const thrust::host_vector<float> score(st.score.begin(), st.score.end());
+  const thrust::host_vector<index_t> index(st.index.begin(), st.index.end());
   for (index_t r = 0; r < rows; ++r) {
     std::vector<index_t> order(static_cast<std::size_t>(cols));
     std::iota(order.begin(), order.end(), 0);

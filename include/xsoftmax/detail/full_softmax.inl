@@ -123,9 +123,10 @@ template <class H>
 float full_softmax<P, B, S>::run_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                                loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                gradient_type* grad_weights, vector_view<const float> grad_output) const {
-  backend_vector<B, float> loss(1);
-  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, detail::raw(loss));
-  return detail::backend_ops<B>::read(resources_, detail::raw(loss));  // waits for the work queued
+  const detail::execution<B> ex{resources_};
+  detail::scratch_vector<B, float> loss(1, ex);
+  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss.data());
+  return detail::backend_ops<B>::read(resources_, loss.data());  // waits for the work queued
 }
 
 template <class P, class B, class S>
@@ -154,12 +155,12 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   const index_t n_cls = local_classes(), d = dim();
 
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
-  backend_vector<B, float> upstream;
+  detail::scratch_vector<B, float> upstream;
   if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
   const index_t rows = batch.rows;
   const storage_type* bias = store_.bias();
-  backend_vector<B, float> losses(static_cast<std::size_t>(rows), 0.f);
-  backend_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
+  detail::scratch_vector<B, float> losses(static_cast<std::size_t>(rows), ex, 0.f);  // accumulated into
+  detail::scratch_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, ex, 0.f);
 
   // The exact softmax is one dense block: every packed row against every class.
   detail::dense_softmax_args a;
@@ -226,15 +227,15 @@ void full_softmax<P, B, S>::topk_into_(matrix_view<const H> hidden, index_t k, m
   const index_t n_cls = local_classes();
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
   const index_t rows = batch.rows;
-  detail::basic_online_lse_state<B> lse(rows);
-  detail::basic_row_topk_state<B> best(rows, k);
+  detail::basic_online_lse_state<B> lse(rows, ex);
+  detail::basic_row_topk_state<B> best(rows, k, ex);
   detail::for_each_score_chunk(ex, batch.hidden_view(), matrix_view<const storage_type>(weights()), store_.bias(), 0,
                                n_cls, chunk_size_for(rows), [&](index_t c0, index_t cn, const float* s) {
                                  detail::online_lse_update(ex, s, rows, cn, cn, c0, nullptr, lse);
                                  detail::row_topk_update(ex, s, rows, cn, cn, c0, best);
                                });
   detail::row_topk_finish(ex, rows, best);
-  backend_vector<B, float> row_lse(static_cast<std::size_t>(rows));
+  detail::scratch_vector<B, float> row_lse(static_cast<std::size_t>(rows), ex);
   const float* l = detail::raw(row_lse);
   detail::online_lse_finish(ex, lse, rows, detail::raw(row_lse));
   detail::parallel_for(ex, rows * k,
@@ -268,12 +269,12 @@ void full_softmax<P, B, S>::log_distribution_into_(matrix_view<const H> hidden, 
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, {}, 0);
   const index_t rows = batch.rows, chunk = chunk_size_for(rows);
   const auto w = matrix_view<const storage_type>(weights());
-  detail::basic_online_lse_state<B> lse(rows);
+  detail::basic_online_lse_state<B> lse(rows, ex);
   detail::for_each_score_chunk(ex, batch.hidden_view(), w, store_.bias(), 0, n_cls, chunk,
                                [&](index_t c0, index_t cn, const float* s) {
                                  detail::online_lse_update(ex, s, rows, cn, cn, c0, nullptr, lse);
                                });
-  backend_vector<B, float> row_lse(static_cast<std::size_t>(rows));
+  detail::scratch_vector<B, float> row_lse(static_cast<std::size_t>(rows), ex);
   const float* l = detail::raw(row_lse);
   detail::online_lse_finish(ex, lse, rows, detail::raw(row_lse));
   detail::for_each_score_chunk(ex, batch.hidden_view(), w, store_.bias(), class_begin, class_end - class_begin,

@@ -61,13 +61,13 @@ float full_softmax<P, B, S>::run_prefetched_(const char* where, gathered_batch& 
   detail::batch_rows<B> own =
       detail::pack_rows(ex, matrix_view<const float>(detail::raw(st.own), st.rows, 0), targets, options.ignore_index);
   own.dim = dim();
-  backend_vector<B, float> own_upstream;
+  detail::scratch_vector<B, float> own_upstream;
   if (grad_weights) own_upstream = detail::upstream_gradients(ex, where, own, st.rows, options.reduce, grad_output);
   detail::sharded_rows<B> rows =
       detail::finish_gather(ex, sharding_, st, targets, options.ignore_index, grad_weights ? &own_upstream : nullptr);
-  backend_vector<B, float> loss(1);
-  run_gathered_(rows, own, options, per_sample, grad_hidden, grad_weights, detail::raw(loss));
-  return detail::backend_ops<B>::read(resources_, detail::raw(loss));
+  detail::scratch_vector<B, float> loss(1, ex);
+  run_gathered_(rows, own, options, per_sample, grad_hidden, grad_weights, loss.data());
+  return detail::backend_ops<B>::read(resources_, loss.data());
 }
 
 template <class P, class B, class S>

@@ -86,10 +86,10 @@ void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const d
   const detail::execution<B> ex{resources_};
   const index_t d = dim(), n_local = local_classes();
   const index_t total = rows.all.rows;
-  const backend_vector<B, index_t> columns = detail::block_columns(ex, rows.all.target, class_begin());
+  const detail::scratch_vector<B, index_t> columns = detail::block_columns(ex, rows.all.target, class_begin());
   const storage_type* bias = store_.bias();
-  backend_vector<B, float> losses(static_cast<std::size_t>(total), 0.f);
-  backend_vector<B, float> grad_all(grad_weights ? static_cast<std::size_t>(total * d) : 0, 0.f);
+  detail::scratch_vector<B, float> losses(static_cast<std::size_t>(total), ex, 0.f);
+  detail::scratch_vector<B, float> grad_all(grad_weights ? static_cast<std::size_t>(total * d) : 0, ex, 0.f);
 
   detail::dense_softmax_args a;
   a.h = rows.all.hidden_view();
@@ -141,8 +141,8 @@ void full_softmax<P, B, S>::topk_gathered_(detail::sharded_rows<B>& rows, index_
                                            matrix_view<index_t> classes, matrix_view<float> log_probs) const {
   const detail::execution<B> ex{resources_};
   const index_t total = rows.all.rows, local_k = std::min(k, local_classes());
-  detail::basic_online_lse_state<B> lse(total);
-  detail::basic_row_topk_state<B> best(total, local_k);
+  detail::basic_online_lse_state<B> lse(total, ex);
+  detail::basic_row_topk_state<B> best(total, local_k, ex);
   detail::for_each_score_chunk(ex, rows.all.hidden_view(), matrix_view<const storage_type>(weights()), store_.bias(),
                                0, local_classes(), chunk_size_for(total), [&](index_t c0, index_t cn, const float* s) {
                                  detail::online_lse_update(ex, s, total, cn, cn, c0, nullptr, lse);
@@ -161,8 +161,8 @@ void full_softmax<P, B, S>::topk_gathered_(detail::sharded_rows<B>& rows, index_
   thrust::host_vector<float> mine_s(static_cast<std::size_t>(per_rank), -INFINITY);
   thrust::host_vector<index_t> mine_c(static_cast<std::size_t>(per_rank), -1);
   {
-    const thrust::host_vector<float> s(best.score);
-    const thrust::host_vector<index_t> c(best.index);
+    const thrust::host_vector<float> s(best.score.begin(), best.score.end());
+    const thrust::host_vector<index_t> c(best.index.begin(), best.index.end());
     for (index_t r = 0; r < total; ++r)
       for (index_t e = 0; e < local_k; ++e) {
         mine_s[static_cast<std::size_t>(r * k + e)] = s[static_cast<std::size_t>(r * local_k + e)];

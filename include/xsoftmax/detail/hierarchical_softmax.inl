@@ -64,9 +64,9 @@ float hierarchical_softmax<Tree, P, B, F>::run_(const char* where, matrix_view<c
                                                vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                gradient_type* grad_weights,
                                                vector_view<const float> grad_output) const {
-  backend_vector<B, float> loss(1);
-  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, detail::raw(loss));
-  return detail::backend_ops<B>::read(resources_, detail::raw(loss));  // waits for the work queued
+  detail::scratch_vector<B, float> loss(1, detail::execution<B>{resources_});
+  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss.data());
+  return detail::backend_ops<B>::read(resources_, loss.data());  // waits for the work queued
 }
 
 template <class Tree, class P, class B, class F>
@@ -101,7 +101,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
 
   // 1. Pack (samples and targets: the sort takes the hidden rows from `hidden` directly, widened,
   //    into an uninitialised buffer: one copy of the rows, no zero-fill) and sort.
-  backend_vector<B, float> upstream;
+  detail::scratch_vector<B, float> upstream;
   const detail::batch_rows<B> packed = detail::pack_rows(ex, hidden, targets, options.ignore_index, false);
   if (want_grad) upstream = detail::upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
   const index_t rows = packed.rows;
@@ -137,8 +137,8 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
 
   // 4. Level by level.
   const std::size_t n = static_cast<std::size_t>(rows);
-  backend_vector<B, float> losses(n, 0.f), grad_packed(want_grad ? n * static_cast<std::size_t>(d) : 0, 0.f),
-      scratch(static_cast<std::size_t>(plan.gather_values));
+  detail::scratch_vector<B, float> losses(n, ex, 0.f), grad_packed(want_grad ? n * static_cast<std::size_t>(d) : 0, ex, 0.f),
+      scratch(static_cast<std::size_t>(plan.gather_values), ex);
   detail::node_run_data<storage_type> a;
   a.h = sorted_hidden.data();
   a.dim = d;

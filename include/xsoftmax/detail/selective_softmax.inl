@@ -156,7 +156,7 @@ void selective_softmax<S, P, B, Sh>::select(matrix_view<const H> hidden, vector_
   detail::check_targets(ex, where, targets, hidden.rows, num_classes(), ignore_index);
   detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, ignore_index);
   if constexpr (sharded) {
-    const backend_vector<B, index_t> own_sample = batch.sample;
+    const detail::scratch_vector<B, index_t> own_sample = batch.sample;
     detail::sharded_rows<B> rows = detail::gather_rows(ex, sharding_, std::move(batch), nullptr);
     const index_t batch_rows = detail::gather_samples(ex, sharding_, own_sample, hidden.rows, rows);
     selector_.select(ex, request_(where, rows.all, batch_rows), out);
@@ -174,9 +174,9 @@ float selective_softmax<S, P, B, Sh>::run_(const char* where, matrix_view<const 
                                       vector_view<const index_t> targets, loss_options options,
                                       vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                       gradient_type* grad_weights, vector_view<const float> grad_output) const {
-  backend_vector<B, float> loss(1);
-  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, detail::raw(loss));
-  return detail::backend_ops<B>::read(resources_, detail::raw(loss));  // waits for the work queued
+  detail::scratch_vector<B, float> loss(1, detail::execution<B>{resources_});
+  run_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss.data());
+  return detail::backend_ops<B>::read(resources_, loss.data());  // waits for the work queued
 }
 
 template <class S, class P, class B, class Sh>
@@ -205,11 +205,11 @@ void selective_softmax<S, P, B, Sh>::run_into_(const char* where, matrix_view<co
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t d = dim();
   const detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
-  backend_vector<B, float> upstream;
+  detail::scratch_vector<B, float> upstream;
   if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
   const index_t rows = batch.rows;
-  backend_vector<B, float> losses(static_cast<std::size_t>(rows), 0.f);
-  backend_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, 0.f);
+  detail::scratch_vector<B, float> losses(static_cast<std::size_t>(rows), ex, 0.f);
+  detail::scratch_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, ex, 0.f);
 
   if (rows > 0) {
     active_set_for<B> set;

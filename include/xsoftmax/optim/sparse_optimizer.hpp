@@ -43,14 +43,6 @@ class sparse_trust_ratio_optimizer;
 
 namespace detail {
 
-template <class T>
-struct type_identity {
-  using type = T;
-};
-/// `T` in a position that does not take part in deduction (a null bias deduces nothing).
-template <class T>
-using non_deduced = typename type_identity<T>::type;
-
 /// Every state value of an element block starts at the rule's initial value of its slot.
 template <class State, int Slots>
 struct initial_state_fill {

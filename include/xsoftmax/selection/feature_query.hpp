@@ -121,7 +121,7 @@ class feature_query_selector {
                        matrix_view<float>(detail::raw(scores), rows, k), req.bias);
       detail::parallel_for(ex, rows, detail::top_and_target{detail::raw(top), req.targets.data, k, detail::raw(list)});
     } else {  // dense scores chunk by chunk, folded into a running top-k (a full forward pass)
-      detail::basic_row_topk_state<typename execution_type::backend> best(rows, k);
+      detail::basic_row_topk_state<typename execution_type::backend> best(rows, k, ex);
       detail::for_each_score_chunk(ex, req.hidden, req.weights, req.bias, 0, req.num_classes,
                                    detail::default_chunk_columns(rows), [&](index_t c0, index_t cn, const float* s) {
                                      detail::row_topk_update(ex, s, rows, cn, cn, c0, best);

@@ -89,23 +89,23 @@ struct level_step_of {
 /// caller's matrix lets the step skip packing them first; `in.hidden` is not read.
 template <class B, class View, class H>
 batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const batch_rows<B>& in,
-                                backend_vector<B, float>& upstream, matrix_view<const H> hidden,
+                                scratch_vector<B, float>& upstream, matrix_view<const H> hidden,
                                 const index_t* src_row, float* hidden_out) {
   const index_t n = in.rows;
   const auto policy = ex.policy();
-  backend_vector<B, index_t> keys(static_cast<std::size_t>(n)), order(static_cast<std::size_t>(n));
+  scratch_vector<B, index_t> keys(static_cast<std::size_t>(n), ex), order(static_cast<std::size_t>(n), ex);
   parallel_for(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
   thrust::sequence(policy, order.begin(), order.end());
   thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
   batch_rows<B> out;
   out.dim = in.dim;
   out.rows = n;
-  out.sample.resize(static_cast<std::size_t>(n));
-  out.target.resize(static_cast<std::size_t>(n));
+  out.sample = scratch_vector<B, index_t>(static_cast<std::size_t>(n), ex);
+  out.target = scratch_vector<B, index_t>(static_cast<std::size_t>(n), ex);
   thrust::gather(policy, order.begin(), order.end(), in.sample.begin(), out.sample.begin());
   thrust::gather(policy, order.begin(), order.end(), in.target.begin(), out.target.begin());
   if (!upstream.empty()) {
-    backend_vector<B, float> up(upstream.size());
+    scratch_vector<B, float> up(upstream.size(), ex);
     thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
     upstream.swap(up);
   }
@@ -122,8 +122,8 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
 /// The same with the sorted rows in the returned batch's `hidden`, taken from `in.hidden`.
 template <class B, class View>
 batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const batch_rows<B>& in,
-                                backend_vector<B, float>& upstream) {
-  backend_vector<B, float> hidden(static_cast<std::size_t>(in.rows * in.dim));
+                                scratch_vector<B, float>& upstream) {
+  scratch_vector<B, float> hidden(static_cast<std::size_t>(in.rows * in.dim), ex);
   batch_rows<B> out = sort_by_leaf_rank(ex, tv, in, upstream, in.hidden_view(), nullptr, raw(hidden));
   out.hidden.swap(hidden);
   return out;

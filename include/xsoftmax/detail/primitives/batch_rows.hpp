@@ -8,6 +8,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/finite_scan.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/shape_checks.hpp>
 #include <xsoftmax/precision.hpp>
 
@@ -28,9 +29,9 @@ template <class Backend>
 struct batch_rows {
   index_t dim = 0;
   index_t rows = 0;
-  backend_vector<Backend, index_t> sample;
-  backend_vector<Backend, index_t> target;
-  backend_vector<Backend, float> hidden;  ///< rows x dim
+  scratch_vector<Backend, index_t> sample;
+  scratch_vector<Backend, index_t> target;
+  scratch_vector<Backend, float> hidden;  ///< rows x dim
   [[nodiscard]] matrix_view<const float> hidden_view() const { return {thrust::raw_pointer_cast(hidden.data()), rows, dim}; }
   [[nodiscard]] const index_t* sample_data() const { return thrust::raw_pointer_cast(sample.data()); }
   [[nodiscard]] const index_t* target_data() const { return thrust::raw_pointer_cast(target.data()); }
@@ -104,7 +105,7 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
                               vector_view<const index_t> targets, index_t ignore_index, bool with_hidden = true) {
   batch_rows<Backend> b;
   b.dim = hidden.cols;
-  b.sample.resize(static_cast<std::size_t>(hidden.rows));
+  b.sample = scratch_vector<Backend, index_t>(static_cast<std::size_t>(hidden.rows), ex);
   if (targets.size == 0) {
     thrust::sequence(ex.policy(), b.sample.begin(), b.sample.end());
     b.rows = hidden.rows;
@@ -115,8 +116,8 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
              b.sample.begin();
   }
   b.sample.resize(static_cast<std::size_t>(b.rows));
-  b.target.resize(static_cast<std::size_t>(b.rows));
-  if (with_hidden) b.hidden.resize(static_cast<std::size_t>(b.rows * b.dim));
+  b.target = scratch_vector<Backend, index_t>(static_cast<std::size_t>(b.rows), ex);
+  b.hidden = scratch_vector<Backend, float>(with_hidden ? static_cast<std::size_t>(b.rows * b.dim) : 0, ex);
   const index_t* src = b.sample_data();
   index_t* tgt = thrust::raw_pointer_cast(b.target.data());
   float* out = with_hidden ? thrust::raw_pointer_cast(b.hidden.data()) : nullptr;
@@ -130,11 +131,11 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
 /// dLoss/dloss_r for each packed row, in the execution's memory: `grad_output` is empty (1), a
 /// scalar (mean/sum), or one value per *original* sample (reduction none).
 template <class Backend>
-backend_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, const char* where,
+scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, const char* where,
                                                   const batch_rows<Backend>& b, index_t batch_rows_count,
                                                   reduction reduce, vector_view<const float> grad_output) {
   check_grad_output_shape(where, reduce, grad_output, batch_rows_count);
-  backend_vector<Backend, float> u(static_cast<std::size_t>(b.rows));
+  scratch_vector<Backend, float> u(static_cast<std::size_t>(b.rows), ex);
   float* up = thrust::raw_pointer_cast(u.data());
   if (reduce == reduction::none && grad_output.size != 0) {
     const float* g = grad_output.data;
@@ -174,27 +175,41 @@ void scatter_rows(const execution<Backend>& ex, const batch_rows<Backend>& b, co
   XSOFTMAX_PARALLEL_FOR_2D(ex, b.rows, d, r, j, { out.row(sample[r])[j] = packed[r * d + j]; });
 }
 
-/// The reduced loss of `n` per-row losses into `out[0]` (the execution's memory): their sum, or
-/// their mean for `reduction::mean` (0 when n = 0, where PyTorch would return NaN: a training loop
-/// should not be poisoned by a batch of padding). Summed in double over fixed blocks in a fixed
-/// order, so the result does not depend on the backend's thread count.
-template <class Backend>
-void reduce_losses_into(const execution<Backend>& ex, const float* losses, index_t n, reduction reduce, float* out) {
-  constexpr index_t block = 1024;
-  const index_t blocks = (n + block - 1) / block;
-  backend_vector<Backend, double> partial(static_cast<std::size_t>(blocks > 0 ? blocks : 1));
-  double* p = thrust::raw_pointer_cast(partial.data());
-  XSOFTMAX_PARALLEL_FOR(ex, blocks, b, {
+/// out[b] = the sum (in double) of in[b * block, min((b + 1) * block, n)), for every block b.
+template <class Backend, class In>
+void sum_blocks(const execution<Backend>& ex, const In* in, index_t n, index_t block, double* out) {
+  XSOFTMAX_PARALLEL_FOR(ex, (n + block - 1) / block, b, {
     double acc = 0;
     const index_t end = (b + 1) * block < n ? (b + 1) * block : n;
-    for (index_t i = b * block; i < end; ++i) acc += losses[i];
-    p[b] = acc;
+    for (index_t i = b * block; i < end; ++i) acc += in[i];
+    out[b] = acc;
   });
+}
+
+/// The reduced loss of `n` per-row losses into `out[0]` (the execution's memory): their sum, or
+/// their mean for `reduction::mean` (0 when n = 0, where PyTorch would return NaN: a training loop
+/// should not be poisoned by a batch of padding). Summed in double as a tree of fixed blocks of 64
+/// in a fixed order, so the result does not depend on the backend or its thread count; each level
+/// runs in parallel (one device thread summing a 1024-row batch took 35 us on an H200).
+template <class Backend>
+void reduce_losses_into(const execution<Backend>& ex, const float* losses, index_t n, reduction reduce, float* out) {
+  constexpr index_t block = 64;
+  index_t m = (n + block - 1) / block;
+  scratch_vector<Backend, double> level(static_cast<std::size_t>(m), ex), next;
+  sum_blocks(ex, losses, n, block, level.data());
+  while (m > block) {  // a level of block sums per level, until one block of them is left
+    const index_t count = m;
+    m = (count + block - 1) / block;
+    next = scratch_vector<Backend, double>(static_cast<std::size_t>(m), ex);
+    sum_blocks(ex, static_cast<const double*>(level.data()), count, block, next.data());
+    level.swap(next);
+  }
+  const double* p = level.data();
   const bool mean = reduce == reduction::mean;
   XSOFTMAX_PARALLEL_FOR(ex, 1, unused_index, {
     (void)unused_index;
     double total = 0;
-    for (index_t b = 0; b < blocks; ++b) total += p[b];
+    for (index_t b = 0; b < m; ++b) total += p[b];
     out[0] = mean ? (n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.f) : static_cast<float>(total);
   });
 }
@@ -202,9 +217,9 @@ void reduce_losses_into(const execution<Backend>& ex, const float* losses, index
 /// `reduce_losses_into`, returned to the host.
 template <class Backend>
 float reduce_losses(const execution<Backend>& ex, const float* losses, index_t n, reduction reduce) {
-  backend_vector<Backend, float> out(1);
-  reduce_losses_into(ex, losses, n, reduce, thrust::raw_pointer_cast(out.data()));
-  return backend_ops<Backend>::read(ex.res, thrust::raw_pointer_cast(out.data()));
+  scratch_vector<Backend, float> out(1, ex);
+  reduce_losses_into(ex, losses, n, reduce, out.data());
+  return backend_ops<Backend>::read(ex.res, out.data());
 }
 
 }  // namespace xsoftmax::detail

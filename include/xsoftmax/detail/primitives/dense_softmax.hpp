@@ -284,7 +284,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     return wf;
   };
 
-  basic_online_lse_state<typename execution_type::backend> lse(rows);
+  basic_online_lse_state<typename execution_type::backend> lse(rows, ex);
   // Label smoothing needs each row's sum and count of finite scores (masked columns are -inf).
   const float eps = a.label_smoothing, z = a.z_loss;
   fvector finite_sum(eps > 0.f ? static_cast<std::size_t>(rows) : 0, 0.f);
@@ -310,7 +310,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   if (a.combine_rows)
     a.combine_rows(dense_row_statistics{raw(lse.max), raw(lse.sum), raw(lse.target_logit), eps > 0.f ? fs : nullptr,
                                         eps > 0.f ? fc : nullptr, rows});
-  fvector row_lse_buffer(static_cast<std::size_t>(rows));
+  scratch_vector<typename execution_type::backend, float> row_lse_buffer(static_cast<std::size_t>(rows), ex);
   float* l = raw(row_lse_buffer);
   online_lse_finish(ex, lse, rows, l);
   {

@@ -7,6 +7,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <thrust/memory.h>
 
@@ -19,13 +20,20 @@ namespace xsoftmax::detail {
 /// log(sum(exp)) of a row given its running max and sum of exp(x - max).
 XSOFTMAX_HD inline float finish_logsumexp(float max, float sum) { return max + ::logf(sum); }
 
-/// Running log-sum-exp state of `rows` rows, in `Backend`'s memory.
+/// Running log-sum-exp state of `rows` rows, in `Backend`'s memory (max = -inf, sum = 0,
+/// target_logit = 0 to start with).
 template <class Backend>
 struct basic_online_lse_state {
-  backend_vector<Backend, float> max;
-  backend_vector<Backend, float> sum;
-  backend_vector<Backend, float> target_logit;
+  scratch_vector<Backend, float> max;
+  scratch_vector<Backend, float> sum;
+  scratch_vector<Backend, float> target_logit;
 
+  /// On any backend: the state in `ex`'s memory, set on its stream.
+  basic_online_lse_state(index_t rows, const execution<Backend>& ex)
+      : max(static_cast<std::size_t>(rows), ex, -std::numeric_limits<float>::infinity()),
+        sum(static_cast<std::size_t>(rows), ex, 0.f),
+        target_logit(static_cast<std::size_t>(rows), ex, 0.f) {}
+  /// Host backends only (and host algorithms handed a Thrust host policy).
   explicit basic_online_lse_state(index_t rows)
       : max(static_cast<std::size_t>(rows), -std::numeric_limits<float>::infinity()),
         sum(static_cast<std::size_t>(rows), 0.f),

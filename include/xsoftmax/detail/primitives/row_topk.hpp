@@ -6,6 +6,7 @@
 /// thread (host) or one device thread (cuda) per row.
 
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <thrust/memory.h>
 
@@ -15,9 +16,14 @@ namespace xsoftmax::detail {
 template <class Backend>
 struct basic_row_topk_state {
   index_t k = 0;
-  backend_vector<Backend, float> score;
-  backend_vector<Backend, index_t> index;
-  backend_vector<Backend, index_t> size;
+  scratch_vector<Backend, float> score;
+  scratch_vector<Backend, index_t> index;
+  scratch_vector<Backend, index_t> size;
+  /// On any backend: the state in `ex`'s memory, every heap empty.
+  basic_row_topk_state(index_t rows, index_t k_, const execution<Backend>& ex)
+      : k(k_), score(static_cast<std::size_t>(rows * k_), ex), index(static_cast<std::size_t>(rows * k_), ex),
+        size(static_cast<std::size_t>(rows), ex, 0) {}
+  /// Host backends only (and host algorithms handed a Thrust host policy).
   basic_row_topk_state(index_t rows, index_t k_)
       : k(k_), score(static_cast<std::size_t>(rows * k_)), index(static_cast<std::size_t>(rows * k_)),
         size(static_cast<std::size_t>(rows), 0) {}

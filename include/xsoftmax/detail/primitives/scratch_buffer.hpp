@@ -1,59 +1,196 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// `scratch_buffer`: working memory that its user writes before reading, for the duration of one
-/// call. On a host backend it is left uninitialised: a backend_vector value-initialises (a memset
-/// of the whole buffer, and its page faults, on every call), which for the dense softmax's score
-/// chunks and score cache (up to tens of MiB per step) and the search's open lists cost more than
-/// the work they hold. On a device backend it is Thrust temporary storage of the execution's policy
-/// (on cuda: the resources' caching allocator, on their stream), so that a call takes no cudaMalloc
-/// and no cudaFree, which synchronises the device, for its scratch.
+/// `scratch_vector`: working memory of one call (packed rows, per-row losses and statistics, score
+/// chunks), sized, movable and never value-initialised; `scratch_buffer` is its name where a buffer
+/// is only written, then read.
+///
+/// Why not a backend_vector: on a host backend a backend_vector value-initialises (a memset of the
+/// whole buffer, and its page faults, on every call), which for the dense softmax's score chunks and
+/// score cache (up to tens of MiB per step) cost more than the work they hold. On cuda a
+/// `thrust::device_vector` is worse for a small call: cudaMalloc, a value-initialising fill on the
+/// default stream that Thrust waits for, and a cudaFree that synchronises the device, for every
+/// vector of every call (the H200 profile of a 1024-row full softmax step: 17 fills, and 0.4 ms of
+/// its 1.6 ms outside the kernels; bench/RESULTS.md). On a device backend a scratch_vector is Thrust
+/// temporary storage of the execution's policy (on cuda: the resources' caching allocator, on their
+/// stream): no cudaMalloc, no cudaFree, and a fill only where one is asked for, queued on the
+/// execution's stream.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/error.hpp>
 
+#include <thrust/copy.h>
+#include <thrust/device_ptr.h>
+#include <thrust/fill.h>
 #include <thrust/memory.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 namespace xsoftmax::detail {
 
-/// `n` elements of T in the memory of execution `ex`'s backend B, never read before written by its
-/// user, valid while the object lives. On a device backend the block goes back to the policy's
-/// allocator at destruction; work queued on the execution's stream may still use it then, which is
-/// safe for an allocator that keeps stream order (see detail/cuda/workspace.cuh).
+/// `size()` elements of T in the memory of backend B. Elements are uninitialised unless a fill value
+/// is given. On a device backend the memory comes from (and goes back to) the allocator of the
+/// execution it was made with, whose stream orders every use: work queued on that stream may still
+/// use a block when the vector is destroyed, which is safe for an allocator that keeps stream order
+/// (see detail/cuda/workspace.cuh). The execution's resources must outlive the vector.
+///
+/// A default-constructed vector is empty and bound to no execution: it can be assigned to, or
+/// resized with the execution (`resize(n, ex)`), not grown by `resize(n)` alone (which throws
+/// `std::logic_error` on every backend, so that a host test finds what would fail on a device).
+/// Host backends need no execution otherwise, so that `scratch_vector<serial, T>(n)` serves the
+/// host algorithms that are handed a Thrust host policy.
 template <class B, class T>
-class scratch_buffer {
+class scratch_vector {
+  static_assert(std::is_trivially_copyable_v<T>, "scratch_vector: elements are never constructed");
+
  public:
-  scratch_buffer(std::size_t n, const execution<B>& ex) : n_(n) {
-    if constexpr (is_host_backend<B>) {
-      host_.reset(n ? new T[n] : nullptr);
-    } else if (n > 0) {
-      policy_.emplace(ex.policy());
-      device_ = thrust::raw_pointer_cast(
-          thrust::get_temporary_buffer<T>(*policy_, static_cast<std::ptrdiff_t>(n)).first);
-    }
+  using value_type = T;
+
+  scratch_vector() = default;
+  /// `n` uninitialised elements.
+  scratch_vector(std::size_t n, const execution<B>& ex) : policy_(std::in_place, ex.policy()) { allocate(n); }
+  /// `n` elements equal to `value`, filled on the execution's stream.
+  scratch_vector(std::size_t n, const execution<B>& ex, T value) : scratch_vector(n, ex) { fill(value); }
+  /// Host backends only: `n` uninitialised elements, without an execution.
+  explicit scratch_vector(std::size_t n) : host_only_(true) {
+    static_assert(is_host_backend<B>, "scratch_vector: a device vector needs the execution that allocates it");
+    allocate(n);
   }
-  scratch_buffer(const scratch_buffer&) = delete;
-  scratch_buffer& operator=(const scratch_buffer&) = delete;
-  ~scratch_buffer() {
-    if constexpr (!is_host_backend<B>) {
-      if (device_) thrust::return_temporary_buffer(*policy_, device_, static_cast<std::ptrdiff_t>(n_));
-    }
+  scratch_vector(std::size_t n, T value) : scratch_vector(n) { fill(value); }
+
+  /// A copy of `other`'s elements, in memory of the same execution (copied on its stream).
+  scratch_vector(const scratch_vector& other) : policy_(other.policy_), host_only_(other.host_only_) {
+    allocate(other.size_);
+    copy_from(other.data(), size_);
   }
-  [[nodiscard]] T* data() {
-    if constexpr (is_host_backend<B>) return host_.get();
-    else return device_;
+  scratch_vector(scratch_vector&& other) noexcept { swap(other); }
+  scratch_vector& operator=(scratch_vector other) noexcept {
+    swap(other);
+    return *this;
+  }
+  ~scratch_vector() { release(); }
+
+  void swap(scratch_vector& other) noexcept {
+    // Thrust's policies hold their allocator by reference: copy-constructible, not assignable.
+    std::optional<policy_type> mine;
+    if (policy_) mine.emplace(*policy_);
+    rebind(policy_, other.policy_);
+    rebind(other.policy_, mine);
+    std::swap(host_only_, other.host_only_);
+    std::swap(host_, other.host_);
+    std::swap(device_, other.device_);
+    std::swap(size_, other.size_);
+    std::swap(capacity_, other.capacity_);
+  }
+
+  /// Keeps the first min(n, size()) elements; elements beyond them are uninitialised. Shrinking
+  /// keeps the memory.
+  void resize(std::size_t n) {
+    if (n > capacity_) {
+      scratch_vector bigger = like(n);
+      bigger.copy_from(data(), size_);
+      swap(bigger);
+    }
+    size_ = n;
+  }
+  /// `resize(n)`, binding a default-constructed vector to `ex` first.
+  void resize(std::size_t n, const execution<B>& ex) {
+    if (!policy_) policy_.emplace(ex.policy());
+    resize(n);
+  }
+
+  /// Every element set to `value` (queued on the execution's stream on a device).
+  void fill(T value) {
+    if (size_ == 0) return;
+    if constexpr (is_host_backend<B>) std::fill_n(host_.get(), size_, value);
+    else thrust::fill_n(*policy_, device_, size_, value);
+  }
+
+  [[nodiscard]] T* data() noexcept { return is_host_backend<B> ? host_.get() : device_; }
+  [[nodiscard]] const T* data() const noexcept { return is_host_backend<B> ? host_.get() : device_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// Iterators that Thrust dispatches to the backend's system also without a policy (device_ptr on a
+  /// device, a raw pointer on the host).
+  [[nodiscard]] auto begin() noexcept { return iterator(data()); }
+  [[nodiscard]] auto end() noexcept { return iterator(data()) + size_; }
+  [[nodiscard]] auto begin() const noexcept { return iterator(data()); }
+  [[nodiscard]] auto end() const noexcept { return iterator(data()) + size_; }
+  /// Element i, on the host (host backends only).
+  [[nodiscard]] T& operator[](std::size_t i) noexcept {
+    static_assert(is_host_backend<B>, "scratch_vector: element access on the host needs a host backend");
+    return host_[i];
+  }
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept {
+    static_assert(is_host_backend<B>, "scratch_vector: element access on the host needs a host backend");
+    return host_[i];
   }
 
  private:
   using policy_type = decltype(std::declval<const execution<B>&>().policy());
-  std::size_t n_ = 0;
-  std::unique_ptr<T[]> host_;
+
+  static void rebind(std::optional<policy_type>& to, const std::optional<policy_type>& from) noexcept {
+    to.reset();
+    if (from) to.emplace(*from);
+  }
+
+  template <class U>
+  static auto iterator(U* p) noexcept {
+    if constexpr (is_host_backend<B>) return p;
+    else return thrust::device_pointer_cast(p);
+  }
+
+  // An empty vector bound to the same execution, with room for n elements.
+  [[nodiscard]] scratch_vector like(std::size_t n) const {
+    scratch_vector v;
+    rebind(v.policy_, policy_);
+    v.host_only_ = host_only_;
+    v.allocate(n);
+    return v;
+  }
+
+  void allocate(std::size_t n) {
+    size_ = capacity_ = n;
+    if (n == 0) return;
+    expects<std::logic_error>(policy_.has_value() || host_only_,
+                              "scratch_vector: grown without the execution that allocates its memory");
+    if constexpr (is_host_backend<B>) {
+      host_.reset(new T[n]);
+    } else {
+      device_ = thrust::raw_pointer_cast(thrust::get_temporary_buffer<T>(*policy_, static_cast<std::ptrdiff_t>(n)).first);
+    }
+  }
+
+  void copy_from(const T* src, std::size_t n) {
+    if (n == 0) return;
+    if constexpr (is_host_backend<B>) std::copy_n(src, n, host_.get());
+    else thrust::copy_n(*policy_, src, n, device_);
+  }
+
+  void release() noexcept {
+    if constexpr (!is_host_backend<B>) {
+      if (device_) thrust::return_temporary_buffer(*policy_, device_, static_cast<std::ptrdiff_t>(capacity_));
+      device_ = nullptr;
+    }
+  }
+
   std::optional<policy_type> policy_;
+  bool host_only_ = false;  // made by a host-only constructor: allocates without an execution
+  std::unique_ptr<T[]> host_;
   T* device_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
 };
+
+/// Working memory of one call that its user writes before reading.
+template <class B, class T>
+using scratch_buffer = scratch_vector<B, T>;
 
 }  // namespace xsoftmax::detail

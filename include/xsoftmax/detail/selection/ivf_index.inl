@@ -137,7 +137,7 @@ void ivf_index::probe_on(const Ex& ex_in, matrix_view<const float> queries, inde
   typename execution_type::template vector<float> s(static_cast<std::size_t>(rows * nl)), scratch;
   detail::dense_scores(ex, queries, matrix_view<const float>(centroids_.data(ex), nl, d_),
                        static_cast<const float*>(nullptr), 0, nl, detail::raw(s), nl, scratch);
-  detail::basic_row_topk_state<typename execution_type::backend> best(rows, nprobe);
+  detail::basic_row_topk_state<typename execution_type::backend> best(rows, nprobe, ex);
   detail::row_topk_update(ex, detail::raw(s), rows, nl, nl, 0, best);
   detail::row_topk_finish(ex, rows, best);
   thrust::copy(ex.policy(), best.index.begin(), best.index.end(), lists);
@@ -161,7 +161,7 @@ void ivf_index::search_on(const Ex& ex_in, matrix_view<const float> queries, ind
   const index_t rows = queries.rows;
   typename execution_type::template vector<index_t> probes(static_cast<std::size_t>(rows * nprobe));
   probe_on(ex, queries, nprobe, detail::raw(probes));
-  detail::basic_row_topk_state<typename execution_type::backend> heaps(rows, k);
+  detail::basic_row_topk_state<typename execution_type::backend> heaps(rows, k, ex);
   detail::ivf_scan_lists(ex, queries, detail::raw(probes), nprobe, list_offsets_.data(ex), list_ids_.data(ex),
                          matrix_view<const float>(vectors_.data(ex), n_, d_), bias, k, detail::raw(heaps.score),
                          detail::raw(heaps.index), ids, scores);

@@ -90,7 +90,7 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
   using execution_type = std::decay_t<decltype(ex)>;
   using index_vector = typename execution_type::template vector<index_t>;
   const index_t nl = static_cast<index_t>(offsets_host.size()) - 1, n = lv.rows, d = lv.cols;
-  basic_row_topk_state<typename execution_type::backend> best(n, k);
+  basic_row_topk_state<typename execution_type::backend> best(n, k, ex);
   index_vector list_of(static_cast<std::size_t>(n)), block_here;
   parallel_for(ex, nl, mark_list_members{offsets, raw(list_of)});
   typename execution_type::template vector<float> s;

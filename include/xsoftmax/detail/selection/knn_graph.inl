@@ -87,7 +87,7 @@ void ivf_list_probes(const Ex& ex_in, matrix_view<const float> centroids, index_
   float* c = raw(cs);
   dense_scores(ex, centroids, centroids, static_cast<const float*>(nullptr), 0, nl, c, nl, scratch);
   XSOFTMAX_PARALLEL_FOR(ex, nl, l, { c[l * nl + l] = INFINITY; });
-  basic_row_topk_state<typename execution_type::backend> best(nl, nprobe);
+  basic_row_topk_state<typename execution_type::backend> best(nl, nprobe, ex);
   row_topk_update(ex, c, nl, nl, nl, 0, best);
   row_topk_finish(ex, nl, best);
   thrust::copy(ex.policy(), best.index.begin(), best.index.end(), probes);

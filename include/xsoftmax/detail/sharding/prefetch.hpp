@@ -52,8 +52,8 @@ struct gathered_state {
   index_t rows = 0, dim = 0;    ///< this rank's batch
   bool used = false;
   bool replicated = false;            ///< the head's layout replicates the rows: nothing moves
-  backend_vector<B, float> own;       ///< this rank's rows as fp32 (the gather's send buffer)
-  backend_vector<B, float> all;       ///< every rank's rows in rank order, complete after `complete()`
+  scratch_vector<B, float> own;       ///< this rank's rows as fp32 (the gather's send buffer)
+  scratch_vector<B, float> all;       ///< every rank's rows in rank order, complete after `complete()`
   std::vector<float> host_send, host_recv;  ///< staging (device backend, host-memory communicator)
   std::vector<index_t> counts;              ///< every rank's batch rows
   /// The running gather. Declared last: destroyed (which waits for it) before the buffers it uses.
@@ -129,7 +129,7 @@ gathered_batch<B, Comm> start_gather(const execution<B>& ex, const class_shardin
   const index_t d = hidden.cols, n = hidden.rows * d;
   const std::vector<index_t> elements = element_counts(st->counts, d);
   const index_t total = total_of(elements);
-  st->all.resize(static_cast<std::size_t>(total));
+  st->all.resize(static_cast<std::size_t>(total), ex);
   if constexpr (has_start_all_gather<Comm, float>) {
     if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
       in_comm_memory<Comm>(ex, raw(st->own), n, false, [&](const float* p) {
@@ -160,7 +160,7 @@ namespace xsoftmax::detail {
 template <class B, class Comm>
 sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>& sh, gathered_state<B, Comm>& st,
                               vector_view<const index_t> targets, index_t ignore_index,
-                              backend_vector<B, float>* upstream) {
+                              non_deduced<scratch_vector<B, float>>* upstream) {
   st.complete();
   const int size = sh.size();
   const index_t d = st.dim;
@@ -182,7 +182,7 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
   // kept rows copied out. (Packing them all again cost a fresh buffer of every rank's rows a step:
   // its page faults and a copy: prefetched steps took 1.27-1.30x the blocking ones at 16.8 MB a
   // rank, bench/RESULTS.md.)
-  backend_vector<B, float>& source = st.replicated ? st.own : st.all;
+  scratch_vector<B, float>& source = st.replicated ? st.own : st.all;
   const matrix_view<const float> source_rows(raw(source), total, d);
   sharded_rows<B> out;
   out.all = pack_rows(ex, source_rows, all_targets, ignore_index, /*with_hidden=*/false);
@@ -206,8 +206,8 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
       ++kept_counts[q];
     }
   }
-  out.all.sample = backend_vector<B, index_t>();
-  source = backend_vector<B, float>();
+  out.all.sample = scratch_vector<B, index_t>();
+  source = scratch_vector<B, float>();
   if (st.replicated) {
     out.counts.assign(static_cast<std::size_t>(size), rows);
     if (upstream) out.upstream = std::move(*upstream);
@@ -216,7 +216,7 @@ sharded_rows<B> finish_gather(const execution<B>& ex, const class_sharding<Comm>
   out.counts = kept_counts;
   for (int q = 0; q < sh.rank(); ++q) out.own_offset += kept_counts[static_cast<std::size_t>(q)];
   if (upstream) {
-    out.upstream.resize(static_cast<std::size_t>(rows));
+    out.upstream.resize(static_cast<std::size_t>(rows), ex);
     all_gather_into(ex, sh.communicator(), raw(*upstream), static_cast<index_t>(upstream->size()), out.upstream,
                     out.counts.data());
   }

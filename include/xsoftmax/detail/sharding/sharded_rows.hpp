@@ -118,11 +118,11 @@ void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t 
     backend_ops<B>::copy(ex.res, recv, h.data(), total);  // complete on return
   }
 }
-/// `all_gather_into` a vector of sum(counts) elements.
-template <class Comm, class B, class T>
-void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t count, backend_vector<B, T>& recv,
+/// `all_gather_into` a vector (a backend or scratch vector) of sum(counts) elements.
+template <class Comm, class B, class T, class Vector>
+void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t count, Vector& recv,
                      const index_t* counts) {
-  all_gather_into(ex, comm, send, count, raw(recv), static_cast<index_t>(recv.size()), counts);
+  all_gather_into(ex, comm, send, count, static_cast<T*>(raw(recv)), static_cast<index_t>(recv.size()), counts);
 }
 
 /// The rows every rank scores: the gathered batch (every rank's packed rows in rank order, or the
@@ -130,7 +130,7 @@ void all_gather_into(const execution<B>& ex, Comm& comm, const T* send, index_t 
 template <class B>
 struct sharded_rows {
   batch_rows<B> all;                 ///< `sample` is unused; `target` holds global class ids
-  backend_vector<B, float> upstream; ///< all.rows, when gradients are wanted
+  scratch_vector<B, float> upstream; ///< all.rows, when gradients are wanted
   std::vector<index_t> counts;       ///< rows of each rank (replicated: every rank's = all.rows)
   index_t own_offset = 0;            ///< first row of this rank's own rows in `all`
 };
@@ -153,7 +153,7 @@ std::vector<index_t> gather_counts(const execution<B>& ex, const class_sharding<
 /// rank; in the replicated layout `own` already is the batch and is moved in.
 template <class B, class Comm>
 sharded_rows<B> gather_rows(const execution<B>& ex, const class_sharding<Comm>& sh, batch_rows<B> own,
-                            backend_vector<B, float>* upstream) {
+                            non_deduced<scratch_vector<B, float>>* upstream) {
   sharded_rows<B> out;
   const int size = sh.size();
   if (sh.layout() == hidden_layout::replicated) {
@@ -173,9 +173,9 @@ sharded_rows<B> gather_rows(const execution<B>& ex, const class_sharding<Comm>& 
   const std::vector<index_t> elements = element_counts(out.counts, d);
   out.all.dim = d;
   out.all.rows = total;
-  out.all.hidden.resize(static_cast<std::size_t>(total * d));
-  out.all.target.resize(static_cast<std::size_t>(total));
-  if (upstream) out.upstream.resize(static_cast<std::size_t>(total));
+  out.all.hidden.resize(static_cast<std::size_t>(total * d), ex);
+  out.all.target.resize(static_cast<std::size_t>(total), ex);
+  if (upstream) out.upstream.resize(static_cast<std::size_t>(total), ex);
   all_gather_into(ex, comm, raw(own.hidden), own.rows * d, out.all.hidden, elements.data());
   all_gather_into(ex, comm, raw(own.target), own.rows, out.all.target, out.counts.data());
   if (upstream) all_gather_into(ex, comm, raw(*upstream), own.rows, out.upstream, out.counts.data());
@@ -226,8 +226,8 @@ void combine_row_statistics(const execution<B>& ex, Comm& comm, const dense_row_
 /// ranks and returned to their owner: this rank's own rows (reduce-scatter), or every row when
 /// the batch is replicated (all-reduce). The result is in the execution's memory.
 template <class B, class Comm>
-backend_vector<B, float> return_row_gradients(const execution<B>& ex, const class_sharding<Comm>& sh,
-                                              const sharded_rows<B>& rows, backend_vector<B, float>& grad_all) {
+scratch_vector<B, float> return_row_gradients(const execution<B>& ex, const class_sharding<Comm>& sh,
+                                              const sharded_rows<B>& rows, scratch_vector<B, float>& grad_all) {
   Comm& comm = sh.communicator();
   const index_t d = rows.all.dim, total = rows.all.rows;
   if (sh.layout() == hidden_layout::replicated) {
@@ -238,7 +238,7 @@ backend_vector<B, float> return_row_gradients(const execution<B>& ex, const clas
   const std::vector<index_t> elements = element_counts(rows.counts, d);
   const index_t mine = elements[static_cast<std::size_t>(sh.rank())];
   if constexpr (takes_device_memory<Comm> || is_host_backend<B>) {
-    backend_vector<B, float> own(static_cast<std::size_t>(mine));
+    scratch_vector<B, float> own(static_cast<std::size_t>(mine), ex);
     in_comm_memory<Comm>(ex, raw(grad_all), total * d, false,
                          [&](float* p) { comm.reduce_scatter(p, raw(own), elements.data()); });
     return own;
@@ -246,7 +246,9 @@ backend_vector<B, float> return_row_gradients(const execution<B>& ex, const clas
     thrust::host_vector<float> own(static_cast<std::size_t>(mine));
     on_host(ex, raw(grad_all), total * d, false,
             [&](float* p) { comm.reduce_scatter(p, raw(own), elements.data()); });
-    return backend_vector<B, float>(own.begin(), own.end());
+    scratch_vector<B, float> out(static_cast<std::size_t>(mine), ex);
+    backend_ops<B>::copy(ex.res, out.data(), own.data(), mine);  // complete on return
+    return out;
   }
 }
 
@@ -267,7 +269,7 @@ sharded_batch<B> gather_batch(const execution<B>& ex, const char* where, const c
                                matrix_view<const H> hidden, vector_view<const index_t> targets,
                                const loss_options& options, bool with_upstream, vector_view<const float> grad_output) {
   batch_rows<B> packed = pack_rows(ex, hidden, targets, options.ignore_index);
-  backend_vector<B, float> upstream;
+  scratch_vector<B, float> upstream;
   if (with_upstream) upstream = upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
   sharded_batch<B> out;
   out.own.dim = packed.dim;
@@ -284,10 +286,10 @@ sharded_batch<B> gather_batch(const execution<B>& ex, const char* where, const c
 /// map (`sharded_batch::own`).
 template <class B, class Comm>
 void finish_batch(const execution<B>& ex, const class_sharding<Comm>& sh, const sharded_rows<B>& rows,
-                  const batch_rows<B>& own, backend_vector<B, float>& grad_all, const backend_vector<B, float>& losses,
+                  const batch_rows<B>& own, scratch_vector<B, float>& grad_all, const scratch_vector<B, float>& losses,
                   reduction reduce, vector_view<float> per_sample, matrix_view<float>* grad_hidden, float* loss) {
   if (grad_hidden) {
-    backend_vector<B, float> own_grad = return_row_gradients(ex, sh, rows, grad_all);
+    scratch_vector<B, float> own_grad = return_row_gradients(ex, sh, rows, grad_all);
     scatter_rows(ex, own, raw(own_grad), *grad_hidden);
   }
   const float* own_losses = raw(losses) + rows.own_offset;
@@ -298,8 +300,8 @@ void finish_batch(const execution<B>& ex, const class_sharding<Comm>& sh, const 
 /// t[i] - first: global class ids as columns of the block that starts at class `first` (a target
 /// outside the block falls outside [0, block size), which the dense softmax ignores).
 template <class B>
-backend_vector<B, index_t> block_columns(const execution<B>& ex, const backend_vector<B, index_t>& t, index_t first) {
-  backend_vector<B, index_t> out(t.size());
+scratch_vector<B, index_t> block_columns(const execution<B>& ex, const scratch_vector<B, index_t>& t, index_t first) {
+  scratch_vector<B, index_t> out(t.size(), ex);
   const index_t* in = raw(t);
   index_t* o = raw(out);
   XSOFTMAX_PARALLEL_FOR(ex, static_cast<index_t>(t.size()), i, { o[i] = in[i] - first; });

@@ -24,7 +24,7 @@ namespace xsoftmax::detail {
 /// sample i is sum_{p<q} batch_rows_p + i; replicated: the batch's own ids, already there) from this
 /// rank's packed `own_sample` ids; returns the rows of the concatenated batch (ignored rows included).
 template <class B, class Comm>
-index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, const backend_vector<B, index_t>& own_sample,
+index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, const scratch_vector<B, index_t>& own_sample,
                        index_t own_batch_rows, sharded_rows<B>& rows) {
   if (sh.layout() == hidden_layout::replicated) return own_batch_rows;
   Comm& comm = sh.communicator();
@@ -40,7 +40,7 @@ index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, c
   const index_t* in = raw(own_sample);
   index_t* o = raw(mine);
   XSOFTMAX_PARALLEL_FOR(ex, static_cast<index_t>(mine.size()), i, { o[i] = in[i] + first; });
-  rows.all.sample.resize(static_cast<std::size_t>(rows.all.rows));
+  rows.all.sample.resize(static_cast<std::size_t>(rows.all.rows), ex);
   all_gather_into(ex, comm, raw(mine), static_cast<index_t>(mine.size()), rows.all.sample, rows.counts.data());
   return total;
 }

@@ -44,8 +44,8 @@ void selective_softmax<S, P, B, Sh>::run_sharded_into_(const char* where, matrix
   detail::sharded_rows<B>& rows = b.rows;
   const index_t batch_rows = detail::gather_samples(ex, sharding_, b.own.sample, hidden.rows, rows);
   const index_t total = rows.all.rows;
-  backend_vector<B, float> losses(static_cast<std::size_t>(total), 0.f);
-  backend_vector<B, float> grad_all(grad_weights ? static_cast<std::size_t>(total * d) : 0, 0.f);
+  detail::scratch_vector<B, float> losses(static_cast<std::size_t>(total), ex, 0.f);
+  detail::scratch_vector<B, float> grad_all(grad_weights ? static_cast<std::size_t>(total * d) : 0, ex, 0.f);
 
   if (total > 0) {  // the same on every rank: every rank throws here alike, or none does
     active_set_for<B> set;
