@@ -203,3 +203,18 @@ def test_copies_and_pickling_keep_working():
         torch.testing.assert_close(restored(h, t), head(h, t))
         assert clone._handle.value != head._handle.value if hasattr(head, "_handle") else True
         del head
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_nan_weight_gives_a_nan_loss_as_cross_entropy_does(reduction):
+    # F.cross_entropy's loss is NaN on every row once a weight is NaN (each row scores the NaN
+    # class); the host exponential once turned NaN into +inf, and the loss into inf.
+    head = FullSoftmaxLoss(N, D, reduction=reduction)
+    with torch.no_grad():
+        head.weight[5, 3] = float("nan")
+    h = torch.randn(4, D)
+    t = torch.tensor([0, 5, 7, 9])
+    ours = head(h, t)
+    reference = torch.nn.functional.cross_entropy(h @ head.weight.t(), t, reduction=reduction)
+    assert torch.isnan(reference).all()
+    assert torch.isnan(ours).all()

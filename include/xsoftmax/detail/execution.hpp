@@ -14,6 +14,7 @@
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/config.hpp>
+#include <xsoftmax/detail/call_counters.hpp>
 
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -152,6 +153,7 @@ template <class Ex>
 template <class Ex, class F>
 void parallel_for(const Ex& ex, index_t n, F f) {
   if (n <= 0) return;
+  ++call_counters::local().loops;
   thrust::for_each(policy_of(ex), thrust::counting_iterator<index_t>(0), thrust::counting_iterator<index_t>(n), f);
 }
 

@@ -36,11 +36,15 @@ struct backend_ops<::xsoftmax::cuda> {
   template <class T>
   static void copy(const cuda_resources& res, T* dst, const T* src, index_t n) {
     if (n <= 0) return;
+    count_host_read();
     XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(dst, src, sizeof(T) * static_cast<std::size_t>(n), cudaMemcpyDefault,
                                       res.stream()));
     XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(res.stream()));
   }
-  static void synchronize(const cuda_resources& res) { res.synchronize(); }
+  static void synchronize(const cuda_resources& res) {
+    ++call_counters::local().synchronizations;
+    res.synchronize();
+  }
 };
 
 }  // namespace xsoftmax::detail

@@ -19,14 +19,16 @@ struct host_backend_ops {
   }
   template <class T>
   [[nodiscard]] static T read(const host_resources&, const T* p) {
+    count_host_read();
     return *p;
   }
   /// `n` elements from `src` to `dst`, either of them host or backend memory (the same here).
   template <class T>
   static void copy(const host_resources&, T* dst, const T* src, index_t n) {
+    count_host_read();
     std::copy(src, src + n, dst);
   }
-  static void synchronize(const host_resources&) {}
+  static void synchronize(const host_resources&) { ++call_counters::local().synchronizations; }
 };
 
 template <>

@@ -76,6 +76,7 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
                    index_t num_classes, index_t ignore_index) {
   check_targets_shape(where, targets, rows);
   const thrust::counting_iterator<index_t> first(0);
+  count_host_read();
   const index_t i =
       *thrust::find_if(ex.policy(), first, first + targets.size, bad_target{targets.data, num_classes, ignore_index});
   if (i == targets.size) return;
@@ -90,6 +91,7 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
                    index_t num_classes) {
   check_targets_shape(where, targets, rows);
   const thrust::counting_iterator<index_t> first(0);
+  count_host_read();
   const index_t i =
       *thrust::find_if(ex.policy(), first, first + targets.size, any_non_class{targets.data, num_classes});
   if (i == targets.size) return;
@@ -111,6 +113,7 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
     b.rows = hidden.rows;
   } else {
     const thrust::counting_iterator<index_t> first(0);
+    count_host_read();  // the count of kept rows sizes the call's buffers
     b.rows = thrust::copy_if(ex.policy(), first, first + hidden.rows, targets.data, b.sample.begin(),
                              kept_target{ignore_index}) -
              b.sample.begin();

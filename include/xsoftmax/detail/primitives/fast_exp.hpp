@@ -5,7 +5,7 @@
 /// loops vectorise on the host (a scalar `expf` call per score was the largest cost of the CPU
 /// full softmax after the GEMMs: two exponentials per score per step). Cephes' range reduction
 /// and degree-6 polynomial: within 2 ulp of `expf` over [-87, 88]; 0 below (so masked -inf scores
-/// contribute nothing), +inf above. The same function runs in device code.
+/// contribute nothing), +inf above, NaN for NaN. The same function runs in device code.
 ///
 /// `XSOFTMAX_SIMD` / `XSOFTMAX_SIMD_REDUCTION(op, var)`: `#pragma omp simd` (with
 /// `reduction(op: var)`) for host compilers with OpenMP, nothing elsewhere. It lets the compiler keep several partial sums (maxima) in vector
@@ -81,7 +81,11 @@ XSOFTMAX_HD inline float fast_exp(float x) {
   // times 2^n: n + 127 in the exponent bits (n is in [-126, 127] after the clamp); 0 below lo.
   const std::int32_t scale_bits = (static_cast<std::int32_t>(n) + 127) << 23;
   const std::int32_t y_bits = bits_of_float(p * float_from_bits(below ? 0 : scale_bits));
-  return float_from_bits(above ? inf_bits : y_bits);
+  // NaN in, NaN out (a NaN weight or hidden value must give a NaN loss, as expf and PyTorch do;
+  // the range tests above read a positive NaN as above the range, a negative one as below).
+  const bool nan = (static_cast<std::uint32_t>(xb) & 0x7FFFFFFFu) > static_cast<std::uint32_t>(inf_bits);
+  const std::int32_t finite_bits = above ? inf_bits : y_bits;
+  return float_from_bits(nan ? xb : finite_bits);
 }
 
 /// log(1 + e) for e in [0, 1] (what softplus and log-sigmoid need: e = exp(-|x|)), without a
@@ -129,7 +133,11 @@ __attribute__((target("avx2"), always_inline)) inline __m256 fast_exp(__m256 x) 
   p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_andnot_si256(below, scale)));
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_castps_si256(y), _mm256_set1_epi32(0x7F800000), above));
+  const __m256i inf = _mm256_set1_epi32(0x7F800000);
+  const __m256i finite = _mm256_blendv_epi8(_mm256_castps_si256(y), inf, above);
+  // NaN in, NaN out, as the scalar function: |x|'s bits above infinity's
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(xb, _mm256_set1_epi32(0x7FFFFFFF)), inf);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(finite, xb, nan));
 }
 
 __attribute__((target("avx2"), always_inline)) inline __m256 fast_log1p_unit(__m256 e) {

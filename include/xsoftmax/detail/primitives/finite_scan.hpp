@@ -91,9 +91,11 @@ index_t first_non_finite_row(const execution<Backend>& ex, matrix_view<const H> 
   if constexpr (runs_on_device<execution<Backend>>) {
     if (m.cols == 0) return m.rows;
     const index_t total = m.rows * m.cols;
+    count_host_read();
     const index_t e = *thrust::find_if(ex.policy(), first, first + total, element_is_non_finite<H>{m});
     return e == total ? m.rows : e / m.cols;
   } else {
+    count_host_read();
     return *thrust::find_if(ex.policy(), first, first + m.rows, row_has_non_finite<H>{m});
   }
 }
@@ -108,6 +110,7 @@ index_t first_non_finite(const execution<Backend>& ex, const T* values, index_t 
   constexpr index_t block = runs_on_device<execution<Backend>> ? 1 : 1024;
   const index_t blocks = (n + block - 1) / block;
   const thrust::counting_iterator<index_t> first(0);
+  count_host_read();
   const index_t b =
       *thrust::find_if(ex.policy(), first, first + blocks, block_has_non_finite<T>{values, n, block, scale});
   if (b == blocks) return n;

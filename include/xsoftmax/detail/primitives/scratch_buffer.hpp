@@ -17,6 +17,7 @@
 /// execution's stream.
 
 #include <xsoftmax/backend.hpp>
+#include <xsoftmax/detail/call_counters.hpp>
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/error.hpp>
 
@@ -161,6 +162,7 @@ class scratch_vector {
     if (n == 0) return;
     expects<std::logic_error>(policy_.has_value() || host_only_,
                               "scratch_vector: grown without the execution that allocates its memory");
+    ++call_counters::local().allocations;
     if constexpr (is_host_backend<B>) {
       host_.reset(new T[n]);
     } else {
