@@ -281,16 +281,20 @@ profile() {
 # The per-kernel breakdown (ncu's gpu__time_duration per launch, summed by kernel) of each headline
 # configuration, one bench process each under its own limit: the full softmax's training step at
 # the peer's shape as the defaults run it and in row blocks of 4096 (one warm-up and one timed call:
-# about 2 x 2000 launches), the small call of target 5, and the 2-level HS at 1M classes.
-# $PROFILE_SPECS: other profiles, "name|filter|bench options|launches|limit" separated by ';'.
+# about 2 x 2000 launches), the small call of target 5, the 2-level HS at 1M classes, and the full
+# softmax's top-10 at the peer's shape (target 4).
+# $PROFILE_SPECS: other profiles, "name|filter|bench options|launches|limit[|measurement]" separated
+# by ';' (the measurement: forward_backward unless named, e.g. topk or forward).
 profiles() {
-  local spec name filter args launches limit specs
+  local spec name filter args launches limit only specs
   local default="full256k|full_bf16_256k|--reps 1|4500|70;full256k_r4096|full_bf16_256k|--reps 1 --row-blocks 4096|4500|60"
   default+=";small|full_bf16_256k|--quick --reps 1|400|20;hs2_1m|hs_uniform2_1m|--reps 1|600|40"
+  default+=";full256k_topk|full_bf16_256k|--reps 1|3000|60|topk"
   IFS=';' read -r -a specs <<< "${PROFILE_SPECS:-$default}"
   for spec in "${specs[@]}"; do
-    IFS='|' read -r name filter args launches limit <<< "$spec"
+    IFS='|' read -r name filter args launches limit only <<< "$spec"
     PROFILE_NAME=$name PROFILE_FILTER=$filter PROFILE_ARGS=$args PROFILE_LAUNCHES=$launches \
+      PROFILE_ONLY=${only:-forward_backward} \
       timeout "$limit" bash "$self" profile || log "profiles: $name exit $?"
   done
 }
