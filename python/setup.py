@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Build of the xsoftmax PyTorch extension (CPU; CUDA opt-in, see XSOFTMAX_WITH_CUDA below).
+"""Build of the xsoftmax PyTorch extension: the CPU operators always, the CUDA operators when torch
+is a CUDA build and nvcc is found (see XSOFTMAX_WITH_CUDA below).
 
     pip install --no-build-isolation ./python
+    python -c "import xsoftmax; print(xsoftmax.build_info())"    # what was built
 
 Environment variables:
   XSOFTMAX_INCLUDE      the library's include directory (default: ../include next to this file)
@@ -12,9 +14,13 @@ Environment variables:
                         default: OpenBLAS when cblas.h and libopenblas.so are found, else none;
                         "none": the built-in blocked GEMM (about 10x slower)
   XSOFTMAX_NATIVE       1: compile with -march=native (faster; the build then runs on this CPU only)
-  XSOFTMAX_WITH_CUDA    1: reserved for a CUDA build of the operators (not implemented yet; the
-                        CPU extension is built and a warning is printed)
-  MAX_JOBS              parallel compile jobs (there is a single translation unit anyway)
+  XSOFTMAX_WITH_CUDA    auto (default): build the CUDA operators when torch has CUDA
+                        (torch.version.cuda) and nvcc is found (CUDA_HOME, or nvcc on PATH); 0: CPU
+                        operators only; 1: the CUDA operators or a clear error saying why not
+  TORCH_CUDA_ARCH_LIST  the GPU architectures of the CUDA operators, as torch reads it ("9.0",
+                        "8.0;9.0+PTX"); default: the visible GPUs' (torch's rule), or "8.0;9.0+PTX"
+                        when no GPU is visible (A100, H100/H200; newer GPUs JIT-compile the PTX)
+  MAX_JOBS              parallel compile jobs (three translation units with CUDA, two without)
 """
 import glob
 import os
@@ -83,8 +89,52 @@ def _find_openblas():
     return "openblas" if has_header and has_library else None
 
 
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+
+
+def _want_cuda():
+    """(build the CUDA operators?, why not): XSOFTMAX_WITH_CUDA auto / 0 / 1."""
+    mode = os.environ.get("XSOFTMAX_WITH_CUDA", "auto").strip().lower()
+    if mode not in ("auto", "0", "1"):
+        sys.exit("xsoftmax: XSOFTMAX_WITH_CUDA = %r must be auto, 0 or 1" % mode)
+    if mode == "0":
+        return False, "XSOFTMAX_WITH_CUDA=0"
+    import torch
+    from torch.utils import cpp_extension
+    why = None
+    if not torch.version.cuda:
+        why = "torch %s is not a CUDA build" % torch.__version__
+    elif not cpp_extension.CUDA_HOME or not os.path.isfile(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")):
+        why = "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    if why and mode == "1":
+        sys.exit("xsoftmax: XSOFTMAX_WITH_CUDA=1 but the CUDA operators cannot be built: " + why)
+    return why is None, why
+
+
+def _cuda_archs():
+    """The architectures of the CUDA operators: TORCH_CUDA_ARCH_LIST, else the visible GPUs', else the
+    default (set in the environment, where torch's build reads it)."""
+    import torch
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not archs:
+        if torch.cuda.is_available():
+            archs = ";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i)
+                                     for i in range(torch.cuda.device_count())}))
+        else:
+            archs = DEFAULT_CUDA_ARCHS
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    return archs
+
+
+def _write_build_config(cuda, archs, cblas, why_no_cuda):
+    """xsoftmax/_build_config.py: what this build holds, for xsoftmax.build_info()."""
+    with open(os.path.join(HERE, "xsoftmax", "_build_config.py"), "w") as f:
+        f.write("# Written by setup.py when the extension is built: what this build holds.\n")
+        f.write("CUDA = %r\nCUDA_ARCHS = %r\nCBLAS = %r\nWHY_NO_CUDA = %r\n" % (cuda, archs, cblas, why_no_cuda))
+
+
 def _extensions():
-    from torch.utils.cpp_extension import CppExtension
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     include_dirs = [_library_include()] + _cuda_header_dirs()
     cxx = ["-O3", "-fopenmp", "-DNDEBUG", "-Wno-unused-parameter", "-Wno-deprecated"]
@@ -106,18 +156,25 @@ def _extensions():
     if cblas:
         cxx.append("-DXSOFTMAX_HAS_CBLAS=1")
         libraries.append(cblas)
-    if os.environ.get("XSOFTMAX_WITH_CUDA") == "1":
-        print("xsoftmax: XSOFTMAX_WITH_CUDA=1: the CUDA operators are not written yet; building the CPU "
-              "extension only", file=sys.stderr)
+    cuda, why_no_cuda = _want_cuda()
+    archs = _cuda_archs() if cuda else ""
+    _write_build_config(cuda, archs, cblas or "", why_no_cuda)
     print("xsoftmax: include directories: %s" % include_dirs, file=sys.stderr)
-    return [CppExtension(
-        name="xsoftmax._C",
-        sources=[os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "sharded_ops.cpp")],
-        include_dirs=include_dirs,
-        extra_compile_args={"cxx": cxx},
-        extra_link_args=link,
-        libraries=libraries,
-    )]
+    sources = [os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "sharded_ops.cpp")]
+    if not cuda:
+        print("xsoftmax: building the CPU operators only (%s)" % why_no_cuda, file=sys.stderr)
+        return [CppExtension(name="xsoftmax._C", sources=sources, include_dirs=include_dirs,
+                             extra_compile_args={"cxx": cxx}, extra_link_args=link, libraries=libraries)]
+    print("xsoftmax: building the CPU and CUDA operators (CUDA architectures %s)" % archs, file=sys.stderr)
+    cxx.append("-DXSOFTMAX_TORCH_WITH_CUDA=1")
+    # torch adds -D__CUDA_NO_HALF_OPERATORS__ and friends to every nvcc command; the library's
+    # bf16/fp16 kernels use CUDA's own half and bfloat16 operators and conversions: undefine them.
+    nvcc = ["-O3", "-DNDEBUG", "-DXSOFTMAX_TORCH_WITH_CUDA=1", "--extended-lambda",
+            "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-U__CUDA_NO_HALF2_OPERATORS__"]
+    return [CUDAExtension(name="xsoftmax._C", sources=sources + [os.path.join("csrc", "ops_cuda.cu")],
+                          include_dirs=include_dirs, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+                          extra_link_args=link, libraries=libraries + ["cublas"])]
 
 
 def _build_ext():

@@ -1,19 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The head states of the PyTorch bindings (ops.cpp, the one translation unit that includes this):
-// what a handle made by a `create_*` function of the Python module holds (a tree, a sampler, a KNN
-// configuration, a full softmax's score-cache budget), the cache of the head built over the
-// caller's weight tensor (rebuilt when the tensor changes), and the registry of live handles.
+// The head states of the PyTorch bindings: what a handle made by a `create_*` function of the
+// Python module holds (a tree, a sampler, a KNN configuration, a full softmax's score-cache budget),
+// the cache of the head built over the caller's weight tensor (rebuilt when the tensor, its device
+// or the stream changes), and the registry of live handles, shared by the CPU and CUDA operators.
 
 #include "tensor_args.hpp"
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <xsoftmax/selection/sampled_negatives.hpp>
 #include <xsoftmax/selection/knn_selector.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -24,20 +25,27 @@ namespace xsoftmax_torch {
 using tree_type = xs::runtime_tree<64>;
 
 
-/// What a cached head was built over; the head is rebuilt when any of it changes.
+/// What a cached head was built over; the head is rebuilt when any of it changes. The device type
+/// also fixes the head's C++ type (its backend); a CUDA head's resources hold the stream it was
+/// built on (torch's current stream then).
 struct head_key {
   const void* weight = nullptr;
   const void* bias = nullptr;
   int64_t rows = 0, cols = 0, stride = 0;
   int dtype = -1;
+  int device_type = -1, device_index = -1;
+  const void* stream = nullptr;
   bool operator==(const head_key& o) const {
     return weight == o.weight && bias == o.bias && rows == o.rows && cols == o.cols && stride == o.stride &&
-           dtype == o.dtype;
+           dtype == o.dtype && device_type == o.device_type && device_index == o.device_index && stream == o.stream;
   }
 };
 
-inline head_key key_of(const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+inline head_key key_of(const at::Tensor& weight, const c10::optional<at::Tensor>& bias, const void* stream) {
   head_key k;
+  k.device_type = static_cast<int>(weight.device().type());
+  k.device_index = weight.device().index();
+  k.stream = stream;
   k.weight = weight.data_ptr();
   k.bias = bias.has_value() && bias->defined() ? bias->data_ptr() : nullptr;
   k.rows = weight.size(0);
@@ -51,11 +59,14 @@ struct head_cache {
   head_key key;
   std::shared_ptr<void> head;
   bool fresh = false;  ///< true right after (re)construction
+  /// A KNN head's graph rebuild (knn_rebuild), whatever the head's type; empty for other heads.
+  std::function<void()> rebuild;
 
   template <class Head, class Make>
   Head& get(const head_key& k, Make&& make) {
     fresh = false;
     if (!head || !(key == k)) {
+      rebuild = nullptr;
       head.reset();  // a KNN head may hold a large graph: free it before building the next
       head = std::shared_ptr<void>(make());
       key = k;

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// PyTorch bindings of xsoftmax: one translation unit (compile time), CPU tensors, the `omp` backend.
+// PyTorch bindings of xsoftmax: the operators' schemas and their CPU registration (the `omp`
+// backend), the head handles (module functions) and `build_info`. The operators' bodies are
+// op_bodies.hpp, one per verb for every device; ops_cuda.cu registers them for CUDA tensors when the
+// extension is built with its CUDA operators (XSOFTMAX_TORCH_WITH_CUDA).
 //
 // Operators (TORCH_LIBRARY(xsoftmax)); `head` is 0 for the full softmax or a handle made by one of
 // the `create_*` functions of the Python module (a full softmax's score-cache budget, a tree, a
@@ -25,6 +28,7 @@
 // the library's, which names the verb, the argument and the offending value.
 
 #include "head_states.hpp"
+#include "op_bodies.hpp"
 #include "tensor_args.hpp"
 
 #include <torch/extension.h>
@@ -51,187 +55,17 @@ namespace {
 
 using namespace xsoftmax_torch;
 
-// ------------------------------------------------------------------------------------------------
-// Dispatch: weight dtype -> precision, handle -> head type
-// ------------------------------------------------------------------------------------------------
-
-
-/// Calls `f(head)` with the head `handle` names, attached to `weight` / `bias`. Selective heads
-/// (sampled, KNN) only when `Selective`; the others are full softmax (handle 0) and hierarchical.
-template <bool Selective, class F>
-void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-               const c10::optional<at::Tensor>& step, const char* op, F&& f) {
-  dispatch_precision(weight.scalar_type(), op, [&](auto precision) {
-    using P = decltype(precision);
-    using S = typename P::storage_type;
-    const xs::matrix_view<S> w = weight_view<S>(weight);
-    S* const b = bias_pointer<S>(bias);
-    if (handle == 0) {
-      xs::full_softmax<P, backend> head(w, b);
-      f(head);
-      return;
-    }
-    const std::shared_ptr<state> st = find_state(handle, op);
-    if (auto* full = dynamic_cast<full_state*>(st.get())) {
-      xs::full_softmax<P, backend> head(w, b);
-      head.set_score_cache_bytes(full->score_cache_bytes);
-      head.set_row_block(full->row_block);
-      f(head);
-      return;
-    }
-    std::lock_guard<std::mutex> lock(st->mu);
-    const head_key key = key_of(weight, bias);
-    if (auto* t = dynamic_cast<tree_state*>(st.get())) {
-      if (t->sigmoid) {
-        using head_t = xs::hierarchical_softmax<tree_type, P, backend, xs::sigmoid_nodes>;
-        f(st->cache.get<head_t>(key, [&] { return new head_t(t->tree, w, b); }));
-      } else {
-        using head_t = xs::hierarchical_softmax<tree_type, P, backend, xs::softmax_nodes>;
-        f(st->cache.get<head_t>(key, [&] { return new head_t(t->tree, w, b); }));
-      }
-      return;
-    }
-    if constexpr (Selective) {
-      if (auto* s = dynamic_cast<sampled_state*>(st.get())) {
-        using head_t = xs::selective_softmax<xs::sampled_negatives, P, backend>;
-        head_t& head = st->cache.get<head_t>(key, [&] { return new head_t(s->sampler, w, b); });
-        head.selector().set_step(static_cast<unsigned long long>(step_value(step)));
-        f(head);
-        return;
-      }
-      if (auto* k = dynamic_cast<knn_state*>(st.get())) {
-        using head_t = xs::knn_softmax<P, backend>;
-        const int64_t now = step_value(step);
-        head_t& head = st->cache.get<head_t>(key, [&] { return new head_t(w, k->options, b); });
-        if (st->cache.fresh) {
-          k->built_step = now;
-        } else if (k->options.rebuild_every > 0 && now - k->built_step >= k->options.rebuild_every) {
-          head.rebuild_graph();  // from the current weights (after the optimiser's updates)
-          k->built_step = now;
-        }
-        f(head);
-        return;
-      }
-      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": head = ", handle, " is not a head handle");
-    } else {
-      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": head = ", handle,
-                        " is a sampled or KNN head; this operator takes a full (0) or hierarchical head");
-    }
-  });
+#if !defined(XSOFTMAX_TORCH_WITH_CUDA)
+/// The CUDA dispatch key of a build without CUDA operators: say so, and how to get them, instead of
+/// torch's "could not run ... with arguments from the 'CUDA' backend".
+[[noreturn]] void no_cuda_operators(const char* op) {
+  C10_THROW_ERROR(NotImplementedError,
+                  c10::str("xsoftmax::", op, ": this build of xsoftmax has no CUDA operators (xsoftmax.build_info() ",
+                           "says what was built); reinstall with a CUDA build of torch and nvcc on PATH or ",
+                           "CUDA_HOME set (XSOFTMAX_WITH_CUDA=1 makes a failed CUDA build an error), or use CPU ",
+                           "tensors"));
 }
-
-
-/// The call's options with the loss terms of handle `head` (none for handle 0).
-xs::loss_options with_loss_terms(xs::loss_options o, int64_t head, const char* op) {
-  if (head == 0) return o;
-  const xs::loss_options& t = find_state(head, op)->terms;
-  o.label_smoothing = t.label_smoothing;
-  o.z_loss = t.z_loss;
-  o.margin = t.margin;
-  return o;
-}
-
-// ------------------------------------------------------------------------------------------------
-// Operators
-// ------------------------------------------------------------------------------------------------
-
-
-at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                   const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
-                   const c10::optional<at::Tensor>& step, bool /*sparse_grad: used by the backward*/) {
-  return guarded([&] {
-    const char* op = "loss";
-    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
-    const xs::loss_options options = with_loss_terms(a.options, head, op);
-    const int64_t b = a.hidden.size(0);
-    at::Tensor per_sample = at::empty({b}, at::TensorOptions().dtype(at::kFloat));
-    float loss = 0;
-    with_head<true>(head, weight, bias, step, op, [&](auto& h) {
-      loss = h.forward(hidden_view(a.hidden), targets_view(a.targets), options,
-                       xs::vector_view<float>(per_sample.data_ptr<float>(), b));
-    });
-    if (a.options.reduce == xs::reduction::none) return per_sample;
-    return at::scalar_tensor(mean_of_nothing_is_nan(loss, a), at::TensorOptions().dtype(at::kFloat));
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fused_op(
-    const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
-    const c10::optional<at::Tensor>& step, bool sparse_grad) {
-  return guarded([&] {
-    const char* op = "loss_fused";
-    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
-    TORCH_CHECK_VALUE(a.options.reduce != xs::reduction::none, "xsoftmax::", op,
-                      ": reduction none needs the upstream gradient; use loss + backward");
-    const int64_t b = a.hidden.size(0), d = a.hidden.size(1);
-    at::Tensor grad_hidden = at::empty({b, d}, at::TensorOptions().dtype(at::kFloat));
-    auto g = std::make_shared<gradient>();
-    float loss = 0;
-    const xs::loss_options options = with_loss_terms(a.options, head, op);
-    with_head<true>(head, weight, bias, step, op, [&](auto& h) {
-      loss = h.forward_backward(hidden_view(a.hidden), targets_view(a.targets),
-                                xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, options);
-    });
-    const bool has_bias = bias.has_value() && bias->defined();
-    auto [rows, values, gbias] = gradient_tensors(g, weight.size(0), weight.size(1), has_bias, sparse_grad);
-    return std::make_tuple(at::scalar_tensor(mean_of_nothing_is_nan(loss, a), at::TensorOptions().dtype(at::kFloat)),
-                           grad_hidden, rows,
-                           values, gbias);
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
-    const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
-    const c10::optional<at::Tensor>& step, bool sparse_grad, const at::Tensor& grad_output) {
-  return guarded([&] {
-    const char* op = "backward";
-    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
-    check_cpu(grad_output, op, "grad_output");
-    const at::Tensor go = grad_output.to(at::kFloat).contiguous();
-    const int64_t b = a.hidden.size(0), d = a.hidden.size(1);
-    at::Tensor grad_hidden = at::empty({b, d}, at::TensorOptions().dtype(at::kFloat));
-    auto g = std::make_shared<gradient>();
-    const xs::loss_options options = with_loss_terms(a.options, head, op);
-    with_head<true>(head, weight, bias, step, op, [&](auto& h) {
-      h.backward(hidden_view(a.hidden), targets_view(a.targets),
-                 xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, options,
-                 xs::vector_view<const float>(go.data_ptr<float>(), go.numel()));
-    });
-    const bool has_bias = bias.has_value() && bias->defined();
-    auto [rows, values, gbias] = gradient_tensors(g, weight.size(0), weight.size(1), has_bias, sparse_grad);
-    return std::make_tuple(grad_hidden, rows, values, gbias);
-  });
-}
-
-std::tuple<at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden, const at::Tensor& weight,
-                                           const c10::optional<at::Tensor>& bias, int64_t k, int64_t head,
-                                           int64_t beam_width) {
-  return guarded([&] {
-    const char* op = "topk";
-    check_weight(weight, bias, op);
-    const at::Tensor h = prepare_hidden(hidden, op);
-    const int64_t b = h.size(0);
-    TORCH_CHECK_VALUE(k >= 1, "xsoftmax::topk: k = ", k, " must be >= 1");
-    TORCH_CHECK_VALUE(beam_width >= 0, "xsoftmax::topk: beam_width = ", beam_width, " must be >= 0");
-    at::Tensor log_probs = at::empty({b, k}, at::TensorOptions().dtype(at::kFloat));
-    at::Tensor classes = at::empty({b, k}, at::TensorOptions().dtype(at::kLong));
-    with_head<false>(head, weight, bias, c10::nullopt, op, [&](auto& hd) {
-      using head_t = std::decay_t<decltype(hd)>;
-      const xs::matrix_view<index_t> cv(classes.data_ptr<int64_t>(), b, k);
-      const xs::matrix_view<float> lv(log_probs.data_ptr<float>(), b, k);
-      if constexpr (std::is_same_v<typename head_t::search_options_type, xs::search_options>) {
-        xs::search_options so;
-        so.beam_width = beam_width;
-        hd.topk(hidden_view(h), k, cv, lv, so);
-      } else {
-        hd.topk(hidden_view(h), k, cv, lv);
-      }
-    });
-    return std::make_tuple(log_probs, classes);
-  });
-}
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // Handles (Python module functions; not traced)
@@ -249,7 +83,7 @@ std::vector<index_t> to_index_vector(const at::Tensor& t, const char* name) {
 
 int64_t create_full(int64_t score_cache_bytes, int64_t row_block) {
   return guarded([&] {
-    xs::full_softmax<xs::fp32, backend> check(1, 1);
+    xs::full_softmax<xs::fp32, host_backend> check(1, 1);
     check.set_score_cache_bytes(score_cache_bytes);  // validate now (throw naming the value)
     check.set_row_block(row_block);
     return register_state(std::make_shared<full_state>(score_cache_bytes, row_block));
@@ -391,19 +225,30 @@ int64_t create_knn(int64_t k, const std::string& metric, const std::string& meth
 /// Rebuilds a KNN head's graph now (from the weights it is attached to), if it has been used.
 void knn_rebuild(int64_t handle) {
   const std::shared_ptr<state> st = find_state(handle, "knn_rebuild");
-  auto* k = dynamic_cast<knn_state*>(st.get());
-  TORCH_CHECK_VALUE(k != nullptr, "xsoftmax: knn_rebuild: head = ", handle, " is not a KNN head");
+  TORCH_CHECK_VALUE(dynamic_cast<knn_state*>(st.get()) != nullptr, "xsoftmax: knn_rebuild: head = ", handle,
+                    " is not a KNN head");
   std::lock_guard<std::mutex> lock(st->mu);
-  if (!st->cache.head) return;
-  guarded([&] {
-    dispatch_precision(static_cast<at::ScalarType>(st->cache.key.dtype), "knn_rebuild", [&](auto precision) {
-      using head_t = xs::knn_softmax<decltype(precision), backend>;
-      static_cast<head_t*>(st->cache.head.get())->rebuild_graph();
-    });
-  });
+  if (!st->cache.rebuild) return;
+  const c10::DeviceGuard on_device(c10::Device(static_cast<c10::DeviceType>(st->cache.key.device_type),
+                                               static_cast<c10::DeviceIndex>(st->cache.key.device_index)));
+  guarded([&] { st->cache.rebuild(); });
 }
 
 bool has_cblas() { return xs::detail::host::has_cblas(); }
+
+/// What this build holds: CPU operators (always), CUDA operators, the BLAS of the CPU operators
+/// (xsoftmax.build_info() adds the CUDA architectures setup.py compiled for).
+pybind11::dict build_info() {
+  pybind11::dict d;
+  d["cpu"] = true;
+#if defined(XSOFTMAX_TORCH_WITH_CUDA)
+  d["cuda"] = true;
+#else
+  d["cuda"] = false;
+#endif
+  d["blas"] = xs::detail::host::has_cblas() ? std::string("cblas") : std::string("built-in blocked GEMM");
+  return d;
+}
 
 }  // namespace
 
@@ -417,12 +262,34 @@ TORCH_LIBRARY(xsoftmax, m) {
   m.def("topk(Tensor hidden, Tensor weight, Tensor? bias, int k, int head, int beam_width) -> (Tensor, Tensor)");
 }
 
+// CPU tensors: the bodies of op_bodies.hpp on the `omp` backend (CUDA tensors: ops_cuda.cu).
 TORCH_LIBRARY_IMPL(xsoftmax, CPU, m) {
-  m.impl("loss", &loss_op);
-  m.impl("loss_fused", &loss_fused_op);
-  m.impl("backward", &backward_op);
-  m.impl("topk", &topk_op);
+  m.impl("loss", &loss_op<host_backend>);
+  m.impl("loss_fused", &loss_fused_op<host_backend>);
+  m.impl("backward", &backward_op<host_backend>);
+  m.impl("topk", &topk_op<host_backend>);
 }
+
+#if !defined(XSOFTMAX_TORCH_WITH_CUDA)
+TORCH_LIBRARY_IMPL(xsoftmax, CUDA, m) {
+  m.impl("loss", [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&, int64_t,
+                    int64_t, int64_t, const c10::optional<at::Tensor>&, bool) -> at::Tensor { no_cuda_operators("loss"); });
+  m.impl("loss_fused",
+         [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&, int64_t, int64_t,
+            int64_t, const c10::optional<at::Tensor>&,
+            bool) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+           no_cuda_operators("loss_fused");
+         });
+  m.impl("backward",
+         [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&, int64_t, int64_t,
+            int64_t, const c10::optional<at::Tensor>&, bool,
+            const at::Tensor&) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+           no_cuda_operators("backward");
+         });
+  m.impl("topk", [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, int64_t, int64_t,
+                    int64_t) -> std::tuple<at::Tensor, at::Tensor> { no_cuda_operators("topk"); });
+}
+#endif
 
 namespace xsoftmax_torch {
 /// The torch.distributed operators (sharded_ops.cpp).
@@ -430,9 +297,9 @@ void register_sharded_ops(pybind11::module& m);
 }  // namespace xsoftmax_torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "xsoftmax PyTorch operators (CPU) and head handles";
+  m.doc() = "xsoftmax PyTorch operators (CPU, and CUDA when built with them) and head handles";
   m.def("create_full", &create_full, pybind11::arg("score_cache_bytes"), pybind11::arg("row_block"));
-  m.def("default_score_cache_bytes", [] { return xs::full_softmax<xs::fp32, backend>::default_score_cache_bytes; });
+  m.def("default_score_cache_bytes", [] { return xs::full_softmax<xs::fp32, host_backend>::default_score_cache_bytes; });
   m.def("create_tree", &create_tree, pybind11::arg("parent"), pybind11::arg("leaf_class"),
         pybind11::arg("num_classes"), pybind11::arg("sigmoid"));
   m.def("huffman_parents", &huffman_parents, pybind11::arg("counts"), pybind11::arg("arity"));
@@ -448,5 +315,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_loss_terms", &set_loss_terms, pybind11::arg("head"), pybind11::arg("label_smoothing"),
         pybind11::arg("z_loss"), pybind11::arg("margin"), pybind11::arg("margin_scale"), pybind11::arg("margin_m"));
   m.def("has_cblas", &has_cblas);
+  m.def("build_info", &build_info);
   xsoftmax_torch::register_sharded_ops(m);
 }

@@ -48,7 +48,7 @@ void with_sharded_head(const group_ptr& group, const at::Tensor& weight, const c
   dispatch_precision(weight.scalar_type(), op, [&](auto precision) {
     using P = decltype(precision);
     using S = typename P::storage_type;
-    xs::full_softmax<P, backend, sharding> head(
+    xs::full_softmax<P, host_backend, sharding> head(
         sharding(process_group_communicator(group), num_classes, layout_of(layout, op)), weight_view<S>(weight),
         bias_pointer<S>(bias));
     f(head);
@@ -62,6 +62,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run(
     const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
   return guarded([&] {
     const char* op = "sharded_full_run";
+    check_cpu(weight, op, "weight");
     loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
     a.options.label_smoothing = static_cast<float>(label_smoothing);
     a.options.z_loss = static_cast<float>(z_loss);
@@ -87,20 +88,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run(
         return;
       }
       grad_hidden = at::empty({b, d}, f32);
-      auto g = std::make_shared<gradient>();
+      auto g = std::make_shared<gradient<host_backend>>();
       const xs::vector_view<const float> upstream =
           go.defined() ? xs::vector_view<const float>(go.data_ptr<float>(), go.numel()) : xs::vector_view<const float>{};
       loss = head.forward_backward(hidden_view(a.hidden), targets_view(a.targets),
                                    xs::matrix_view<float>(grad_hidden.data_ptr<float>(), b, d), *g, a.options, ps,
                                    upstream);
       const bool has_bias = bias.has_value() && bias->defined();
-      auto [rows, values, gbias] = gradient_tensors(g, weight.size(0), weight.size(1), has_bias, false);
+      auto [rows, values, gbias] = gradient_tensors<host_backend>(g, weight, has_bias, false, /*every_row_in_order=*/true);
       grad_weight = values;
       grad_bias = gbias;
     });
     at::Tensor out = a.options.reduce == xs::reduction::none
                          ? per_sample
-                         : at::scalar_tensor(mean_of_nothing_is_nan(loss, a), f32);
+                         : nan_if_nothing_counts(at::scalar_tensor(loss, f32), a);
     if (!want_gradients) grad_hidden = grad_weight = grad_bias = at::empty({0}, f32);
     return std::make_tuple(out, grad_hidden, grad_weight, grad_bias);
   });
@@ -111,8 +112,9 @@ std::tuple<at::Tensor, at::Tensor> sharded_full_topk(const group_ptr& group, con
                                                      int64_t num_classes, int64_t layout, int64_t k) {
   return guarded([&] {
     const char* op = "sharded_full_topk";
+    check_cpu(weight, op, "weight");
     check_weight(weight, bias, op);
-    const at::Tensor h = prepare_hidden(hidden, op);
+    const at::Tensor h = prepare_hidden(hidden, weight, op);
     const int64_t b = h.size(0);
     TORCH_CHECK_VALUE(k >= 1, "xsoftmax::", op, ": k = ", k, " must be >= 1");
     at::Tensor log_probs = at::empty({b, k}, at::TensorOptions().dtype(at::kFloat));

@@ -3,12 +3,16 @@
 // What every operator of the PyTorch bindings does with its tensor arguments: checks what a tensor
 // must be before a view of it can be made (device, rank, dtype, strides), makes the library's views,
 // maps the library's exceptions to the Python exceptions torch raises, dispatches on the weight
-// dtype, and turns a sparse weight gradient into tensors. Shared by ops.cpp (the heads) and
-// sharded_ops.cpp (the class-sharded full softmax over a torch.distributed process group).
+// dtype, and turns a sparse weight gradient into tensors. Device-neutral: the views hold the
+// tensors' pointers, host or device; every tensor of a call must be on the weight's device. Shared
+// by op_bodies.hpp (the heads, on CPU and CUDA) and sharded_ops.cpp (the class-sharded full softmax
+// over a torch.distributed process group, CPU).
 
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
 
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/precision.hpp>
@@ -18,6 +22,7 @@
 #include <memory>
 #include <stdexcept>
 #include <tuple>
+#include <type_traits>
 
 namespace xsoftmax_torch {
 
@@ -32,8 +37,8 @@ static_assert(sizeof(at::Half) == sizeof(__half) && alignof(at::Half) == alignof
               "at::Half and __half must be layout-compatible");
 static_assert(std::is_same_v<index_t, int64_t>, "xsoftmax::index_t must be int64");
 
-/// The backend of every operator: CPU tensors, OpenMP threads.
-using backend = xs::omp;
+/// The backend of the operators on CPU tensors: OpenMP threads.
+using host_backend = xs::omp;
 
 // ------------------------------------------------------------------------------------------------
 // Errors
@@ -70,14 +75,23 @@ auto guarded(F&& f) -> decltype(f()) {
 // tensor must be before a view of it can be made)
 // ------------------------------------------------------------------------------------------------
 
+/// Operators that run on CPU tensors only (the class-sharded ones).
 inline void check_cpu(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), "xsoftmax::", op, ": ", name, " is on ", t.device(),
-                    "; this build of xsoftmax runs on CPU tensors only");
+                    "; this operator runs on CPU tensors only");
 }
 
-/// hidden: a (B x dim) float32 CPU matrix with unit column stride (copied to such if not).
-inline at::Tensor prepare_hidden(const at::Tensor& hidden, const char* op) {
-  check_cpu(hidden, op, "hidden");
+/// Every tensor of a call lives on the weight's device: a head never reads another device's memory
+/// (a meta target once gave an uninitialised loss; a CPU target with CUDA hidden rows would fault).
+inline void check_same_device(const at::Tensor& t, const at::Tensor& weight, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.device() == weight.device(), "xsoftmax::", op, ": ", name, " is on ", t.device(),
+                    " but weight is on ", weight.device(), "; move ", name, " to ", weight.device());
+}
+
+/// hidden: a (B x dim) float32 matrix on the weight's device with unit column stride (copied to such
+/// if not).
+inline at::Tensor prepare_hidden(const at::Tensor& hidden, const at::Tensor& weight, const char* op) {
+  check_same_device(hidden, weight, op, "hidden");
   TORCH_CHECK_VALUE(hidden.dim() == 2, "xsoftmax::", op, ": hidden must be 2-D (B x dim), got shape ",
                     hidden.sizes());
   at::Tensor h = hidden.scalar_type() == at::kFloat ? hidden : hidden.to(at::kFloat);
@@ -85,8 +99,9 @@ inline at::Tensor prepare_hidden(const at::Tensor& hidden, const char* op) {
   return h;
 }
 
-inline at::Tensor prepare_targets(const at::Tensor& targets, const at::Tensor& hidden, const char* op) {
-  check_cpu(targets, op, "targets");
+inline at::Tensor prepare_targets(const at::Tensor& targets, const at::Tensor& hidden, const at::Tensor& weight,
+                                  const char* op) {
+  check_same_device(targets, weight, op, "targets");
   TORCH_CHECK_VALUE(targets.scalar_type() == at::kLong, "xsoftmax::", op, ": targets.dtype = ",
                     targets.scalar_type(), ", expected int64 (torch.long)");
   TORCH_CHECK_VALUE(targets.dim() == 1 && targets.size(0) == hidden.size(0), "xsoftmax::", op,
@@ -96,7 +111,8 @@ inline at::Tensor prepare_targets(const at::Tensor& targets, const at::Tensor& h
 }
 
 inline void check_weight(const at::Tensor& weight, const c10::optional<at::Tensor>& bias, const char* op) {
-  check_cpu(weight, op, "weight");
+  TORCH_CHECK_VALUE(weight.device().is_cpu() || weight.device().is_cuda(), "xsoftmax::", op, ": weight is on ",
+                    weight.device(), "; the heads run on CPU and CUDA tensors");
   TORCH_CHECK_VALUE(weight.dim() == 2, "xsoftmax::", op, ": weight must be 2-D (rows x dim), got shape ",
                     weight.sizes());
   TORCH_CHECK_VALUE(weight.size(0) > 0 && weight.size(1) > 0, "xsoftmax::", op, ": weight has shape ",
@@ -105,7 +121,7 @@ inline void check_weight(const at::Tensor& weight, const c10::optional<at::Tenso
                     ": weight must have unit column stride (row-major rows) to be used in place; got strides ",
                     weight.strides(), " (call .contiguous() on the parameter once)");
   if (bias.has_value() && bias->defined()) {
-    check_cpu(*bias, op, "bias");
+    check_same_device(*bias, weight, op, "bias");
     TORCH_CHECK_VALUE(bias->scalar_type() == weight.scalar_type(), "xsoftmax::", op, ": bias.dtype = ",
                       bias->scalar_type(), " differs from weight.dtype = ", weight.scalar_type());
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "xsoftmax::", op,
@@ -166,16 +182,21 @@ decltype(auto) dispatch_precision(at::ScalarType t, const char* op, F&& f) {
 // Gradients -> tensors
 // ------------------------------------------------------------------------------------------------
 
-using gradient = xs::sparse_gradient<backend, float>;
+template <class Backend>
+using gradient = xs::sparse_gradient<Backend, float>;
 
-/// (rows, values, bias) of a weight gradient: dense (rows empty, values rows x dim) or sparse.
-/// Sparse tensors share the gradient's buffers (no copy).
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gradient_tensors(const std::shared_ptr<gradient>& g,
-                                                                 int64_t weight_rows, int64_t dim, bool has_bias,
-                                                                 bool sparse) {
+/// (rows, values, bias) of a weight gradient, on the weight's device: dense (rows empty, values
+/// rows x dim) or sparse. The tensors share the gradient's buffers (no copy); the gradient lives as
+/// long as the last of them. `every_row_in_order`: the head produces every weight row in order
+/// (the full softmax), so that its values are the dense gradient as they are.
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gradient_tensors(const std::shared_ptr<gradient<Backend>>& g,
+                                                                const at::Tensor& weight, bool has_bias, bool sparse,
+                                                                bool every_row_in_order) {
+  const int64_t weight_rows = weight.size(0), dim = weight.size(1);
   const int64_t r = g->num_rows();
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(weight.device());
+  const auto i64 = at::TensorOptions().dtype(at::kLong).device(weight.device());
   auto keep = [g](void*) {};  // the deleter holds the gradient object alive
   at::Tensor rows, values, bias;
   if (r == 0) {
@@ -183,21 +204,14 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gradient_tensors(const std
     values = at::empty({0, dim}, f32);
     bias = at::empty({0}, f32);
   } else {
-    rows = torch::from_blob(thrust::raw_pointer_cast(g->rows.data()), {r}, keep, i64);
-    values = torch::from_blob(thrust::raw_pointer_cast(g->values.data()), {r, dim}, keep, f32);
-    bias = has_bias ? torch::from_blob(thrust::raw_pointer_cast(g->bias_values.data()), {r}, keep, f32)
+    rows = at::from_blob(thrust::raw_pointer_cast(g->rows.data()), {r}, keep, i64);
+    values = at::from_blob(thrust::raw_pointer_cast(g->values.data()), {r, dim}, keep, f32);
+    bias = has_bias ? at::from_blob(thrust::raw_pointer_cast(g->bias_values.data()), {r}, keep, f32)
                     : at::empty({0}, f32);
   }
   if (!has_bias) bias = at::empty({0}, f32);
   if (sparse) return {rows, values, bias};
-
-  // Dense. The full softmax produces every row in order: its values are the dense gradient.
-  bool identity = r == weight_rows;
-  if (identity) {
-    const int64_t* p = rows.data_ptr<int64_t>();
-    for (int64_t i = 0; i < r && identity; ++i) identity = p[i] == i;
-  }
-  if (identity) return {at::empty({0}, i64), values, bias};
+  if (every_row_in_order && r == weight_rows) return {at::empty({0}, i64), values, bias};
   at::Tensor dense = at::zeros({weight_rows, dim}, f32);
   at::Tensor dense_bias = at::zeros({has_bias ? weight_rows : 0}, f32);
   if (r > 0) {
@@ -213,22 +227,21 @@ struct loss_args {
 };
 
 inline loss_args prepare(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                  const at::Tensor& targets, int64_t reduction, int64_t ignore_index, const char* op) {
+                         const at::Tensor& targets, int64_t reduction, int64_t ignore_index, const char* op) {
   check_weight(weight, bias, op);
   loss_args a;
-  a.hidden = prepare_hidden(hidden, op);
-  a.targets = prepare_targets(targets, a.hidden, op);
+  a.hidden = prepare_hidden(hidden, weight, op);
+  a.targets = prepare_targets(targets, a.hidden, weight, op);
   a.options = make_options(reduction, ignore_index, op);
   return a;
 }
 
-/// F.cross_entropy's mean over no sample is NaN (the library returns 0; the gradients are 0 in both).
-inline float mean_of_nothing_is_nan(float loss, const loss_args& a) {
+/// F.cross_entropy's mean over no sample is NaN (the library returns 0; the gradients are 0 in
+/// both). Tensor operations on the loss's device: no read-back.
+inline at::Tensor nan_if_nothing_counts(const at::Tensor& loss, const loss_args& a) {
   if (a.options.reduce != xs::reduction::mean) return loss;
-  const int64_t* t = a.targets.data_ptr<int64_t>();
-  for (int64_t i = 0; i < a.targets.size(0); ++i)
-    if (t[i] != a.options.ignore_index) return loss;
-  return std::numeric_limits<float>::quiet_NaN();
+  return at::where(a.targets.ne(a.options.ignore_index).any(), loss,
+                   at::full({}, std::numeric_limits<float>::quiet_NaN(), loss.options()));
 }
 
 }  // namespace xsoftmax_torch

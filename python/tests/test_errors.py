@@ -5,8 +5,12 @@ import pickle
 
 import pytest
 import torch
+from conftest import requires_cuda
 
 from xsoftmax import FullSoftmaxLoss, HierarchicalSoftmaxLoss, KNNSoftmaxLoss, SampledSoftmaxLoss, Tree, _ops
+
+# Every test runs on the CPU and on CUDA (conftest.py: skipped, and counted, without a GPU).
+pytestmark = pytest.mark.usefixtures("device")
 
 N, D = 12, 5
 ERRORS = (RuntimeError, ValueError, IndexError)
@@ -125,15 +129,38 @@ def test_malformed_trees(parent, n, what):
         HierarchicalSoftmaxLoss(n, D, tree=Tree.from_parents(parent, n))
 
 
-def test_tensors_on_another_device_are_rejected():
-    # A meta (or, on a CPU build, CUDA) tensor beside CPU weights once gave uninitialised memory.
+def test_tensors_on_another_device_are_rejected(device):
+    # A meta tensor beside the weights once gave uninitialised memory.
     head = FullSoftmaxLoss(1000, 16, reduction="none")
-    with pytest.raises(ValueError, match="targets is on device meta but the head's weight is on cpu"):
+    with pytest.raises(ValueError, match=f"targets is on device meta but the head's weight is on {device.type}"):
         head(torch.randn(64, 16), torch.randint(0, 1000, (64,), device="meta"))
     with pytest.raises(ValueError, match="hidden is on device meta"):
         head(torch.randn(64, 16, device="meta"), torch.randint(0, 1000, (64,)))
     with pytest.raises(ValueError, match="hidden is on device meta"):
         head.predict(torch.randn(4, 16, device="meta"), k=2)
+
+
+@requires_cuda
+def test_cpu_tensors_beside_cuda_weights_are_rejected():
+    head = FullSoftmaxLoss(1000, 16, device="cuda")
+    with pytest.raises(ValueError, match="targets is on device cpu but the head's weight is on cuda"):
+        head(torch.randn(64, 16, device="cuda"), torch.randint(0, 1000, (64,)))
+    with pytest.raises(ValueError, match="hidden is on device cpu"):
+        head(torch.randn(64, 16), torch.randint(0, 1000, (64,), device="cuda"))
+    # The operator itself checks too (a caller of torch.ops.xsoftmax, or a CPU bias beside CUDA weights).
+    with pytest.raises(ValueError, match="targets is on cpu but weight is on cuda"):
+        torch.ops.xsoftmax.loss(torch.randn(4, 16, device="cuda"), head.weight, None, torch.zeros(4, dtype=torch.long),
+                                1, -100, 0, None, False)
+    with pytest.raises(ValueError, match="bias is on cpu but weight is on cuda"):
+        torch.ops.xsoftmax.loss(torch.randn(4, 16, device="cuda"), head.weight, torch.zeros(1000),
+                                torch.zeros(4, dtype=torch.long, device="cuda"), 1, -100, 0, None, False)
+
+
+def test_cuda_without_cuda_operators_is_a_clear_error():
+    if _ops.has_cuda():
+        pytest.skip("this build has its CUDA operators")
+    with pytest.raises(ValueError, match="has no CUDA operators"):
+        FullSoftmaxLoss(10, 4, device="cuda")
 
 
 def test_non_tensor_inputs_and_late_reduction():

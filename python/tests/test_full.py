@@ -6,6 +6,9 @@ import torch.nn.functional as F
 
 from xsoftmax import FullSoftmaxLoss
 
+# Every test runs on the CPU and on CUDA (conftest.py: skipped, and counted, without a GPU).
+pytestmark = pytest.mark.usefixtures("device")
+
 N, D = 37, 12
 
 

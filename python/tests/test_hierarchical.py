@@ -16,6 +16,9 @@ import torch.nn.functional as F
 
 from xsoftmax import HierarchicalSoftmaxLoss, Tree
 
+# Every test runs on the CPU and on CUDA (conftest.py: skipped, and counted, without a GPU).
+pytestmark = pytest.mark.usefixtures("device")
+
 D = 10
 
 

@@ -13,6 +13,9 @@ import torch.nn.functional as F
 
 from xsoftmax import FullSoftmaxLoss, HierarchicalSoftmaxLoss, KNNSoftmaxLoss, SampledSoftmaxLoss
 
+# Every test runs on the CPU and on CUDA (conftest.py: skipped, and counted, without a GPU).
+pytestmark = pytest.mark.usefixtures("device")
+
 N, D = 23, 8
 
 

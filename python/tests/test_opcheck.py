@@ -1,16 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
 """torch.library.opcheck of the operators: schema (no hidden mutation or aliasing), autograd
 registration, fake kernels against the real ones, AOT dispatch with dynamic shapes."""
+import functools
+
 import pytest
 import torch
 
 from xsoftmax import HierarchicalSoftmaxLoss, KNNSoftmaxLoss, SampledSoftmaxLoss, Tree
 
+# Every test runs on the CPU and on CUDA (conftest.py: skipped, and counted, without a GPU).
+pytestmark = pytest.mark.usefixtures("device")
+
 N, D, B = 20, 6, 5
 ops = torch.ops.xsoftmax
 
 
-def cases():
+HEAD_NAMES = ("full", "hs", "hs_sigmoid", "sampled", "knn")
+CASE_IDS = [f"{name}-r{reduction}-{'sparse' if sparse else 'dense'}"
+            for name in HEAD_NAMES for reduction in (0, 1, 2) for sparse in (False, True)]
+
+
+@functools.lru_cache(maxsize=None)
+def cases(device):
+    """The operators' arguments for every head, reduction and gradient form, on `device` (made once
+    per device; the modules own the handles and are kept alive with them)."""
     torch.manual_seed(0)
     w = torch.randn(N, D, requires_grad=True)
     b = torch.randn(N, requires_grad=True)
@@ -35,15 +48,12 @@ def cases():
             for sparse in (False, True):
                 out.append((f"{name}-r{reduction}-{'sparse' if sparse else 'dense'}",
                             (h, weight, bias, t, reduction, -100, head, st, sparse), (name, head, weight, bias)))
-    return out, heads, [hs, sig, sampled, knn]  # the modules own the handles: keep them alive
+    return dict((c[0], c) for c in out), heads, [hs, sig, sampled, knn]
 
 
-CASES, HEADS, _KEEP = cases()
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_loss_ops(case):
-    _, args, _ = case
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_loss_ops(case_id, device):
+    _, args, _ = cases(str(device))[0][case_id]
     torch.library.opcheck(ops.loss, args)
     if args[4] != 0:
         torch.library.opcheck(ops.loss_fused, args)
@@ -53,7 +63,7 @@ def test_loss_ops(case):
 
 
 @pytest.mark.parametrize("name", ["full", "hs", "hs_sigmoid"])
-def test_topk_op(name):
-    weight, bias, head, _ = HEADS[name]
+def test_topk_op(name, device):
+    weight, bias, head, _ = cases(str(device))[1][name]
     h = torch.randn(B, D)
     torch.library.opcheck(ops.topk, (h, weight.detach(), None if bias is None else bias.detach(), 3, head, 0))

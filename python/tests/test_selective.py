@@ -7,6 +7,9 @@ import torch.nn.functional as F
 
 from xsoftmax import FullSoftmaxLoss, KNNSoftmaxLoss, SampledSoftmaxLoss, _ops
 
+# Every test runs on the CPU and on CUDA (conftest.py: skipped, and counted, without a GPU).
+pytestmark = pytest.mark.usefixtures("device")
+
 N, D = 23, 6
 
 

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The xsoftmax operators: loading the C++ extension, fake (meta) kernels for torch.compile, autograd.
 
-Operators (schemas in csrc/ops.cpp), all on CPU tensors:
+Operators (schemas in csrc/ops.cpp), on CPU tensors and, when the extension was built with its CUDA
+operators (``build_info()['cuda']``), on CUDA tensors: one body per operator for both devices
+(csrc/op_bodies.hpp); every tensor of a call must be on the weight's device.
 
 * ``xsoftmax::loss`` -- the loss only. Differentiable: its backward calls ``xsoftmax::backward``
   with the upstream gradient (a scalar for mean/sum, one value per sample for reduction none).
@@ -42,12 +44,34 @@ if ("OPENBLAS_CORETYPE" not in os.environ and os.environ.get("XSOFTMAX_OPENBLAS_
 
 from . import _C  # noqa: E402,F401  (registers the operators)
 
-__all__ = ["REDUCTIONS", "loss", "topk", "INT64_MIN"]
+__all__ = ["REDUCTIONS", "loss", "topk", "INT64_MIN", "build_info", "has_cuda"]
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 INT64_MIN = -(2 ** 63)
 
 _ops = torch.ops.xsoftmax
+
+
+def build_info():
+    """What this installation was built with, as a dict: ``cpu`` (always True), ``cuda`` (whether the
+    CUDA operators were built), ``cuda_archs`` (their GPU architectures, TORCH_CUDA_ARCH_LIST's form),
+    ``why_no_cuda`` (None, or why they were not built), ``blas`` (the CPU operators' dense GEMM),
+    ``torch`` and ``torch_cuda`` (the torch it was built against and its CUDA version)."""
+    info = dict(_C.build_info())
+    try:
+        from . import _build_config as config
+    except ImportError:  # built by other means than setup.py
+        config = None
+    info["cuda_archs"] = config.CUDA_ARCHS if config is not None and info["cuda"] else ""
+    info["why_no_cuda"] = None if info["cuda"] else getattr(config, "WHY_NO_CUDA", None)
+    info["torch"] = torch.__version__
+    info["torch_cuda"] = torch.version.cuda
+    return info
+
+
+def has_cuda():
+    """Whether this build has its CUDA operators."""
+    return bool(_C.build_info()["cuda"])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -90,6 +90,20 @@ def _check_reduction(reduction):
     return reduction
 
 
+def _check_device_supported(device):
+    """CPU always; CUDA when this build has its CUDA operators (raises ValueError otherwise)."""
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise ValueError(f"device = {device}: the xsoftmax heads run on CPU and CUDA tensors")
+    if not _ops.has_cuda():
+        info = _ops.build_info()
+        raise ValueError(f"device = {device}: this build of xsoftmax has no CUDA operators "
+                         f"({info['why_no_cuda'] or 'not built'}); reinstall it with a CUDA build of torch and nvcc "
+                         f"found (pip install --no-build-isolation ./python; XSOFTMAX_WITH_CUDA=1 makes a failed CUDA "
+                         f"build an error)")
+
+
 class _SoftmaxHead(nn.Module):
     """Shared parts: parameters, input checks, flattening of leading dimensions."""
 
@@ -102,8 +116,8 @@ class _SoftmaxHead(nn.Module):
             raise ValueError(f"dim = {dim} must be >= 1")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype = {dtype} must be torch.float32, torch.bfloat16 or torch.float16")
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError(f"device = {device}: this build of xsoftmax runs on CPU tensors only")
+        if device is not None:
+            _check_device_supported(torch.device(device))
         self.num_classes = int(num_classes)
         self.dim = int(dim)
         self.reduction = reduction  # checked by the property's setter

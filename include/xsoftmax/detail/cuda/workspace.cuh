@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// The device memory of a `cuda_resources`, all from one `cub::CachingDeviceAllocator`: Thrust's
-/// temporaries (`caching_allocator`) and the tuned kernels' scratch (`workspace`, `arena` per call).
+/// The device memory of a `cuda_resources`, all from one `device_cache`: Thrust's temporaries
+/// (`caching_allocator`) and the tuned kernels' scratch (`workspace`, `arena` per call). The cache is
+/// a `cub::CachingDeviceAllocator`, or the caller's `device_memory_resource` when the resources were
+/// given one (a framework's allocator: PyTorch's caching allocator in the PyTorch package).
 ///
 /// Why a cache: cudaMalloc is slow and cudaFree synchronises the device; a freed block goes back to
 /// CUB's cache and the next request of its size bin takes it again. Reusing a block at once,
@@ -12,12 +14,14 @@
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/cuda/error.cuh>
+#include <xsoftmax/detail/cuda/memory_resource.cuh>
 
 #include <cub/util_allocator.cuh>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -25,18 +29,29 @@ namespace xsoftmax::detail::gpu {
 
 /// CUB's cache with power-of-two bins from 256 B to 2^48 B: every block is cached (CUB's default
 /// caches blocks up to 2 MiB only; score chunks are tens of MiB), at most twice its request, and the
-/// cached total is unbounded (an allocation that fails empties the cache and retries).
+/// cached total is unbounded (an allocation that fails empties the cache and retries). With an
+/// external `device_memory_resource` every block comes from it instead and CUB's cache stays empty.
 struct device_cache : cub::CachingDeviceAllocator {
-  device_cache() : cub::CachingDeviceAllocator(2, 8, 48) {}
-  /// A block of at least `bytes` bytes used on `stream`. Throws `cuda_error` when out of memory.
+  explicit device_cache(std::shared_ptr<device_memory_resource> external = nullptr)
+      : cub::CachingDeviceAllocator(2, 8, 48), external_(std::move(external)) {}
+  /// A block of at least `bytes` bytes used on `stream`. Throws `cuda_error` (or what the external
+  /// resource throws) when out of memory.
   [[nodiscard]] void* take(std::size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) bytes = 1;
+    if (external_) return external_->allocate(bytes, stream);
     void* p = nullptr;
-    XSOFTMAX_CUDA_TRY(DeviceAllocate(&p, bytes == 0 ? 1 : bytes, stream));
+    XSOFTMAX_CUDA_TRY(DeviceAllocate(&p, bytes, stream));
     return p;
   }
-  void give_back(void* p) noexcept {
-    if (p) XSOFTMAX_CUDA_TRY_NOTHROW(DeviceFree(p));
+  /// Returns a block `take(bytes, stream)` gave (work queued on `stream` may still use it).
+  void give_back(void* p, std::size_t bytes, cudaStream_t stream) noexcept {
+    if (!p) return;
+    if (external_) external_->deallocate(p, bytes == 0 ? 1 : bytes, stream);
+    else XSOFTMAX_CUDA_TRY_NOTHROW(DeviceFree(p));
   }
+
+ private:
+  std::shared_ptr<device_memory_resource> external_;
 };
 
 /// Thrust's temporary storage from the cache, on the resources' stream (what
@@ -48,7 +63,7 @@ class caching_allocator {
   [[nodiscard]] char* allocate(std::ptrdiff_t bytes) {
     return static_cast<char*>(cache_->take(bytes > 0 ? static_cast<std::size_t>(bytes) : 0, stream_));
   }
-  void deallocate(char* p, std::size_t) noexcept { cache_->give_back(p); }
+  void deallocate(char* p, std::size_t bytes) noexcept { cache_->give_back(p, bytes, stream_); }
 
  private:
   device_cache* cache_;
@@ -68,8 +83,8 @@ class workspace {
   workspace(const workspace&) = delete;
   workspace& operator=(const workspace&) = delete;
   ~workspace() {
-    for (void* p : extra_) cache_.give_back(p);
-    cache_.give_back(block_);
+    release_extra();
+    cache_.give_back(block_, size_, stream_);
   }
 
   [[nodiscard]] static constexpr std::size_t round_up(std::size_t bytes) {
@@ -85,8 +100,8 @@ class workspace {
     if (used_ <= size_) {
       piece = static_cast<char*>(block_) + (used_ - need);
     } else {
-      extra_.push_back(cache_.take(need, stream_));
-      piece = extra_.back();
+      piece = cache_.take(need, stream_);
+      extra_.emplace_back(piece, need);
     }
     if (poisoned()) XSOFTMAX_CUDA_TRY(cudaMemsetAsync(piece, 0xFF, need, stream_));
     return piece;
@@ -106,8 +121,7 @@ class workspace {
 
   /// Ends a call: every piece is released. No wait: the cache keeps stream order.
   void reset() noexcept {
-    for (void* p : extra_) cache_.give_back(p);
-    extra_.clear();
+    release_extra();
     if (used_ > size_) {
       try {
         reserve(used_);
@@ -122,7 +136,7 @@ class workspace {
   void reserve(std::size_t bytes) {
     bytes = round_up(bytes);
     if (bytes <= size_) return;
-    cache_.give_back(std::exchange(block_, nullptr));
+    cache_.give_back(std::exchange(block_, nullptr), size_, stream_);
     size_ = 0;
     block_ = cache_.take(bytes, stream_);
     size_ = bytes;
@@ -132,11 +146,16 @@ class workspace {
   [[nodiscard]] std::size_t capacity() const noexcept { return size_; }
 
  private:
+  void release_extra() noexcept {
+    for (const auto& [p, bytes] : extra_) cache_.give_back(p, bytes, stream_);
+    extra_.clear();
+  }
+
   device_cache& cache_;
   cudaStream_t stream_;
   void* block_ = nullptr;
   std::size_t size_ = 0, used_ = 0;
-  std::vector<void*> extra_;
+  std::vector<std::pair<void*, std::size_t>> extra_;  // pieces that did not fit the block, with their sizes
 };
 
 /// Typed pieces of a workspace for one call, released when the arena goes out of scope (also when

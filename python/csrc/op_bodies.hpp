@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The body of every operator of the PyTorch bindings (schemas in ops.cpp), written once for every
+// device: `loss_op<Backend>`, `loss_fused_op`, `backward_op`, `topk_op`, templates on
+// the library's backend, instantiated for CPU tensors (`omp`, ops.cpp) and for CUDA tensors
+// (`cuda`, ops_cuda.cu, when the extension is built with its CUDA operators). What differs per
+// device is only `torch_backend<Backend>` (specialised beside each instantiation): the resources a
+// head runs with (on CUDA: torch's current stream, caching allocator and cuBLAS handle).
+//
+// Every body: checks its tensors (all on the weight's device), makes the device current, picks the
+// head the handle names (built over the weight tensor, cached per handle), runs the library's
+// `_async` verb (on CUDA queued on torch's stream: no wait at the end; on CPU done on return), and
+// returns tensors on the weight's device. The loss stays on the device.
+
+#include "head_states.hpp"
+#include "tensor_args.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <xsoftmax/full_softmax.hpp>
+#include <xsoftmax/hierarchical_softmax.hpp>
+#include <xsoftmax/knn_softmax.hpp>
+#include <xsoftmax/selection/sampled_negatives.hpp>
+#include <xsoftmax/selective_softmax.hpp>
+
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+namespace xsoftmax_torch {
+
+/// What a head on `Backend` runs with, from torch's state of the calling thread:
+///   static xs::backend_resources<Backend> resources();   // for a head built now
+///   static void refresh(const xs::backend_resources<Backend>&);  // before each call of a cached head
+///   static const void* stream();                          // what a cached head is keyed on
+template <class Backend>
+struct torch_backend;
+
+template <>
+struct torch_backend<xs::omp> {
+  static xs::backend_resources<xs::omp> resources() { return {}; }
+  static void refresh(const xs::backend_resources<xs::omp>&) {}
+  static const void* stream() { return nullptr; }
+};
+
+/// Calls `f(head)` with the head `handle` names, attached to `weight` / `bias`, on `Backend`.
+/// Selective heads (sampled, KNN) only when `Selective`; the others are full softmax (handle 0) and
+/// hierarchical. `f` also learns whether the head produces every weight row in order (the full
+/// softmax: its gradient values are the dense gradient).
+template <class Backend, bool Selective, class F>
+void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+               const c10::optional<at::Tensor>& step, const char* op, F&& f) {
+  using device = torch_backend<Backend>;
+  dispatch_precision(weight.scalar_type(), op, [&](auto precision) {
+    using P = decltype(precision);
+    using S = typename P::storage_type;
+    const xs::matrix_view<S> w = weight_view<S>(weight);
+    S* const b = bias_pointer<S>(bias);
+    if (handle == 0) {
+      xs::full_softmax<P, Backend> head(w, b, device::resources());
+      f(head, true);
+      return;
+    }
+    const std::shared_ptr<state> st = find_state(handle, op);
+    if (auto* full = dynamic_cast<full_state*>(st.get())) {
+      xs::full_softmax<P, Backend> head(w, b, device::resources());
+      head.set_score_cache_bytes(full->score_cache_bytes);
+      head.set_row_block(full->row_block);
+      f(head, true);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(st->mu);
+    const head_key key = key_of(weight, bias, device::stream());
+    // A cached head, built on first use and whenever the key changes; torch's per-call state (the
+    // CUDA cuBLAS handle of this thread) refreshed before every call.
+    auto cached = [&](auto make) -> auto& {
+      using head_t = std::remove_pointer_t<decltype(make())>;
+      head_t& h = st->cache.get<head_t>(key, make);
+      device::refresh(h.resources());
+      return h;
+    };
+    if (auto* t = dynamic_cast<tree_state*>(st.get())) {
+      if (t->sigmoid) {
+        using head_t = xs::hierarchical_softmax<tree_type, P, Backend, xs::sigmoid_nodes>;
+        f(cached([&] { return new head_t(t->tree, w, b, device::resources()); }), false);
+      } else {
+        using head_t = xs::hierarchical_softmax<tree_type, P, Backend, xs::softmax_nodes>;
+        f(cached([&] { return new head_t(t->tree, w, b, device::resources()); }), false);
+      }
+      return;
+    }
+    if constexpr (Selective) {
+      if (auto* s = dynamic_cast<sampled_state*>(st.get())) {
+        using head_t = xs::selective_softmax<xs::sampled_negatives, P, Backend>;
+        head_t& head = cached([&] { return new head_t(s->sampler, w, b, device::resources()); });
+        head.selector().set_step(static_cast<unsigned long long>(step_value(step)));
+        f(head, false);
+        return;
+      }
+      if (auto* k = dynamic_cast<knn_state*>(st.get())) {
+        using head_t = xs::knn_softmax<P, Backend>;
+        const int64_t now = step_value(step);
+        head_t& head = cached([&] { return new head_t(w, k->options, b, device::resources()); });
+        if (st->cache.fresh) {
+          k->built_step = now;
+          st->cache.rebuild = [&head] { head.rebuild_graph(); };
+        } else if (k->options.rebuild_every > 0 && now - k->built_step >= k->options.rebuild_every) {
+          head.rebuild_graph();  // from the current weights (after the optimiser's updates)
+          k->built_step = now;
+        }
+        f(head, false);
+        return;
+      }
+      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": head = ", handle, " is not a head handle");
+    } else {
+      TORCH_CHECK_VALUE(false, "xsoftmax::", op, ": head = ", handle,
+                        " is a sampled or KNN head; this operator takes a full (0) or hierarchical head");
+    }
+  });
+}
+
+/// The call's options with the loss terms of handle `head` (none for handle 0).
+inline xs::loss_options with_loss_terms(xs::loss_options o, int64_t head, const char* op) {
+  if (head == 0) return o;
+  const xs::loss_options& t = find_state(head, op)->terms;
+  o.label_smoothing = t.label_smoothing;
+  o.z_loss = t.z_loss;
+  o.margin = t.margin;
+  return o;
+}
+
+inline at::TensorOptions float_on(const at::Tensor& weight) {
+  return at::TensorOptions().dtype(at::kFloat).device(weight.device());
+}
+
+inline xs::vector_view<float> vector_of(at::Tensor& t) { return {t.data_ptr<float>(), t.numel()}; }
+
+inline xs::matrix_view<float> matrix_of(at::Tensor& t) { return {t.data_ptr<float>(), t.size(0), t.size(1)}; }
+
+template <class Backend>
+at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                     const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
+                     const c10::optional<at::Tensor>& step, bool /*sparse_grad: used by the backward*/) {
+  return guarded([&] {
+    const char* op = "loss";
+    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    const c10::DeviceGuard on_device(weight.device());
+    const xs::loss_options options = with_loss_terms(a.options, head, op);
+    at::Tensor per_sample = at::empty({a.hidden.size(0)}, float_on(weight));
+    at::Tensor loss = at::empty({}, float_on(weight));
+    with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool) {
+      h.forward_async(hidden_view(a.hidden), targets_view(a.targets), vector_of(loss), options,
+                      vector_of(per_sample));
+    });
+    if (a.options.reduce == xs::reduction::none) return per_sample;
+    return nan_if_nothing_counts(loss, a);
+  });
+}
+
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fused_op(
+    const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
+    const c10::optional<at::Tensor>& step, bool sparse_grad) {
+  return guarded([&] {
+    const char* op = "loss_fused";
+    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    TORCH_CHECK_VALUE(a.options.reduce != xs::reduction::none, "xsoftmax::", op,
+                      ": reduction none needs the upstream gradient; use loss + backward");
+    const c10::DeviceGuard on_device(weight.device());
+    const xs::loss_options options = with_loss_terms(a.options, head, op);
+    at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
+    at::Tensor loss = at::empty({}, float_on(weight));
+    auto g = std::make_shared<gradient<Backend>>();
+    bool every_row = false;
+    with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
+      every_row = every_row_in_order;
+      h.forward_backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden), *g,
+                               vector_of(loss), options);
+    });
+    const bool has_bias = bias.has_value() && bias->defined();
+    auto [rows, values, gbias] = gradient_tensors<Backend>(g, weight, has_bias, sparse_grad, every_row);
+    return std::make_tuple(nan_if_nothing_counts(loss, a), grad_hidden, rows, values, gbias);
+  });
+}
+
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
+    const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
+    const c10::optional<at::Tensor>& step, bool sparse_grad, const at::Tensor& grad_output) {
+  return guarded([&] {
+    const char* op = "backward";
+    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    check_same_device(grad_output, weight, op, "grad_output");
+    const c10::DeviceGuard on_device(weight.device());
+    const at::Tensor go = grad_output.to(at::kFloat).contiguous();
+    const xs::loss_options options = with_loss_terms(a.options, head, op);
+    at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
+    auto g = std::make_shared<gradient<Backend>>();
+    bool every_row = false;
+    with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
+      every_row = every_row_in_order;
+      h.backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden), *g, options,
+                       xs::vector_view<const float>(go.data_ptr<float>(), go.numel()));
+    });
+    const bool has_bias = bias.has_value() && bias->defined();
+    auto [rows, values, gbias] = gradient_tensors<Backend>(g, weight, has_bias, sparse_grad, every_row);
+    return std::make_tuple(grad_hidden, rows, values, gbias);
+  });
+}
+
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden, const at::Tensor& weight,
+                                             const c10::optional<at::Tensor>& bias, int64_t k, int64_t head,
+                                             int64_t beam_width) {
+  return guarded([&] {
+    const char* op = "topk";
+    check_weight(weight, bias, op);
+    const at::Tensor h = prepare_hidden(hidden, weight, op);
+    const int64_t b = h.size(0);
+    TORCH_CHECK_VALUE(k >= 1, "xsoftmax::topk: k = ", k, " must be >= 1");
+    TORCH_CHECK_VALUE(beam_width >= 0, "xsoftmax::topk: beam_width = ", beam_width, " must be >= 0");
+    const c10::DeviceGuard on_device(weight.device());
+    at::Tensor log_probs = at::empty({b, k}, float_on(weight));
+    at::Tensor classes = at::empty({b, k}, at::TensorOptions().dtype(at::kLong).device(weight.device()));
+    with_head<Backend, false>(head, weight, bias, c10::nullopt, op, [&](auto& hd, bool) {
+      using head_t = std::decay_t<decltype(hd)>;
+      const xs::matrix_view<index_t> cv(classes.data_ptr<int64_t>(), b, k);
+      const xs::matrix_view<float> lv(log_probs.data_ptr<float>(), b, k);
+      if constexpr (std::is_same_v<typename head_t::search_options_type, xs::search_options>) {
+        xs::search_options so;
+        so.beam_width = beam_width;
+        hd.topk_async(hidden_view(h), k, cv, lv, so);
+      } else {
+        hd.topk_async(hidden_view(h), k, cv, lv);
+      }
+    });
+    return std::make_tuple(log_probs, classes);
+  });
+}
+
+}  // namespace xsoftmax_torch
