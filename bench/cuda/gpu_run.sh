@@ -26,6 +26,11 @@
 #   bench/cuda/gpu_run.sh profile    one quick-bench head ($PROFILE_FILTER) under nsys (or ncu): API calls,
 #                                    kernels, copies, summed
 #   bench/cuda/gpu_run.sh profiles   the per-kernel breakdown of each headline configuration (ncu)
+#   bench/cuda/gpu_run.sh carry_python  here: the PyTorch package built against the GPU image's torch
+#                                    (Python 3.12, torch 2.11.0+cu130: $PY_FOR_GPU) into .gpu-py/
+#   bench/cuda/gpu_run.sh python     the PyTorch package on CUDA: its CUDA tests (pytest -m cuda), the
+#                                    peers with xsoftmax's operators (torch_peer.py), train_hs.py --device
+#                                    cuda at 1M classes; .gpu-py/ carried, or built there (PY_BUILD=1)
 #   bench/cuda/gpu_run.sh pack       $OUT's logs into logs.tar.gz (the device tool brings 8 files back)
 #   bench/cuda/gpu_run.sh poison     the CUDA cases with poisoned workspace pieces (XSOFTMAX_POISON_WORKSPACE)
 #   bench/cuda/gpu_run.sh sweep      the tree-shape sweep at 1M and 10M classes: JSON and PNG
@@ -376,6 +381,57 @@ rowblocks() {
   peer
 }
 
+# The PyTorch package for the GPU machine, built here: in a copy of python/ and include/, against the
+# torch of $PY_FOR_GPU (default /tmp/py312/bin/python: `python3.12 -m venv /tmp/py312 &&
+# /tmp/py312/bin/pip install torch==2.11.0 numpy pytest`, the GPU image's Python and torch), for sm_90,
+# with the built-in GEMM (XSOFTMAX_CBLAS=none: the GPU image may have no OpenBLAS), stripped, into
+# .gpu-py/xsoftmax (name .gpu-py in `carry`). About 5 minutes on 2 cores.
+carry_python() {
+  local py=${PY_FOR_GPU:-/tmp/py312/bin/python} tmp
+  tmp=$(mktemp -d)
+  cp -r include python "$tmp/"
+  rm -rf "$tmp/python/build" "$tmp/python/xsoftmax/_C"*.so
+  (cd "$tmp/python" && MAX_JOBS=${MAX_JOBS:-2} TORCH_CUDA_ARCH_LIST=9.0 XSOFTMAX_CBLAS=none XSOFTMAX_WITH_CUDA=1     "$py" setup.py build_ext --inplace > "$tmp/build.log" 2>&1) || { tail -n 30 "$tmp/build.log"; return 1; }
+  rm -rf .gpu-py && mkdir -p .gpu-py
+  cp -r "$tmp/python/xsoftmax" .gpu-py/
+  strip --strip-debug .gpu-py/xsoftmax/_C*.so
+  rm -rf "$tmp"
+  du -sh .gpu-py/xsoftmax/_C*.so
+}
+
+# The PyTorch package on CUDA, on the GPU machine: the package carried in .gpu-py/ (carry_python), or
+# built there when PY_BUILD=1 or the carried one does not import (about 3 minutes on 16 cores); then
+# the CUDA test cases (pytest -m cuda; $PY_TEST_LIMIT s, default 240), torch_peer.py with xsoftmax's
+# operators beside PyTorch, Cut Cross-Entropy and Liger ($PY_PEER_LIMIT, 150), and train_hs.py --device
+# cuda at 1M classes ($PY_TRAIN_LIMIT, 90).
+python_phase() {
+  log "python $(date -u +%FT%TZ)"
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl &&
+      export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  if [[ -z ${PY_BUILD:-} && -d .gpu-py/xsoftmax ]] &&
+    PYTHONPATH=$PWD/.gpu-py${PYTHONPATH:+:$PYTHONPATH} python3 -c "import xsoftmax" > "$out/py_import.txt" 2>&1; then
+    export PYTHONPATH=$PWD/.gpu-py${PYTHONPATH:+:$PYTHONPATH}
+  else
+    log "python: building the package here ($(tail -n 1 "$out/py_import.txt" 2>/dev/null))"
+    MAX_JOBS=${MAX_JOBS:-8} TORCH_CUDA_ARCH_LIST=9.0 XSOFTMAX_WITH_CUDA=1 python3 -m pip install -q \
+      --no-build-isolation --no-deps --no-cache-dir --target /tmp/xs-site ./python > "$out/py_build.txt" 2>&1 ||
+      { tail -n 20 "$out/py_build.txt" | tee -a "$out/phases.txt"; return 1; }
+    export PYTHONPATH=/tmp/xs-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  python3 -c "import xsoftmax; print('xsoftmax', xsoftmax.build_info())" 2>&1 | tee -a "$out/phases.txt"
+  (cd python/tests && PYTHONUNBUFFERED=1 timeout "${PY_TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider \
+    -m cuda -rf . ) > "$out/pytest_cuda.txt" 2>&1 || true
+  tail -n 4 "$out/pytest_cuda.txt" | tee -a "$out/phases.txt"
+  PYTHONUNBUFFERED=1 timeout "${PY_PEER_LIMIT:-150}" python3 bench/cuda/torch_peer.py --reps "${PY_PEER_REPS:-5}" \
+    > "$out/py_peer.txt" 2>&1 || true
+  grep -E "full_bf16|hs[23]_bf16|adaptive" "$out/py_peer.txt" | tee -a "$out/phases.txt" || true
+  PYTHONUNBUFFERED=1 timeout "${PY_TRAIN_LIMIT:-90}" python3 examples/python/train_hs.py --device cuda \
+    --classes 1000000 --dim 256 --batch 8192 --steps 100 --quiet > "$out/train_hs_cuda.txt" 2>&1 || true
+  tail -n 3 "$out/train_hs_cuda.txt" | tee -a "$out/phases.txt"
+}
+
 # A whole session in one device call (timeout_s 600): the checks of `prebuilt` within shorter
 # limits, then `rowblocks` (with the peers), `sweep` at 1M classes, `scale` and `pack`, each under
 # `timeout` so that a slow phase costs its own limit. About 540 s.
@@ -469,7 +525,7 @@ peer() {
 
 # The binaries find libnccl.so.2 in PyTorch's NCCL wheel, where the device machine has it (its
 # toolkit has none on the library path; a build there links the wheel's: see build).
-if [[ ${1:-all} != carry && ${1:-all} != pack ]]; then
+if [[ ${1:-all} != carry && ${1:-all} != carry_python && ${1:-all} != pack ]]; then
   wheel=$(nccl_wheel)
   if [[ -n $wheel ]]; then
     export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -496,5 +552,7 @@ case "${1:-all}" in
   rowblocks) rowblocks ;;
   session) session ;;
   profiles) profiles ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session|profiles" >&2; exit 2 ;;
+  carry_python) carry_python ;;
+  python) python_phase ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session|profiles|carry_python|python" >&2; exit 2 ;;
 esac

@@ -6,10 +6,13 @@
    loss = F.cross_entropy(F.linear(h, W), t); forward, and forward + backward, time per call and
    torch.cuda.max_memory_allocated (PyTorch materialises the B x N logits, and their gradient).
    The same for PyTorch's F.linear_cross_entropy (where torch has it), Cut Cross-Entropy and
-   Liger's fused linear cross-entropy when they import (carried wheels), on the same inputs; then
+   Liger's fused linear cross-entropy when they import (carried wheels), and xsoftmax's own
+   FullSoftmaxLoss operator when the PyTorch package with CUDA operators imports, on the same inputs; then
    all of them again at the small call 1024 x 2304 x 32K (heads_cuda_bench --quick's first line).
 2. torch.nn.AdaptiveLogSoftmaxWithLoss over N = 1M classes (cutoffs 20K / 200K, div_value 4),
    bf16, d = 512, B = 8192, Zipf-like targets: the closest built-in peer of a hierarchical softmax.
+   xsoftmax's HierarchicalSoftmaxLoss (the PyTorch package's CUDA operators, when installed) beside
+   it: uniform trees of 2 and 3 levels over the same classes, bf16, same B, d and targets.
 3. The two ceilings of the floors in bench/RESULTS.md, measured on this device: a 4 GiB
    device-to-device copy (bytes read + written per second) and cuBLAS's bf16 GEMM rate through
    torch.matmul, at 8192^3 and at the full softmax's score-GEMM shape (B x N x d).
@@ -95,7 +98,26 @@ def fused_peers():
         peers.append(("liger", lambda h, w, t: liger_fused_linear_cross_entropy(h, w, t)))
     except Exception as e:  # noqa: BLE001
         print(f"liger_kernel not available: {e}", flush=True)
+    xs = xsoftmax_package()
+    if xs is not None:
+        # The operator FullSoftmaxLoss calls (fused forward + backward when a gradient is needed).
+        peers.append(("xsoftmax", lambda h, w, t: xs._ops.loss(h, w, None, t, 1, -100)))
     return peers
+
+
+def xsoftmax_package():
+    """The xsoftmax PyTorch package when it imports with its CUDA operators (else None, said why)."""
+    try:
+        import xsoftmax
+    except Exception as e:  # noqa: BLE001
+        print(f"xsoftmax package not available: {e}", flush=True)
+        return None
+    info = xsoftmax.build_info()
+    if not info["cuda"]:
+        print(f"xsoftmax package has no CUDA operators: {info['why_no_cuda']}", flush=True)
+        return None
+    print(f"xsoftmax package: {info}", flush=True)
+    return xsoftmax
 
 
 def full_softmax(batch, dim, n, reps, device, name="torch", loss_fn=torch_linear_cross_entropy):
@@ -166,6 +188,40 @@ def adaptive(batch, dim, n, reps, device):
           f"peak extra fwd+bwd {fb_peak / 1e6:9.1f} MB  cutoffs {cutoffs}", flush=True)
 
 
+def xsoftmax_hs(batch, dim, n, reps, device, depth):
+    """xsoftmax's HierarchicalSoftmaxLoss over a uniform tree of `depth` levels (branching the
+    depth-th root of n), bf16, as adaptive() times AdaptiveLogSoftmaxWithLoss."""
+    xs = xsoftmax_package()
+    if xs is None:
+        return
+    torch.cuda.empty_cache()
+    branching = math.ceil(n ** (1.0 / depth))
+    head = xs.HierarchicalSoftmaxLoss(n, dim, tree=xs.Tree.uniform(n, depth, branching), dtype=torch.bfloat16,
+                                      sparse_grad=True).to(device)
+    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
+    t = zipf_targets(batch, n, device)
+    base = torch.cuda.memory_allocated()
+
+    def fwd():
+        with torch.no_grad():
+            return head(h, t)
+
+    def fwd_bwd():
+        head.zero_grad(set_to_none=True)
+        h.grad = None
+        loss = head(h, t)
+        loss.backward()
+        return loss
+
+    torch.cuda.reset_peak_memory_stats()
+    f_ms = time_ms(fwd, reps)
+    torch.cuda.reset_peak_memory_stats()
+    fb_ms = time_ms(fwd_bwd, reps)
+    fb_peak = torch.cuda.max_memory_allocated() - base
+    print(f"xsoftmax hs{depth}_bf16      B={batch:<6} d={dim:<5} N={n:<10} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
+          f"peak extra fwd+bwd {fb_peak / 1e6:9.1f} MB  branching {branching}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -187,6 +243,7 @@ def main():
         for name, fn in [("torch", torch_linear_cross_entropy)] + fused_peers():
             full_softmax(1024, 2304, 32768, a.reps, device, name, fn)
         adaptive(1024, 512, 100000, a.reps, device)
+        xsoftmax_hs(1024, 512, 100000, a.reps, device, 2)
     else:
         ceilings(8192, 2304, 262144, device)
         peers = [("torch", torch_linear_cross_entropy)] + fused_peers()
@@ -197,6 +254,8 @@ def main():
         for name, fn in peers:
             full_softmax(1024, 2304, 32768, 5 * a.reps, device, name, fn)
         adaptive(8192, 512, 1 << 20, a.reps, device)
+        for depth in (2, 3):
+            xsoftmax_hs(8192, 512, 1 << 20, a.reps, device, depth)
     return 0
 
 

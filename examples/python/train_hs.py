@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Train a hierarchical softmax head over 1M classes on synthetic Zipf data (PyTorch, CPU).
+"""Train a hierarchical softmax head over 1M classes on synthetic Zipf data (PyTorch, CPU or CUDA).
 
 The problem is shaped like the ones xsoftmax is for (a language model's vocabulary, product or
 identity recognition):
@@ -18,9 +18,11 @@ At the end: held-out loss and top-1 / top-5 accuracy by exact best-first tree se
 
     python examples/python/train_hs.py                        # 1M classes, 300 steps
     python examples/python/train_hs.py --classes 10000 --steps 200 --dim 32 --batch 128
+    python examples/python/train_hs.py --device cuda --batch 8192 --dim 256   # on a GPU
 
-Needs the xsoftmax package (pip install --no-build-isolation ./python). The operators are CPU
-operators; --device cuda is refused until a CUDA build of them exists.
+Needs the xsoftmax package (pip install --no-build-isolation ./python); --device cuda needs a build
+with its CUDA operators (xsoftmax.build_info()['cuda']). The data are drawn on the CPU and copied to
+the device each step.
 """
 import argparse
 import functools
@@ -147,7 +149,7 @@ def parse_args(argv=None):
                         "tree of the Zipf frequencies (word2vec style; ignores the data's groups)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weight storage of the head")
-    p.add_argument("--device", default="cpu", help="cpu (the operators are CPU operators)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (a build with the CUDA operators)")
     p.add_argument("--eval-batch", type=int, default=2048, help="held-out samples for the final evaluation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch / OpenMP threads (0: default)")
@@ -157,8 +159,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.device != "cpu":
-        raise SystemExit(f"--device {args.device}: this build of xsoftmax has CPU operators only")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not xsoftmax.build_info()["cuda"]:
+        raise SystemExit(f"--device {args.device}: this build of xsoftmax has no CUDA operators "
+                         f"({xsoftmax.build_info()['why_no_cuda']})")
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device {args.device}: cpu or cuda")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -173,12 +179,12 @@ def main(argv=None):
         tree = Tree.uniform(n, 2 if n > branching else 1, branching)
     else:
         tree = Tree.huffman(problem.prob)
-    model = Model(n, d, tree, dtype)
+    model = Model(n, d, tree, dtype).to(device)
     setup_s = time.perf_counter() - t0
     log = functools.partial(print, flush=True)
     log(f"xsoftmax {xsoftmax.__version__}: hierarchical softmax, {n:,} classes, dim {d}, {tree}, "
         f"{model.head.weight.shape[0]:,} weight rows ({args.dtype}), batch {args.batch}, {args.steps} steps, "
-        f"lr {lr:g}; setup {setup_s:.1f} s")
+        f"lr {lr:g}, device {device}; setup {setup_s:.1f} s")
 
     # The head's gradient is sparse (the rows on the batch's paths): plain SGD applies it in place.
     opt = torch.optim.SGD([{"params": model.head.parameters(), "lr": lr},
@@ -189,7 +195,7 @@ def main(argv=None):
     samples, start = 0, time.perf_counter()
     for step in range(args.steps):
         x, t = problem.sample(args.batch)
-        loss = model(x, t)
+        loss = model(x.to(device), t.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -199,11 +205,14 @@ def main(argv=None):
         samples += args.batch
         progress.update(ema, samples / (time.perf_counter() - start))
     progress.close()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     train_s = time.perf_counter() - start
 
     model.eval()
     with torch.no_grad():
         x, t = problem.sample(args.eval_batch)
+        x, t = x.to(device), t.to(device)
         h = model.hidden(x)
         held_out = model.head(h, t).item()
         _, top = model.head.predict(h, k=min(5, n))

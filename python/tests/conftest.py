@@ -46,6 +46,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: a test case that runs on a CUDA device")
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m cuda` selects by markers
 def pytest_collection_modifyitems(config, items):
     for item in items:
         callspec = getattr(item, "callspec", None)
