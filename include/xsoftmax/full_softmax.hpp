@@ -51,8 +51,10 @@ class full_softmax
 
  public:
   static constexpr const char* head_name = "full_softmax";
-  /// Whether `loss_options::label_smoothing`, `z_loss` and `margin` are defined for this head.
+  /// Whether `loss_options::label_smoothing`, `z_loss`, `margin` and `softcap` are defined for this head.
   static constexpr bool supports_loss_terms = true;
+  /// Whether it takes `loss_options::class_weight` (not class-sharded).
+  static constexpr bool supports_class_weight = !sharded;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
   using sharding_type = Sharding;

@@ -54,8 +54,9 @@ inline loss_options log_prob_options() {
 ///                       `log_distribution_(hidden, class_begin, class_end, out)`, `store_` (its
 ///                       `detail::weight_store`) and `resources()`; on device backends also the
 ///                       `_async` forms `run_async_`, `topk_async_`, `log_distribution_async_`.
-///                       Publicly: `head_name` and `supports_loss_terms` (whether label smoothing,
-///                       z-loss and margins are defined for it).
+///                       Publicly: `head_name`, `supports_loss_terms` (whether label smoothing,
+///                       z-loss, margins and soft-capping are defined for it) and
+///                       `supports_class_weight` (whether it takes `loss_options::class_weight`).
 /// \tparam Backend       `serial`, `omp` or `cuda`.
 /// \tparam SearchOptions what `topk` can be told (`exact_search`: nothing; HS: beam width).
 ///
@@ -231,8 +232,11 @@ class head_verbs {
     detail::check_reduction(w, options.reduce);
     detail::check_loss_terms(w, options, Head::supports_loss_terms, Head::head_name);
     detail::check_margin(w, options.margin, Head::supports_loss_terms, Head::head_name, self().bias() != nullptr);
+    detail::check_softcap(w, options, Head::supports_loss_terms, Head::head_name);
+    detail::check_class_weight_shape(w, options, self().num_classes(), Head::supports_class_weight, Head::head_name);
     check_hidden(ex);
     detail::check_targets(ex, w, targets, rows, self().num_classes(), options.ignore_index);
+    detail::check_class_weight_values(ex, w, options.class_weight);
     if ((options.reduce == reduction::none && !backward) || per_sample.size != 0)  // backward has no per_sample
       detail::check_output(w, "per_sample", per_sample, rows);
     if (grad_hidden) detail::check_output(w, "grad_hidden", *grad_hidden, rows, self().dim());

@@ -93,8 +93,10 @@ class hierarchical_softmax
 
  public:
   static constexpr const char* head_name = "hierarchical_softmax";
-  /// Whether `loss_options::label_smoothing`, `z_loss` and `margin` are defined for this head.
+  /// Whether `loss_options::label_smoothing`, `z_loss`, `margin` and `softcap` are defined for this head.
   static constexpr bool supports_loss_terms = false;
+  /// Whether it takes `loss_options::class_weight`: yes, each sample's loss is scaled by its class's.
+  static constexpr bool supports_class_weight = true;
   using tree_type = Tree;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;

@@ -87,8 +87,10 @@ class selective_softmax
 
  public:
   static constexpr const char* head_name = "selective_softmax";
-  /// Whether `loss_options::label_smoothing`, `z_loss` and `margin` are defined for this head.
+  /// Whether `loss_options::label_smoothing`, `z_loss`, `margin` and `softcap` are defined for this head.
   static constexpr bool supports_loss_terms = true;
+  /// Whether it takes `loss_options::class_weight` (not class-sharded).
+  static constexpr bool supports_class_weight = !sharded;
   using selector_type = Selector;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;

@@ -115,6 +115,20 @@ struct loss_options {
   /// An additive angular / cosine margin on normalised weights and features (see
   /// `margin_options`); none by default. Not defined for `hierarchical_softmax`.
   margin_options margin = {};
+  /// c > 0: logit soft-capping, every logit z becomes c tanh(z / c) before the softmax (Gemma 2's;
+  /// Cut Cross-Entropy's and Liger's `softcap`), also in label smoothing's mean and in the z-loss;
+  /// 0 (the default): none. Logit offsets (a sampler's -log q) are added after the cap. Not defined
+  /// for `hierarchical_softmax` (no logits over all classes) nor with a margin (whose logits the
+  /// scale already bounds).
+  float softcap = 0.f;
+  /// Optional per-class weights, `F.cross_entropy(weight=...)`'s and Liger's `ce_weight`:
+  /// num_classes values in the backend's memory, finite and >= 0; empty (the default): all 1.
+  /// Sample i's loss (z-loss included) and its gradients are multiplied by class_weight[t_i], and
+  /// `reduction::mean` divides by the sum of class_weight[t_i] over the samples not ignored
+  /// (PyTorch's weighted mean; 0 when that sum is 0, as the unweighted mean of no sample).
+  /// Every head (the hierarchical softmax too), except the class-sharded ones; not with label
+  /// smoothing (PyTorch weights each class of the smoothing term: not implemented here).
+  vector_view<const float> class_weight = {};
 };
 
 /// A gradient of a weight matrix that is non-zero only on some rows: `rows[i]` holds the gradient

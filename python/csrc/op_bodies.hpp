@@ -121,14 +121,32 @@ void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at:
   });
 }
 
-/// The call's options with the loss terms of handle `head` (none for handle 0).
-inline xs::loss_options with_loss_terms(xs::loss_options o, int64_t head, const char* op) {
+/// The call's options with the loss terms of handle `head` (none for handle 0) and the class
+/// weights `class_weight` (a float32 tensor on the weight's device, or undefined), which must stay
+/// alive for the call.
+inline xs::loss_options with_loss_terms(xs::loss_options o, int64_t head, const at::Tensor& class_weight,
+                                        const char* op) {
+  if (class_weight.defined()) o.class_weight = {class_weight.data_ptr<float>(), class_weight.numel()};
   if (head == 0) return o;
   const xs::loss_options& t = find_state(head, op)->terms;
   o.label_smoothing = t.label_smoothing;
   o.z_loss = t.z_loss;
   o.margin = t.margin;
+  o.softcap = t.softcap;
   return o;
+}
+
+/// class_weight: None, or a 1-D tensor on the weight's device, as float32 (the library checks its
+/// size and values).
+inline at::Tensor prepare_class_weight(const c10::optional<at::Tensor>& class_weight, const at::Tensor& weight,
+                                       const char* op) {
+  if (!class_weight.has_value() || !class_weight->defined()) return {};
+  check_same_device(*class_weight, weight, op, "class_weight");
+  TORCH_CHECK_VALUE(class_weight->dim() == 1, "xsoftmax::", op, ": class_weight must be 1-D (one weight per class), ",
+                    "got shape ", class_weight->sizes());
+  TORCH_CHECK_VALUE(at::isFloatingType(class_weight->scalar_type()), "xsoftmax::", op, ": class_weight.dtype = ",
+                    class_weight->scalar_type(), " must be a floating-point type");
+  return class_weight->to(at::kFloat).contiguous();
 }
 
 inline at::TensorOptions float_on(const at::Tensor& weight) {
@@ -142,12 +160,14 @@ inline xs::matrix_view<float> matrix_of(at::Tensor& t) { return {t.data_ptr<floa
 template <class Backend>
 at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                      const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
-                     const c10::optional<at::Tensor>& step, bool /*sparse_grad: used by the backward*/) {
+                     const c10::optional<at::Tensor>& step, bool /*sparse_grad: used by the backward*/,
+                     const c10::optional<at::Tensor>& class_weight) {
   return guarded([&] {
     const char* op = "loss";
     const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    const at::Tensor cw = prepare_class_weight(class_weight, weight, op);
     const c10::DeviceGuard on_device(weight.device());
-    const xs::loss_options options = with_loss_terms(a.options, head, op);
+    const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
     at::Tensor per_sample = at::empty({a.hidden.size(0)}, float_on(weight));
     at::Tensor loss = at::empty({}, float_on(weight));
     with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool) {
@@ -155,7 +175,7 @@ at::Tensor loss_op(const at::Tensor& hidden, const at::Tensor& weight, const c10
                       vector_of(per_sample));
     });
     if (a.options.reduce == xs::reduction::none) return per_sample;
-    return nan_if_nothing_counts(loss, a);
+    return nan_if_nothing_counts(loss, a, cw);
   });
 }
 
@@ -163,14 +183,15 @@ template <class Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fused_op(
     const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
-    const c10::optional<at::Tensor>& step, bool sparse_grad) {
+    const c10::optional<at::Tensor>& step, bool sparse_grad, const c10::optional<at::Tensor>& class_weight) {
   return guarded([&] {
     const char* op = "loss_fused";
     const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
     TORCH_CHECK_VALUE(a.options.reduce != xs::reduction::none, "xsoftmax::", op,
                       ": reduction none needs the upstream gradient; use loss + backward");
+    const at::Tensor cw = prepare_class_weight(class_weight, weight, op);
     const c10::DeviceGuard on_device(weight.device());
-    const xs::loss_options options = with_loss_terms(a.options, head, op);
+    const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
     at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
     at::Tensor loss = at::empty({}, float_on(weight));
     auto g = std::make_shared<gradient<Backend>>();
@@ -182,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fuse
     });
     const bool has_bias = bias.has_value() && bias->defined();
     auto [rows, values, gbias] = gradient_tensors<Backend>(g, weight, has_bias, sparse_grad, every_row);
-    return std::make_tuple(nan_if_nothing_counts(loss, a), grad_hidden, rows, values, gbias);
+    return std::make_tuple(nan_if_nothing_counts(loss, a, cw), grad_hidden, rows, values, gbias);
   });
 }
 
@@ -190,14 +211,16 @@ template <class Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
     const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     const at::Tensor& targets, int64_t reduction, int64_t ignore_index, int64_t head,
-    const c10::optional<at::Tensor>& step, bool sparse_grad, const at::Tensor& grad_output) {
+    const c10::optional<at::Tensor>& step, bool sparse_grad, const at::Tensor& grad_output,
+    const c10::optional<at::Tensor>& class_weight) {
   return guarded([&] {
     const char* op = "backward";
     const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
     check_same_device(grad_output, weight, op, "grad_output");
+    const at::Tensor cw = prepare_class_weight(class_weight, weight, op);
     const c10::DeviceGuard on_device(weight.device());
     const at::Tensor go = grad_output.to(at::kFloat).contiguous();
-    const xs::loss_options options = with_loss_terms(a.options, head, op);
+    const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
     at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
     auto g = std::make_shared<gradient<Backend>>();
     bool every_row = false;

@@ -10,11 +10,12 @@
 // sampler, a KNN configuration), `step`
 // an optional int64 scalar tensor (the training step of the sampled and KNN heads):
 //
-//   loss(hidden, weight, bias?, targets, reduction, ignore_index, head, step?, sparse_grad) -> loss
-//       reduction 0 none (loss: B values), 1 mean, 2 sum (loss: a scalar).
+//   loss(hidden, weight, bias?, targets, reduction, ignore_index, head, step?, sparse_grad, class_weight?) -> loss
+//       reduction 0 none (loss: B values), 1 mean, 2 sum (loss: a scalar); class_weight: one float per
+//       class (F.cross_entropy's weight), or None.
 //   loss_fused(...same...) -> (loss, grad_hidden, grad_rows, grad_values, grad_bias)
 //       the library's fused forward_backward with an upstream gradient of 1.
-//   backward(...same..., grad_output) -> (grad_hidden, grad_rows, grad_values, grad_bias)
+//   backward(...same but class_weight..., grad_output, class_weight?) -> (grad_hidden, grad_rows, grad_values, grad_bias)
 //       the library's backward with the upstream gradient `grad_output` (a scalar or B values).
 //   topk(hidden, weight, bias?, k, head, beam_width) -> (log_probs, classes)
 //
@@ -90,11 +91,11 @@ int64_t create_full(int64_t score_cache_bytes, int64_t row_block) {
   });
 }
 
-/// Sets the loss terms of a head handle (see `state::terms`): label smoothing, z-loss and a margin
-/// (0 none, 1 ArcFace, 2 CosFace, with scale s and margin m). Checked here as the library checks
-/// them, so a module fails at construction, not at its first step.
+/// Sets the loss terms of a head handle (see `state::terms`): label smoothing, z-loss, a margin
+/// (0 none, 1 ArcFace, 2 CosFace, with scale s and margin m) and a soft cap. Checked here as the
+/// library checks them, so a module fails at construction, not at its first step.
 void set_loss_terms(int64_t head, double label_smoothing, double z_loss, int64_t margin, double margin_scale,
-                    double margin_m) {
+                    double margin_m, double softcap) {
   guarded([&] {
     TORCH_CHECK_VALUE(label_smoothing >= 0.0 && label_smoothing <= 1.0, "xsoftmax: label_smoothing = ",
                       label_smoothing, " must be in [0, 1]");
@@ -102,6 +103,9 @@ void set_loss_terms(int64_t head, double label_smoothing, double z_loss, int64_t
                       " must be finite and >= 0");
     TORCH_CHECK_VALUE(margin >= 0 && margin <= 2, "xsoftmax: margin = ", margin, " must be 0 (none), 1 (ArcFace) or ",
                       "2 (CosFace)");
+    TORCH_CHECK_VALUE(softcap >= 0.0 && std::isfinite(softcap), "xsoftmax: softcap = ", softcap,
+                      " must be finite and >= 0");
+    TORCH_CHECK_VALUE(softcap == 0.0 || margin == 0, "xsoftmax: softcap = ", softcap, " with a margin is not defined");
     xs::loss_options t;
     t.label_smoothing = static_cast<float>(label_smoothing);
     t.z_loss = static_cast<float>(z_loss);
@@ -109,10 +113,12 @@ void set_loss_terms(int64_t head, double label_smoothing, double z_loss, int64_t
                                                                          : xs::margin_kind::none;
     t.margin.scale = static_cast<float>(margin_scale);
     t.margin.m = static_cast<float>(margin_m);
+    t.softcap = static_cast<float>(softcap);
     const std::shared_ptr<state> st = find_state(head, "set_loss_terms");
     TORCH_CHECK_VALUE(dynamic_cast<tree_state*>(st.get()) == nullptr || (label_smoothing == 0.0 && z_loss == 0.0 &&
-                                                                         margin == 0),
-                      "xsoftmax: label smoothing, z-loss and margins are not defined for the hierarchical softmax");
+                                                                         margin == 0 && softcap == 0.0),
+                      "xsoftmax: label smoothing, z-loss, margins and soft-capping are not defined for the ",
+                      "hierarchical softmax");
     std::lock_guard<std::mutex> lock(st->mu);
     st->terms = t;
     return 0;
@@ -254,11 +260,13 @@ pybind11::dict build_info() {
 
 TORCH_LIBRARY(xsoftmax, m) {
   m.def("loss(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
-        "int head, Tensor? step, bool sparse_grad) -> Tensor");
+        "int head, Tensor? step, bool sparse_grad, Tensor? class_weight=None) -> Tensor");
   m.def("loss_fused(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
-        "int head, Tensor? step, bool sparse_grad) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "int head, Tensor? step, bool sparse_grad, Tensor? class_weight=None) -> (Tensor, Tensor, Tensor, Tensor, "
+        "Tensor)");
   m.def("backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
-        "int head, Tensor? step, bool sparse_grad, Tensor grad_output) -> (Tensor, Tensor, Tensor, Tensor)");
+        "int head, Tensor? step, bool sparse_grad, Tensor grad_output, Tensor? class_weight=None) -> (Tensor, Tensor, "
+        "Tensor, Tensor)");
   m.def("topk(Tensor hidden, Tensor weight, Tensor? bias, int k, int head, int beam_width) -> (Tensor, Tensor)");
 }
 
@@ -272,18 +280,21 @@ TORCH_LIBRARY_IMPL(xsoftmax, CPU, m) {
 
 #if !defined(XSOFTMAX_TORCH_WITH_CUDA)
 TORCH_LIBRARY_IMPL(xsoftmax, CUDA, m) {
-  m.impl("loss", [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&, int64_t,
-                    int64_t, int64_t, const c10::optional<at::Tensor>&, bool) -> at::Tensor { no_cuda_operators("loss"); });
+  using optional_tensor = c10::optional<at::Tensor>;
+  m.impl("loss", [](const at::Tensor&, const at::Tensor&, const optional_tensor&, const at::Tensor&, int64_t, int64_t,
+                    int64_t, const optional_tensor&, bool, const optional_tensor&) -> at::Tensor {
+    no_cuda_operators("loss");
+  });
   m.impl("loss_fused",
-         [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&, int64_t, int64_t,
-            int64_t, const c10::optional<at::Tensor>&,
-            bool) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+         [](const at::Tensor&, const at::Tensor&, const optional_tensor&, const at::Tensor&, int64_t, int64_t, int64_t,
+            const optional_tensor&, bool,
+            const optional_tensor&) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
            no_cuda_operators("loss_fused");
          });
   m.impl("backward",
-         [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&, int64_t, int64_t,
-            int64_t, const c10::optional<at::Tensor>&, bool,
-            const at::Tensor&) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+         [](const at::Tensor&, const at::Tensor&, const optional_tensor&, const at::Tensor&, int64_t, int64_t, int64_t,
+            const optional_tensor&, bool, const at::Tensor&,
+            const optional_tensor&) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
            no_cuda_operators("backward");
          });
   m.impl("topk", [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, int64_t, int64_t,
@@ -313,7 +324,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("knn_rebuild", &knn_rebuild, pybind11::arg("head"));
   m.def("release", &release_state, pybind11::arg("head"));
   m.def("set_loss_terms", &set_loss_terms, pybind11::arg("head"), pybind11::arg("label_smoothing"),
-        pybind11::arg("z_loss"), pybind11::arg("margin"), pybind11::arg("margin_scale"), pybind11::arg("margin_m"));
+        pybind11::arg("z_loss"), pybind11::arg("margin"), pybind11::arg("margin_scale"), pybind11::arg("margin_m"),
+        pybind11::arg("softcap"));
   m.def("has_cblas", &has_cblas);
   m.def("build_info", &build_info);
   xsoftmax_torch::register_sharded_ops(m);

@@ -236,12 +236,19 @@ inline loss_args prepare(const at::Tensor& hidden, const at::Tensor& weight, con
   return a;
 }
 
-/// F.cross_entropy's mean over no sample is NaN (the library returns 0; the gradients are 0 in
-/// both). Tensor operations on the loss's device: no read-back.
-inline at::Tensor nan_if_nothing_counts(const at::Tensor& loss, const loss_args& a) {
+/// F.cross_entropy's mean over no sample (or, with class weights, over samples of total weight 0) is
+/// NaN (the library returns 0; the gradients are 0 in both). Tensor operations on the loss's
+/// device: no read-back. Call after the library has checked the targets and class weights.
+inline at::Tensor nan_if_nothing_counts(const at::Tensor& loss, const loss_args& a,
+                                        const at::Tensor& class_weight = {}) {
   if (a.options.reduce != xs::reduction::mean) return loss;
-  return at::where(a.targets.ne(a.options.ignore_index).any(), loss,
-                   at::full({}, std::numeric_limits<float>::quiet_NaN(), loss.options()));
+  const at::Tensor kept = a.targets.ne(a.options.ignore_index);
+  at::Tensor counts = kept.any();
+  if (class_weight.defined() && a.targets.numel() > 0) {
+    const at::Tensor t = a.targets.clamp(0, class_weight.numel() - 1);
+    counts = at::where(kept, class_weight.index_select(0, t), at::zeros({}, class_weight.options())).sum().gt(0);
+  }
+  return at::where(counts, loss, at::full({}, std::numeric_limits<float>::quiet_NaN(), loss.options()));
 }
 
 }  // namespace xsoftmax_torch

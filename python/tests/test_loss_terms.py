@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Loss terms on the exact and selective modules: label smoothing (F.cross_entropy's), z-loss
-(PaLM's z * lse^2) and the ArcFace / CosFace margins, against plain PyTorch formulas, with their
-gradients; they change the training loss only (log_prob and predict stay the plain softmax's),
-survive copies, and are checked at construction."""
+(PaLM's z * lse^2), the ArcFace / CosFace margins, logit soft-capping (Gemma 2's c tanh(z / c)) and
+per-class weights (F.cross_entropy's weight, also on the hierarchical softmax), against plain
+PyTorch formulas, with their gradients; they change the training loss only (log_prob and predict
+stay the plain softmax's), survive copies, and are checked at construction."""
 import copy
 import math
 import pickle
@@ -21,8 +22,9 @@ N, D = 23, 8
 
 def batch(seed=3, b=11):
     g = torch.Generator().manual_seed(seed)
-    h = torch.randn(b, D, generator=g)
-    t = torch.randint(0, N, (b,), generator=g)
+    # Drawn on the CPU (a CPU generator), then on the test's device.
+    h = torch.randn(b, D, generator=g, device="cpu").to(torch.get_default_device())
+    t = torch.randint(0, N, (b,), generator=g, device="cpu").to(torch.get_default_device())
     t[4] = -100  # an ignored row
     return h, t
 
@@ -39,14 +41,19 @@ def margin_logits(h, w, t, margin, s, m):
     return s * out
 
 
-def reference(h, w, b, t, reduction, label_smoothing=0.0, z_loss=0.0, margin=None, s=64.0, m=0.0):
+def reference(h, w, b, t, reduction, label_smoothing=0.0, z_loss=0.0, margin=None, s=64.0, m=0.0, softcap=0.0,
+              class_weight=None):
     logits = margin_logits(h, w, t, margin, s, m) if margin else F.linear(h, w, b)
-    loss = F.cross_entropy(logits, t, reduction="none", label_smoothing=label_smoothing)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    # reduction none with `weight`: class_weight[t] * nll per sample (0 for an ignored one).
+    loss = F.cross_entropy(logits, t, reduction="none", label_smoothing=label_smoothing, weight=class_weight)
     keep = t != -100
-    loss = torch.where(keep, loss + z_loss * torch.logsumexp(logits, dim=1) ** 2, torch.zeros_like(loss))
+    sample_weight = keep.float() if class_weight is None else torch.where(keep, class_weight[t.clamp(min=0)], 0.0)
+    loss = torch.where(keep, loss + sample_weight * z_loss * torch.logsumexp(logits, dim=1) ** 2, torch.zeros_like(loss))
     if reduction == "none":
         return loss
-    return loss.sum() / keep.sum() if reduction == "mean" else loss.sum()
+    return loss.sum() / sample_weight.sum() if reduction == "mean" else loss.sum()
 
 
 def check_against_reference(head, reduction, **terms):
@@ -82,6 +89,89 @@ def test_full_label_smoothing_and_z_loss_match_pytorch(reduction, bias):
 def test_full_margins_match_their_formulas(margin, m):
     head = FullSoftmaxLoss(N, D, margin=margin, margin_scale=8.0, margin_m=m)
     check_against_reference(head, "mean", margin=margin, s=8.0, m=m)
+
+
+def class_weights():
+    g = torch.Generator().manual_seed(17)
+    w = torch.rand(N, generator=g, device="cpu") * 2
+    w[3] = 0.0
+    return w.to(torch.get_default_device())
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_full_softcap_and_class_weight_match_pytorch(reduction):
+    # |logits| reach about 2 here: a cap of 0.8 bends most of them.
+    head = FullSoftmaxLoss(N, D, bias=True, reduction=reduction, softcap=0.8)
+    check_against_reference(head, reduction, softcap=0.8)
+    head = FullSoftmaxLoss(N, D, bias=True, reduction=reduction, softcap=0.8, label_smoothing=0.1, z_loss=1e-2,
+                           row_block=4)
+    check_against_reference(head, reduction, softcap=0.8, label_smoothing=0.1, z_loss=1e-2)
+    cw = class_weights()
+    head = FullSoftmaxLoss(N, D, bias=True, reduction=reduction, class_weight=cw, z_loss=1e-2)
+    check_against_reference(head, reduction, class_weight=cw, z_loss=1e-2)
+    head = FullSoftmaxLoss(N, D, reduction=reduction, class_weight=cw, softcap=1.5, margin=None)
+    check_against_reference(head, reduction, class_weight=cw, softcap=1.5)
+
+
+def test_selective_heads_take_softcap_and_class_weight():
+    cw = class_weights()
+    # k = N: the active set is every class, the full softmax's loss.
+    check_against_reference(KNNSoftmaxLoss(N, D, k=N, softcap=0.8), "mean", softcap=0.8)
+    check_against_reference(KNNSoftmaxLoss(N, D, k=N, class_weight=cw), "sum", class_weight=cw)
+    # The exact evaluation loss of the sampled head keeps both.
+    head = SampledSoftmaxLoss(N, D, num_sampled=5, softcap=0.8, class_weight=cw).eval()
+    h, t = batch(5)
+    with torch.no_grad():
+        torch.testing.assert_close(head(h, t), reference(h, head.weight, None, t, "mean", softcap=0.8, class_weight=cw),
+                                   rtol=2e-5, atol=2e-5)
+    head.train()
+    loss = head(h, t)
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_hierarchical_class_weight_scales_each_sample(reduction):
+    cw = class_weights()
+    plain = HierarchicalSoftmaxLoss(N, D, bias=True, reduction="none")
+    weighted = HierarchicalSoftmaxLoss(N, D, bias=True, reduction=reduction, class_weight=cw)
+    weighted.load_state_dict(dict(plain.state_dict(), class_weight=cw))
+    h, t = batch()
+    keep = t != -100
+    sample_weight = torch.where(keep, cw[t.clamp(min=0)], 0.0)
+    ha, hb = h.clone().requires_grad_(), h.clone().requires_grad_()
+    got = weighted(ha, t)
+    per = plain(hb, t)
+    want = (sample_weight * per).sum() / (sample_weight.sum() if reduction == "mean" else 1.0)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(ha.grad, hb.grad, rtol=2e-4, atol=2e-6)
+    torch.testing.assert_close(weighted.weight.grad, plain.weight.grad, rtol=2e-4, atol=2e-6)
+
+
+def test_class_weights_of_zero_give_the_mean_nan_as_pytorch():
+    h, t = batch()
+    cw = torch.zeros(N)
+    head = FullSoftmaxLoss(N, D, class_weight=cw)
+    got = head(h, t)
+    want = F.cross_entropy(F.linear(h, head.weight.detach()), t, weight=cw)
+    assert torch.isnan(got) and torch.isnan(want)
+
+
+def test_softcap_and_class_weight_are_checked():
+    with pytest.raises(ValueError, match="softcap = -1"):
+        FullSoftmaxLoss(N, D, softcap=-1)
+    with pytest.raises(ValueError, match="softcap = 2.0 with margin"):
+        FullSoftmaxLoss(N, D, softcap=2.0, margin="arcface")
+    with pytest.raises(ValueError, match=r"class_weight has shape \(5,\); expected \(23,\)"):
+        FullSoftmaxLoss(N, D, class_weight=torch.ones(5))
+    with pytest.raises(ValueError, match="class_weight must be finite and >= 0"):
+        KNNSoftmaxLoss(N, D, k=3, class_weight=-torch.ones(N))
+    with pytest.raises(ValueError, match="class_weight with label_smoothing"):
+        SampledSoftmaxLoss(N, D, class_weight=torch.ones(N), label_smoothing=0.1)
+    head = FullSoftmaxLoss(N, D, softcap=2.0, class_weight=torch.ones(N))
+    assert "softcap=2.0" in repr(head) and "class_weight" in repr(head)
+    assert "class_weight" in head.state_dict()
 
 
 def test_knn_with_every_class_is_the_full_softmax_with_its_terms():

@@ -67,3 +67,20 @@ def test_topk_op(name, device):
     weight, bias, head, _ = cases(str(device))[1][name]
     h = torch.randn(B, D)
     torch.library.opcheck(ops.topk, (h, weight.detach(), None if bias is None else bias.detach(), 3, head, 0))
+
+
+@pytest.mark.parametrize("name", ["full", "hs", "sampled"])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_loss_ops_with_class_weight(name, reduction, device):
+    by_id, heads, _ = cases(str(device))
+    h, _, _, t = by_id["full-r1-dense"][1][:4]
+    weight, bias, head, st = heads[name]
+    cw = torch.rand(N) + 0.1
+    cw[1] = 0.0
+    args = (h, weight, bias, t, reduction, -100, head, st, False, cw)
+    torch.library.opcheck(ops.loss, args)
+    if reduction != 0:
+        torch.library.opcheck(ops.loss_fused, args)
+    grad_output = torch.rand(B) if reduction == 0 else torch.tensor(0.7)
+    detached = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args[:9])
+    torch.library.opcheck(ops.backward, detached + (grad_output, cw))

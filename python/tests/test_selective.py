@@ -96,7 +96,7 @@ def finite_difference_check(head_handle, weight, bias, hidden, targets, reductio
     eps = 1e-2
     for tensor, grad, name in ((h, h.grad, "hidden"), (w, w.grad, "weight")):
         gen = torch.Generator().manual_seed(5)
-        for idx in torch.randperm(tensor.numel(), generator=gen)[:12].tolist():
+        for idx in torch.randperm(tensor.numel(), generator=gen, device="cpu")[:12].tolist():
             with torch.no_grad():
                 x = tensor.view(-1)
                 saved = x[idx].item()

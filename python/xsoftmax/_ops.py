@@ -95,20 +95,22 @@ def _fake_gradients(hidden, weight, bias, sparse_grad):
 
 
 @torch.library.register_fake("xsoftmax::loss")
-def _loss_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad):
+def _loss_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, class_weight=None):
     if reduction == 0:
         return hidden.new_empty((hidden.shape[0],), dtype=torch.float32)
     return hidden.new_empty((), dtype=torch.float32)
 
 
 @torch.library.register_fake("xsoftmax::loss_fused")
-def _loss_fused_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad):
+def _loss_fused_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad,
+                     class_weight=None):
     loss = hidden.new_empty((), dtype=torch.float32)
     return (loss,) + _fake_gradients(hidden, weight, bias, sparse_grad)
 
 
 @torch.library.register_fake("xsoftmax::backward")
-def _backward_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, grad_output):
+def _backward_fake(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, grad_output,
+                   class_weight=None):
     return _fake_gradients(hidden, weight, bias, sparse_grad)
 
 
@@ -183,7 +185,7 @@ def _refuse_double_backward():
 
 
 def _fused_setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad = inputs
+    hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad = inputs[:9]
     _, grad_hidden, grad_rows, grad_values, grad_bias = output
     ctx.save_for_backward(grad_hidden, grad_rows, grad_values, grad_bias)
     ctx.info = (hidden.dtype, weight.shape, weight.dtype, bias is not None, sparse_grad)
@@ -195,7 +197,7 @@ def _fused_setup_context(ctx, inputs, output):
 
 def _fused_backward(ctx, grad_loss, *unused):
     if grad_loss is None:  # not materialised: the loss does not reach what is differentiated
-        return (None,) * 9
+        return (None,) * 10
     _refuse_double_backward()
     grad_hidden, grad_rows, grad_values, grad_bias = ctx.saved_tensors
     hidden_dtype, weight_shape, weight_dtype, has_bias, sparse_grad = ctx.info
@@ -204,28 +206,29 @@ def _fused_backward(ctx, grad_loss, *unused):
     gh = _scaled(grad_hidden, scale).to(hidden_dtype) if need[0] else None
     gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, scale, weight_shape, weight_dtype, has_bias,
                                sparse_grad, need[1], need[2])
-    return gh, gw, gb, None, None, None, None, None, None
+    return gh, gw, gb, None, None, None, None, None, None, None
 
 
 def _loss_setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad = inputs
-    ctx.save_for_backward(hidden, weight, bias, targets, step)
+    hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad = inputs[:9]
+    class_weight = inputs[9] if len(inputs) > 9 else None
+    ctx.save_for_backward(hidden, weight, bias, targets, step, class_weight)
     ctx.args = (reduction, ignore_index, head, sparse_grad)
     ctx.info = (hidden.dtype, weight.shape, weight.dtype, bias is not None)
 
 
 def _loss_backward(ctx, grad_loss):
     _refuse_double_backward()
-    hidden, weight, bias, targets, step = ctx.saved_tensors
+    hidden, weight, bias, targets, step, class_weight = ctx.saved_tensors
     reduction, ignore_index, head, sparse_grad = ctx.args
     hidden_dtype, weight_shape, weight_dtype, has_bias = ctx.info
     need = ctx.needs_input_grad
     grad_hidden, grad_rows, grad_values, grad_bias = _ops.backward(
-        hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, grad_loss)
+        hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, grad_loss, class_weight)
     gh = grad_hidden.to(hidden_dtype) if need[0] else None
     gw, gb = _weight_gradients(grad_rows, grad_values, grad_bias, None, weight_shape, weight_dtype, has_bias,
                                sparse_grad, need[1], need[2])
-    return gh, gw, gb, None, None, None, None, None, None
+    return gh, gw, gb, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("xsoftmax::loss_fused", _fused_backward, setup_context=_fused_setup_context)
@@ -246,18 +249,20 @@ def _refuse_functorch():
                            "xsoftmax heads; use torch.autograd (loss.backward() or torch.autograd.grad)")
 
 
-def loss(hidden, weight, bias, targets, reduction, ignore_index, head=0, step=None, sparse_grad=False):
+def loss(hidden, weight, bias, targets, reduction, ignore_index, head=0, step=None, sparse_grad=False,
+         class_weight=None):
     """The loss of a (B x d) batch; fused forward+backward when a gradient will be needed.
 
-    ``reduction`` is an int (see ``REDUCTIONS``). Returns a scalar, or B values for reduction 0.
-    Raises RuntimeError inside a torch.func transform.
+    ``reduction`` is an int (see ``REDUCTIONS``); ``class_weight`` None or one float per class.
+    Returns a scalar, or B values for reduction 0. Raises RuntimeError inside a torch.func transform.
     """
     _refuse_functorch()
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad and reduction != 0:
-        return _ops.loss_fused(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad)[0]
-    return _ops.loss(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad)
+        return _ops.loss_fused(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad,
+                               class_weight)[0]
+    return _ops.loss(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, class_weight)
 
 
 def topk(hidden, weight, bias, k, head=0, beam_width=0):

@@ -135,7 +135,7 @@ class ShardedFullSoftmaxLoss(nn.Module):
         self.num_classes, self.dim = int(num_classes), int(dim)
         self.class_begin, self.class_end = class_range(self.num_classes, self.world_size, self.rank)
         self.layout, self.reduction, self.ignore_index = layout, reduction, int(ignore_index)
-        self.label_smoothing, self.z_loss, self._margin_code, self.margin_scale, self.margin_m = terms
+        self.label_smoothing, self.z_loss, self._margin_code, self.margin_scale, self.margin_m = terms[:5]
         self.margin = margin
         rows = self.class_end - self.class_begin
         scale = init_scale if init_scale is not None else 1.0 / math.sqrt(self.dim)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from . import _C, _ops
-from ._loss_terms import any_terms, check_loss_terms
+from ._loss_terms import any_terms, check_class_weight, check_loss_terms
 from .tree import Tree
 
 __all__ = ["Tree", "FullSoftmaxLoss", "HierarchicalSoftmaxLoss", "SampledSoftmaxLoss", "KNNSoftmaxLoss"]
@@ -108,7 +108,7 @@ class _SoftmaxHead(nn.Module):
     """Shared parts: parameters, input checks, flattening of leading dimensions."""
 
     def __init__(self, num_classes, dim, weight_rows, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                 init_scale=None):
+                 init_scale=None, class_weight=None, label_smoothing=0.0):
         super().__init__()
         if int(num_classes) < 1:
             raise ValueError(f"num_classes = {num_classes} must be >= 1")
@@ -130,6 +130,10 @@ class _SoftmaxHead(nn.Module):
             self.register_parameter("bias", None)
         self._init_scale = init_scale
         self.reset_parameters()
+        # Per-class weights (F.cross_entropy's `weight`): a buffer, so that .to() / .cuda() and
+        # state_dict carry it; None when not given.
+        cw = check_class_weight(class_weight, self.num_classes, label_smoothing)
+        self.register_buffer("class_weight", None if cw is None else cw.to(self.weight.device))
 
     @property
     def reduction(self):
@@ -149,7 +153,7 @@ class _SoftmaxHead(nn.Module):
 
     def _set_loss_terms(self, terms, margin):
         """Keeps the checked loss terms (see ``_loss_terms.check_loss_terms``) as attributes."""
-        self.label_smoothing, self.z_loss, _, self.margin_scale, self.margin_m = terms
+        self.label_smoothing, self.z_loss, _, self.margin_scale, self.margin_m, self.softcap = terms
         self.margin = margin
 
     def extra_repr(self):
@@ -162,6 +166,10 @@ class _SoftmaxHead(nn.Module):
             text += f", z_loss={self.z_loss}"
         if getattr(self, "margin", None) is not None:
             text += f", margin={self.margin!r}, margin_scale={self.margin_scale}, margin_m={self.margin_m}"
+        if getattr(self, "softcap", 0.0):
+            text += f", softcap={self.softcap}"
+        if self.class_weight is not None:
+            text += ", class_weight=tensor"
         return text
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -196,7 +204,8 @@ class _SoftmaxHead(nn.Module):
                              f"expected targets of shape {tuple(hidden.shape[:-1])}")
         return targets.reshape(-1)
 
-    def _loss(self, hidden, targets, head, step, reduction=None, ignore_index=None, weight=None, bias=None):
+    def _loss(self, hidden, targets, head, step, reduction=None, ignore_index=None, weight=None, bias=None,
+              class_weight=None):
         reduction = self.reduction if reduction is None else _check_reduction(reduction)
         ignore_index = self.ignore_index if ignore_index is None else ignore_index
         weight = self.weight if weight is None else weight
@@ -210,7 +219,9 @@ class _SoftmaxHead(nn.Module):
             if red == 0:
                 return hidden.new_zeros(lead, dtype=torch.float32)
             return zero / 0.0 if red == 1 else zero
-        out = _ops.loss(h, weight, bias, t, red, ignore_index, head, step, self.sparse_grad)
+        if class_weight is not None:
+            self._check_device("class_weight", class_weight)
+        out = _ops.loss(h, weight, bias, t, red, ignore_index, head, step, self.sparse_grad, class_weight)
         return out.reshape(lead) if red == 0 else out
 
     def _log_prob(self, hidden, targets, head):
@@ -264,16 +275,23 @@ class FullSoftmaxLoss(_SoftmaxHead):
         margin: None, 'arcface' (target logit s cos(theta + m)) or 'cosface' (s (cos theta - m)),
             on L2-normalised rows and weights (needs ``bias=False``); ``margin_scale`` is s (default
             64), ``margin_m`` is m (default 0.5 for ArcFace, 0.35 for CosFace).
-            The loss terms change the training loss only: ``log_prob`` and ``predict`` are those
-            of the plain softmax over ``hidden @ weight.T + bias``.
+        softcap: c > 0 caps the logits at c tanh(logits / c) (Gemma 2's soft-capping, Cut
+            Cross-Entropy's and Liger's ``softcap``); 0: none. Not with a margin.
+        class_weight: per-class weights (num_classes values >= 0), ``F.cross_entropy``'s ``weight``:
+            each sample's loss is multiplied by its class's weight, and 'mean' divides by the sum of
+            the weights of the samples not ignored. Not with ``label_smoothing``. A buffer
+            (``self.class_weight``).
+            The loss terms (all but ``class_weight``) change the training loss only: ``log_prob``
+            and ``predict`` are those of the plain softmax over ``hidden @ weight.T + bias``.
     """
 
     def __init__(self, num_classes, dim, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
                  sparse_grad=False, device=None, init_scale=None, score_cache_bytes=None, row_block=None,
-                 label_smoothing=0.0, z_loss=0.0, margin=None, margin_scale=64.0, margin_m=None):
-        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
+                 label_smoothing=0.0, z_loss=0.0, margin=None, margin_scale=64.0, margin_m=None, softcap=0.0,
+                 class_weight=None):
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap)
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale)
+                         init_scale, class_weight, label_smoothing)
         self._set_loss_terms(terms, margin)
         self.score_cache_bytes = None if score_cache_bytes is None else int(score_cache_bytes)
         self.row_block = None if row_block is None else int(row_block)
@@ -293,7 +311,7 @@ class FullSoftmaxLoss(_SoftmaxHead):
         return super().extra_repr() + f", score_cache_bytes={self.score_cache_bytes}, row_block={self.row_block}"
 
     def forward(self, hidden, targets):
-        return self._loss(hidden, targets, self._head, None)
+        return self._loss(hidden, targets, self._head, None, class_weight=self.class_weight)
 
     def log_prob(self, hidden, targets):
         """log p(targets | hidden) of the plain softmax, shape of ``targets`` (differentiable)."""
@@ -313,14 +331,16 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
             two-level uniform tree with branching ceil(sqrt(num_classes)).
         node: 'softmax' (a softmax over each node's children, one weight row per child, any
             arity) or 'sigmoid' (word2vec: one row per internal node of a binary tree).
-        bias, dtype, reduction, ignore_index, sparse_grad: as ``FullSoftmaxLoss``.
+        bias, dtype, reduction, ignore_index, sparse_grad, class_weight: as ``FullSoftmaxLoss``
+            (a class's weight multiplies its samples' loss, -log of the product along the path).
 
     ``weight`` has one row per tree edge (softmax nodes) or per internal node (sigmoid nodes), in
     the library's layout (see ``tree_arrays()``).
     """
 
     def __init__(self, num_classes, dim, tree=None, node="softmax", bias=False, dtype=torch.float32,
-                 reduction="mean", ignore_index=-100, sparse_grad=False, device=None, init_scale=None):
+                 reduction="mean", ignore_index=-100, sparse_grad=False, device=None, init_scale=None,
+                 class_weight=None):
         if tree is None:
             n = int(num_classes)
             branching = max(2, math.ceil(math.sqrt(n)))
@@ -335,7 +355,7 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
                                            node == "sigmoid"))
         rows = _C.tree_arrays(handle.value)["weight_rows"]
         super().__init__(num_classes, dim, rows, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale)
+                         init_scale, class_weight)
         self.tree = tree
         self.node = node
         self._handle = handle
@@ -349,7 +369,7 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         return _C.tree_arrays(self._handle.value)
 
     def forward(self, hidden, targets):
-        return self._loss(hidden, targets, self._handle.value, None)
+        return self._loss(hidden, targets, self._handle.value, None, class_weight=self.class_weight)
 
     def log_prob(self, hidden, targets):
         """log p(targets | hidden), shape of ``targets`` (differentiable)."""
@@ -366,9 +386,9 @@ class _SelectiveHead(_SoftmaxHead):
     with ``exact_eval``), ``log_prob`` and ``predict`` use the exact full softmax."""
 
     def __init__(self, factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                 init_scale, exact_eval, terms, margin):
+                 init_scale, exact_eval, terms, margin, class_weight):
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale)
+                         init_scale, class_weight, terms[0])
         self._set_loss_terms(terms, margin)
         self._handle = _Handle(_recipe(factory, terms))
         # The exact evaluation loss keeps the loss terms: a full softmax handle that carries them.
@@ -380,9 +400,11 @@ class _SelectiveHead(_SoftmaxHead):
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
 
     def forward(self, hidden, targets):
+        cw = self.class_weight
         if not self.training and self.exact_eval:
-            return self._loss(hidden, targets, 0 if self._eval_handle is None else self._eval_handle.value, None)
-        loss = self._loss(hidden, targets, self._handle.value, self.step.clone())
+            return self._loss(hidden, targets, 0 if self._eval_handle is None else self._eval_handle.value, None,
+                              class_weight=cw)
+        loss = self._loss(hidden, targets, self._handle.value, self.step.clone(), class_weight=cw)
         with torch.no_grad():
             self.step.add_(1)
         return loss
@@ -407,21 +429,22 @@ class SampledSoftmaxLoss(_SelectiveHead):
             'counts' (P(c) proportional to counts[c] ** power).
         unique: draw without replacement; subtract_log_q: the log-Q correction; seed.
         exact_eval: in eval mode, the loss is the exact full softmax.
-        label_smoothing, z_loss, margin, margin_scale, margin_m: as ``FullSoftmaxLoss``; label
-            smoothing spreads over the step's active set (the target and the sampled negatives).
+        label_smoothing, z_loss, margin, margin_scale, margin_m, softcap, class_weight: as
+            ``FullSoftmaxLoss``; label smoothing spreads over the step's active set (the target and the
+            sampled negatives); the soft cap applies before the -log Q correction.
     """
 
     def __init__(self, num_classes, dim, num_sampled=64, sampler="log_uniform", counts=None, power=1.0, unique=True,
                  subtract_log_q=True, seed=0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
                  sparse_grad=False, device=None, init_scale=None, exact_eval=True, label_smoothing=0.0, z_loss=0.0,
-                 margin=None, margin_scale=64.0, margin_m=None):
-        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
+                 margin=None, margin_scale=64.0, margin_m=None, softcap=0.0, class_weight=None):
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap)
         if counts is not None:
             counts = torch.as_tensor(counts, dtype=torch.float64).reshape(-1).cpu()
         factory = functools.partial(_make_sampled, int(num_classes), str(sampler), counts, float(power),
                                     int(num_sampled), bool(unique), bool(subtract_log_q), int(seed))
         super().__init__(factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale, exact_eval, terms, margin)
+                         init_scale, exact_eval, terms, margin, class_weight)
         self.num_sampled = int(num_sampled)
         self.sampler = sampler
 
@@ -437,21 +460,21 @@ class KNNSoftmaxLoss(_SelectiveHead):
             (``ivf_lists`` lists, 0: sqrt(N); ``nprobe`` lists searched, 0: 8).
         rebuild_every: steps between graph rebuilds (0: never; see ``rebuild_graph``).
         exact_eval: in eval mode, the loss is the exact full softmax.
-        label_smoothing, z_loss, margin, margin_scale, margin_m: as ``FullSoftmaxLoss``; label
-            smoothing spreads over the step's active set.
+        label_smoothing, z_loss, margin, margin_scale, margin_m, softcap, class_weight: as
+            ``FullSoftmaxLoss``; label smoothing spreads over the step's active set.
     """
 
     def __init__(self, num_classes, dim, k=50, metric="cosine", method="exact", neighbors_used=0, rebuild_every=100,
                  ivf_lists=0, nprobe=0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
                  sparse_grad=False, device=None, init_scale=None, exact_eval=True, label_smoothing=0.0, z_loss=0.0,
-                 margin=None, margin_scale=64.0, margin_m=None):
+                 margin=None, margin_scale=64.0, margin_m=None, softcap=0.0, class_weight=None):
         if not 1 <= int(k) <= int(num_classes):
             raise ValueError(f"k = {k} must be in [1, num_classes = {num_classes}]")
-        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap)
         factory = functools.partial(_make_knn, int(k), str(metric), str(method), int(neighbors_used),
                                     int(rebuild_every), int(ivf_lists), int(nprobe))
         super().__init__(factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale, exact_eval, terms, margin)
+                         init_scale, exact_eval, terms, margin, class_weight)
         self.k = int(k)
         self.rebuild_every = int(rebuild_every)
 

@@ -5,6 +5,7 @@
 // widening); corrupt and mismatched files throw checkpoint_error naming the file and leave the head
 // and optimizer unchanged. The safetensors reader's own checks are in safetensors_test.cpp.
 
+#include "support/checkpoint_files.hpp"
 #include "support/test_memory.hpp"
 
 #include <xsoftmax/full_softmax.hpp>
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +33,10 @@ namespace {
 namespace xs = xsoftmax;
 using xs::index_t;
 using xsoftmax_test::dense_copy;
+using xsoftmax_test::edit_header;
+using xsoftmax_test::read_file;
+using xsoftmax_test::set_int64_element;
+using xsoftmax_test::write_file;
 using xsoftmax_test::read_back;
 using xsoftmax_test::write_into;
 
@@ -75,28 +81,6 @@ xs::init_options seeded(unsigned seed) {
   xs::init_options o;
   o.seed = seed;
   return o;
-}
-
-std::string read_file(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-void write_file(const std::string& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-/// The file with `from` replaced by `to` in its JSON header, re-padded and with its length updated.
-std::string edit_header(const std::string& file, const std::string& from, const std::string& to) {
-  std::uint64_t n = 0;
-  std::memcpy(&n, file.data(), 8);
-  std::string header = file.substr(8, n);
-  const auto at = header.find(from);
-  REQUIRE_MESSAGE(at != std::string::npos, "header has no ", from);
-  header.replace(at, from.size(), to);
-  while (!header.empty() && header.back() == ' ') header.pop_back();
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::uint64_t m = header.size();
-  return std::string(reinterpret_cast<const char*>(&m), 8) + header + file.substr(8 + n);
 }
 
 /// `load` throws checkpoint_error whose message names `path` and contains `words`.
@@ -343,4 +327,100 @@ TEST_CASE_TEMPLATE("checkpoint: corrupt and mismatched files throw checkpoint_er
   CHECK_THROWS_AS(xs::load_checkpoint(dir.path + "/missing", head), xs::checkpoint_error);
   xs::load_checkpoint(dir.path, head);  // the good file still loads
   CHECK(weight_bits(head) == weight_bits(saved));
+}
+
+TEST_CASE_TEMPLATE("checkpoint: a directory, a link to /dev/zero and a file longer than its header says are refused "
+                   "before their data is read",
+                   B, XSOFTMAX_TEST_BACKENDS) {
+  scratch_dir dir(std::string("files_") + xs::backend_traits<B>::name);
+  xs::full_softmax<xs::fp32, B> saved(20, 4, true, seeded(1));
+  xs::save_checkpoint(dir.path, saved);
+  const std::string path = dir.file(xs::checkpoint_head_file);
+  const std::string good = read_file(path);
+  xs::full_softmax<xs::fp32, B> head(20, 4, true, seeded(2));
+  const std::string before = weight_bits(head);
+  const auto load = [&] { xs::load_checkpoint(dir.path, head); };
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(path);
+  check_rejected(load, path, "not a regular file");  // was std::ios_base::failure
+  std::filesystem::remove(path);
+  std::filesystem::create_symlink("/dev/zero", path);
+  check_rejected(load, path, "not a regular file");  // was read until killed
+  std::filesystem::remove(path);
+  write_file(path, good);
+  std::filesystem::resize_file(path, std::uintmax_t(6) << 30);  // a sparse 6 GiB file: no disk used
+  check_rejected(load, path, "trailing bytes");
+  CHECK(weight_bits(head) == before);
+  write_file(path, good);
+  load();
+  CHECK(weight_bits(head) == weight_bits(saved));
+}
+
+TEST_CASE("checkpoint: a header of 200,000 members parses (a duplicate check in constant time per member)") {
+  // Zero-byte tensors at [0, 0): valid, and 55 bytes of header each (11 MB, under the 100 MB cap).
+  std::string header = "{";
+  const int members = 200000;
+  for (int i = 0; i < members; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  const auto file = [](std::string h) {
+    h += "}";
+    h.append((8 - h.size() % 8) % 8, ' ');
+    const std::uint64_t n = h.size();
+    return std::string(reinterpret_cast<const char*>(&n), 8) + h;
+  };
+  CHECK(xs::io::safetensors_file::parse(file(header), "many").tensors().size() == static_cast<std::size_t>(members));
+  CHECK_THROWS_WITH_AS(xs::io::safetensors_file::parse(file(header + ",\"t7\":{}"), "many"),
+                       doctest::Contains("duplicate key \"t7\""), xs::checkpoint_error);
+}
+
+TEST_CASE("checkpoint: load_runtime_tree checks its counts against the file before sizing anything") {
+  scratch_dir dir("tree_counts");
+  std::vector<double> counts(40);
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = 1.0 + static_cast<double>((i * 7) % 11);
+  using R = xs::runtime_tree<>;
+  const R tree = R::huffman(counts, 3);
+  xs::hierarchical_softmax<R, xs::fp32, xs::serial> head(tree, 5);
+  xs::save_checkpoint(dir.path, head);
+  const std::string path = dir.file(xs::checkpoint_head_file);
+  const std::string good = read_file(path);
+  const std::string internal = xs::io::safetensors_file::read(path).metadata("tree.internal_nodes");
+  for (const char* huge : {"1099511627776", "268435456", "9223372036854775807"}) {
+    write_file(path, edit_header(good, "\"tree.internal_nodes\":\"" + internal + "\"",
+                                 std::string("\"tree.internal_nodes\":\"") + huge + "\""));
+    check_rejected([&] { (void)xs::load_runtime_tree(dir.path); }, path, "do not fit a tree");  // was bad_alloc
+  }
+  write_file(path, good);
+  CHECK(xs::load_runtime_tree(dir.path).num_classes() == 40);
+}
+
+TEST_CASE("checkpoint: optimizer steps and update counts no run could reach are refused by both loaders") {
+  scratch_dir dir("counts");
+  const index_t n = 12, d = 3;
+  xs::full_softmax<xs::fp32, xs::serial> head(n, d, true, seeded(1));
+  xs::sparse_adam<xs::serial> adam(n, d, true);
+  xs::sparse_gradient<xs::serial, float> g;
+  g.dim = d;
+  const std::vector<index_t> touched{1, 4};
+  g.rows.assign(touched.begin(), touched.end());
+  g.values.assign(static_cast<std::size_t>(2 * d), 0.5f);
+  g.bias_values.assign(2, 0.25f);
+  adam.step(head, g, 0.01f);
+  adam.step(head, g, 0.01f);
+  xs::save_checkpoint(dir.path, head, adam);
+  const std::string path = dir.file(xs::checkpoint_optimizer_file);
+  const std::string good = read_file(path);
+  xs::sparse_adam<xs::serial> loaded(n, d, true);
+  const auto load = [&] { xs::load_checkpoint(dir.path, head, loaded); };
+  write_file(path, edit_header(good, "\"steps\":\"2\"", "\"steps\":\"9223372036854775807\""));
+  check_rejected(load, path, "outside [0, 2^62]");
+  for (const std::int64_t bad : {std::int64_t(-1), std::numeric_limits<std::int64_t>::min(), std::int64_t(3),
+                                 std::numeric_limits<std::int64_t>::max()}) {
+    write_file(path, set_int64_element(good, "update_counts", 4, bad));
+    check_rejected(load, path, "outside [0, steps = 2]");
+  }
+  CHECK(loaded.steps() == 0);
+  CHECK_THROWS_AS(loaded.set_steps(std::numeric_limits<std::int64_t>::max()), xs::invalid_argument);
+  write_file(path, good);
+  load();
+  CHECK(loaded.steps() == 2);
 }

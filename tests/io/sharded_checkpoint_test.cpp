@@ -4,14 +4,18 @@
 // unsharded head, a three-shard layout written by slices loads into the one-rank head, bit for
 // bit; bad layouts and bad shards are rejected with typed errors.
 
+#include "support/checkpoint_files.hpp"
+
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/io/sharded_checkpoint.hpp>
+#include <xsoftmax/optim/sparse_optimizer.hpp>
 #include <xsoftmax/sharding/solo_communicator.hpp>
 
 #include <doctest/doctest.h>
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -81,4 +85,43 @@ TEST_CASE("sharded checkpoint layouts and shards are validated") {
   CHECK_THROWS_WITH_AS(xs::load_sharded_checkpoint(tmp / "y", head), doctest::Contains("class_begin"),
                        xs::checkpoint_error);
   CHECK_THROWS_AS(xs::read_sharded_checkpoint_layout(tmp / "none"), xs::checkpoint_error);
+}
+
+TEST_CASE("sharded checkpoint: a manifest's shard count and the optimizer's counts are checked as the unsharded "
+          "loader checks them") {
+  using namespace xsoftmax_test;
+  constexpr index_t n = 15, d = 3;
+  const temp_dir tmp;
+  xs::full_softmax<xs::fp32, xs::serial, solo> head(solo({}, n), d, true, xs::init_options{5});
+  xs::sparse_adam<xs::serial> adam(n, d, true);
+  xs::sparse_gradient<xs::serial, float> g;
+  g.dim = d;
+  const std::vector<index_t> touched{2, 9};
+  g.rows.assign(touched.begin(), touched.end());
+  g.values.assign(static_cast<std::size_t>(2 * d), 0.5f);
+  g.bias_values.assign(2, 0.25f);
+  adam.step(head, g, 0.01f);
+  xs::save_sharded_checkpoint(tmp / "c", head, adam);
+  xs::sparse_adam<xs::serial> loaded(n, d, true);
+  const auto load = [&] { xs::load_sharded_checkpoint(tmp / "c", head, loaded); };
+
+  const std::string manifest = tmp / ("c/" + std::string(xs::sharded_checkpoint_manifest_file));
+  const std::string good_manifest = read_file(manifest);
+  write_file(manifest, edit_header(good_manifest, "\"shards\":\"1\"", "\"shards\":\"9223372036854775807\""));
+  CHECK_THROWS_WITH_AS(load(), doctest::Contains("is outside [1, num_classes = 15]"), xs::checkpoint_error);
+  write_file(manifest, good_manifest);
+
+  const std::string opt = tmp / ("c/" + xs::sharded_checkpoint_optimizer_file(0, 1));
+  const std::string good = read_file(opt);
+  for (const std::int64_t bad : {std::int64_t(-1), std::numeric_limits<std::int64_t>::min(),
+                                 std::numeric_limits<std::int64_t>::max()}) {
+    write_file(opt, set_int64_element(good, "update_counts", 9, bad));  // accepted before (issue 28)
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("outside [0, steps = 1]"), xs::checkpoint_error);
+  }
+  write_file(opt, edit_header(good, "\"steps\":\"1\"", "\"steps\":\"9223372036854775807\""));
+  CHECK_THROWS_WITH_AS(load(), doctest::Contains("outside [0, 2^62]"), xs::checkpoint_error);
+  CHECK(loaded.steps() == 0);
+  write_file(opt, good);
+  load();
+  CHECK(loaded.steps() == 1);
 }

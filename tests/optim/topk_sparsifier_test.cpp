@@ -130,6 +130,10 @@ TEST_CASE_TEMPLATE("densify sums or averages the workers' pairs; bad inputs thro
   bad.size = 7;
   CHECK_THROWS_AS(xs::densify<B>({&a, &bad}, view), xs::shape_error);
   CHECK_THROWS_AS(xs::densify<B>({}, view), xs::invalid_argument);
+  // A negative size on both sides once matched and overflowed the buffer (issue 28).
+  bad = b;
+  bad.size = -1;
+  CHECK_THROWS_AS(xs::densify<B>({&bad}, xs::vector_view<float>(dense.data(), -1)), xs::shape_error);
   CHECK(read_back(dense.data(), 6) == before);
 
   // The sparsifier's own checks: nothing sent, nothing carried.

@@ -211,6 +211,27 @@ inline sample_loss_fn smoothed_reference(double eps, double z, std::function<std
   };
 }
 
+/// The loss with logit soft-capping `cap` (every score c becomes cap tanh(c / cap)), label smoothing
+/// `eps` and z-loss `z`, over the classes `classes(t)` (all when empty).
+inline sample_loss_fn softcapped_reference(double cap, double eps = 0, double z = 0,
+                                           std::function<std::vector<index_t>(index_t)> classes = {}) {
+  return [=](const ref_params& p, const double* h, index_t t) {
+    std::vector<index_t> set;
+    if (classes) set = classes(t);
+    else
+      for (index_t c = 0; c < p.rows; ++c) set.push_back(c);
+    test_vector<double> s;
+    double target = 0, sum = 0;
+    for (index_t c : set) {
+      s.push_back(cap * std::tanh(p.score(c, h) / cap));
+      sum += s.back();
+      if (c == t) target = s.back();
+    }
+    const double lse = logsumexp(s);
+    return lse - (1 - eps) * target - eps * sum / static_cast<double>(set.size()) + z * lse * lse;
+  };
+}
+
 template <class TreeView>
 sample_loss_fn hs_reference(TreeView tree, bool sigmoid = false) {
   return [tree, sigmoid](const ref_params& p, const double* h, index_t c) {
@@ -234,23 +255,25 @@ inline double reference_objective(const sample_loss_fn& loss, const ref_params& 
                                   xsoftmax::loss_options opt, const test_vector<float>& grad_output = {},
                                   test_vector<double>* per_sample = nullptr, double* reduced = nullptr) {
   double total = 0, weighted = 0;
-  index_t count = 0;
+  double count = 0;  // the mean's divisor: samples, or their total class weight
   if (per_sample) per_sample->assign(static_cast<size_t>(b.rows), 0.0);
   for (index_t i = 0; i < b.rows; ++i) {
     const index_t t = b.targets[static_cast<size_t>(i)];
     if (t == opt.ignore_index) continue;
-    const double l = loss(p, b.h.data() + i * b.dim, t);
+    // Class weights (host-readable memory in the tests): the sample's loss times its class's weight.
+    const double cw = opt.class_weight.size ? static_cast<double>(opt.class_weight.data[t]) : 1.0;
+    const double l = cw * loss(p, b.h.data() + i * b.dim, t);
     if (per_sample) (*per_sample)[static_cast<size_t>(i)] = l;
     total += l;
-    ++count;
+    count += cw;
     const double g = opt.reduce == xsoftmax::reduction::none
                          ? (grad_output.empty() ? 1.0 : grad_output[static_cast<size_t>(i)])
                          : (grad_output.empty() ? 1.0 : grad_output[0]);
     weighted += g * l;
   }
   const bool mean = opt.reduce == xsoftmax::reduction::mean;
-  if (reduced) *reduced = mean ? (count ? total / count : 0.0) : total;
-  return mean ? (count ? weighted / count : 0.0) : weighted;
+  if (reduced) *reduced = mean ? (count > 0 ? total / count : 0.0) : total;
+  return mean ? (count > 0 ? weighted / count : 0.0) : weighted;
 }
 
 /// log p(c | h) for every class c of every row, in double (B x N).

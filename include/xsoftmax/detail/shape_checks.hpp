@@ -44,6 +44,33 @@ inline void check_loss_terms(const char* where, const loss_options& o, bool supp
           " does not define them (its loss is a product of node softmaxes, with no softmax over all classes)");
 }
 
+/// softcap finite and >= 0; 0 for a head that does not define it (`supported` false: the
+/// hierarchical softmax) and with a margin.
+inline void check_softcap(const char* where, const loss_options& o, bool supported, const char* head) {
+  expects(o.softcap >= 0.f && o.softcap < INFINITY, where, ": options.softcap = ", o.softcap,
+          " must be finite and >= 0 (0: no soft-capping)");
+  if (o.softcap == 0.f) return;
+  expects(supported, where, ": options.softcap = ", o.softcap, " must be 0: ", head,
+          " does not define it (its loss is a product of node softmaxes, with no logits over all classes)");
+  expects(!o.margin.enabled(), where, ": options.softcap = ", o.softcap,
+          " must be 0 with a margin (the margin's logits are bounded by its scale already)");
+}
+
+/// class_weight: empty, or one value per class (`num_classes`), with a data pointer; not for a head
+/// that does not take it (`supported` false: the class-sharded heads) nor with label smoothing.
+/// Its values are checked where they live (check_class_weight_values).
+inline void check_class_weight_shape(const char* where, const loss_options& o, index_t num_classes, bool supported,
+                                     const char* head) {
+  if (o.class_weight.size == 0) return;
+  expects(supported, where, ": options.class_weight is not supported by the class-sharded ", head);
+  expects<shape_error>(o.class_weight.size == num_classes, where, ": options.class_weight has ", o.class_weight.size,
+                       " values but the head has ", num_classes, " classes");
+  expects(o.class_weight.data != nullptr, where, ": options.class_weight has ", o.class_weight.size,
+          " values and a null data pointer");
+  expects(o.label_smoothing == 0.f, where, ": options.class_weight with options.label_smoothing = ", o.label_smoothing,
+          " is not supported (PyTorch weights each class of the smoothing term; set one of them)");
+}
+
 /// A margin (see `margin_options`) is a known kind with a finite scale > 0 and a margin in
 /// [0, pi / 2) for ArcFace (past pi / 2 cos(theta + m) is no longer a penalty for every theta) or
 /// finite and >= 0 for CosFace; only for a head that defines it (`supported`) and has no bias.

@@ -176,6 +176,21 @@ struct optimizer_contents_read {
   std::int64_t steps = 0;
 };
 
+/// The step count and per-row update counts a loader restores, as one rule for every loader: the
+/// steps in [0, 2^62] (sparse_optimizer::max_steps), every count in [0, steps] (a step updates a row
+/// once at most). Counts no run could reach would overflow the next step's counting (signed
+/// overflow) and drive the bias corrections to non-finite weights. Throws `checkpoint_error`
+/// "<where>: ..." naming the value.
+inline void check_optimizer_counts(const std::string& where, std::int64_t steps, const std::vector<std::int64_t>& counts) {
+  constexpr std::int64_t most = std::int64_t(1) << 62;
+  if (steps < 0 || steps > most)
+    throw checkpoint_error(xsoftmax::detail::message(where, ": metadata \"steps\" = ", steps, " is outside [0, 2^62]"));
+  for (std::size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] < 0 || counts[i] > steps)
+      throw checkpoint_error(xsoftmax::detail::message(where, ": tensor \"update_counts\": row ", i, " has count ",
+                                                       counts[i], ", outside [0, steps = ", steps, "]"));
+}
+
 template <class Rule, class OB, class State>
 [[nodiscard]] optimizer_contents_read<State> read_optimizer(const std::string& path,
                                                             const sparse_optimizer<Rule, OB, State>& opt) {
@@ -188,14 +203,13 @@ template <class Rule, class OB, class State>
   expect_metadata(f, "dim", std::to_string(dim), "optimizer");
   optimizer_contents_read<State> r;
   r.steps = metadata_integer(f, "steps");
-  if (r.steps < 0) f.fail("metadata \"steps\" = ", r.steps, " is negative");
+  check_optimizer_counts(f.path(), r.steps, {});
   r.state = f.values<State>("state", {rows, dim, slots});
   if (opt.bias_state() && !f.find("bias_state")) f.fail("the optimizer has bias state but the file has none");
   if (!opt.bias_state() && f.find("bias_state")) f.fail("the file has bias state but the optimizer has none");
   if (opt.bias_state()) r.bias_state = f.values<State>("bias_state", {rows, slots});
   r.counts = f.values<std::int64_t>("update_counts", {rows});
-  for (std::size_t i = 0; i < r.counts.size(); ++i)
-    if (r.counts[i] < 0) f.fail("tensor \"update_counts\": row ", i, " has a negative count ", r.counts[i]);
+  check_optimizer_counts(f.path(), r.steps, r.counts);
   return r;
 }
 
@@ -290,6 +304,12 @@ template <int MaxDepth = 64>
            "load_checkpoint into a head over it");
   const auto parent_node = f.values<index_t>("tree.row_parent", {rows});
   const auto child_code = f.values<index_t>("tree.row_child", {rows});
+  // The counts against what the file holds before anything is sized by them: the row tensors hold
+  // `rows` entries (values() checked their shapes before allocating), and in one tree every class
+  // and every internal node but the root hangs below its own row.
+  if (n > rows || internal - 1 > rows - n)
+    f.fail("num_classes = ", n, " and tree.internal_nodes = ", internal, " do not fit a tree of weight_rows = ", rows,
+           " rows (a row per class and per internal node but the root)");
   // Node ids for from_parents: the root is node 0, row r is node r + 1. Children are ordered by node
   // id there, so each block keeps its row order, and the breadth-first layout comes out the same.
   std::vector<index_t> node_row(static_cast<std::size_t>(internal), -1);  // internal node -> its row

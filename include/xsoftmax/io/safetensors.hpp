@@ -17,7 +17,10 @@
 /// neither overlap nor leave holes, and cover it exactly (as Python's reader requires). Every
 /// failure throws `checkpoint_error` naming the file, the tensor and what is wrong.
 ///
-/// Memory: the reader holds the whole file, the writer every tensor's bytes, on the host.
+/// Memory: the reader holds the whole file, the writer every tensor's bytes, on the host. `read`
+/// takes only regular files and reads the header first: a header that does not fit the file, or
+/// byte ranges that do not cover the file's data section exactly, are refused before the data is
+/// read (a link to /dev/zero, or a valid file with gigabytes appended, costs nothing to refuse).
 
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/io/detail/json_subset.hpp>
@@ -28,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -155,11 +159,32 @@ class safetensors_file {
   /// Reads and validates `path`. Throws `checkpoint_error` naming the path when it cannot be read
   /// or is not a valid file.
   [[nodiscard]] static safetensors_file read(const std::string& path) {
+    namespace fs = std::filesystem;
+    safetensors_file f;
+    f.path_ = path;
+    std::error_code ec;
+    const fs::file_status status = fs::status(path, ec);
+    if (ec || !fs::exists(status)) f.fail("cannot open the file", ec ? ": " + ec.message() : std::string());
+    if (!fs::is_regular_file(status)) f.fail("not a regular file (a directory, a device or a pipe)");
+    const std::uintmax_t size = fs::file_size(path, ec);
+    if (ec) f.fail("cannot read the file's size: ", ec.message());
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw checkpoint_error(xsoftmax::detail::message(path, ": cannot open the file"));
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) throw checkpoint_error(xsoftmax::detail::message(path, ": reading failed"));
-    return parse(std::move(bytes), path);
+    if (!in) f.fail("cannot open the file");
+    const auto read_more = [&](std::uint64_t count) {  // appends `count` bytes (the file was checked to hold them)
+      const std::size_t at = f.bytes_.size();
+      f.bytes_.resize(at + static_cast<std::size_t>(count));
+      if (count != 0 && !in.read(f.bytes_.data() + at, static_cast<std::streamsize>(count)))
+        f.fail("reading failed (the file changed while it was read?)");
+    };
+    // The header length and the header first, checked against the file's size; then the data,
+    // once the header's byte ranges cover exactly what the file holds.
+    read_more(std::min<std::uintmax_t>(size, 8));
+    if (size < 8) f.validate();  // throws: truncated
+    const std::uint64_t n = f.header_length(size);
+    read_more(n);
+    f.validate_header(n, size - 8 - n);
+    read_more(size - 8 - n);
+    return f;
   }
 
   /// Validates the file content `bytes`; `name` stands for the file in messages.
@@ -270,16 +295,28 @@ class safetensors_file {
     return {raw, negative};
   }
 
+  /// Every check of `bytes_`, the whole file.
   void validate() {
     if (bytes_.size() < 8) fail("truncated: ", bytes_.size(), " bytes, fewer than the 8-byte header length");
+    const std::uint64_t n = header_length(bytes_.size());
+    validate_header(n, bytes_.size() - 8 - n);
+  }
+
+  /// The header length in `bytes_`' first 8 bytes, checked against a file of `file_size` bytes.
+  [[nodiscard]] std::uint64_t header_length(std::uint64_t file_size) const {
     std::uint64_t n = 0;
     for (int b = 7; b >= 0; --b) n = (n << 8) | static_cast<unsigned char>(bytes_[static_cast<std::size_t>(b)]);
-    if (n > bytes_.size() - 8)
-      fail("header length ", n, " exceeds the ", bytes_.size() - 8, " bytes that follow it (truncated or corrupt)");
+    if (n > file_size - 8)
+      fail("header length ", n, " exceeds the ", file_size - 8, " bytes that follow it (truncated or corrupt)");
     if (n > max_header_bytes) fail("header length ", n, " exceeds the format's limit of ", max_header_bytes);
+    return n;
+  }
+
+  /// The header (`bytes_`' bytes [8, 8 + n)) for a data section of `data_size` bytes: its JSON,
+  /// every tensor's entry, and byte ranges that tile the data section exactly. Needs no data byte.
+  void validate_header(std::uint64_t n, std::uint64_t data_size) {
     if (n < 2 || bytes_[8] != '{') fail("the header does not start with '{'");
     data_start_ = 8 + n;
-    const std::uint64_t data_size = bytes_.size() - data_start_;
     const detail::json_value root = detail::json_subset_parser(std::string_view(bytes_).substr(8, n), path_).parse();
     if (root.type != detail::json_value::kind::object) fail("the header is not a JSON object");
     for (const auto& [name, v] : root.members) {

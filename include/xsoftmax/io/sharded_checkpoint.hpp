@@ -115,7 +115,9 @@ void save_checkpoint_shard(const std::string& dir, const sharded_checkpoint_layo
   if (bias != "true" && bias != "false") f.fail("metadata \"has_bias\" = \"", bias, "\" is not true or false");
   l.has_bias = bias == "true";
   const index_t shards = io::detail::metadata_integer(f, "shards");
-  if (shards < 1) f.fail("metadata \"shards\" = ", shards, " is not positive");
+  // Each shard holds at least one class: bounded by num_classes (and shards + 1 cannot overflow).
+  if (shards < 1 || l.num_classes < 1 || shards > l.num_classes)
+    f.fail("metadata \"shards\" = ", shards, " is outside [1, num_classes = ", l.num_classes, "]");
   l.class_bounds = f.values<index_t>("class_bounds", {shards + 1});
   const auto opt = f.metadata().find("optimizer");
   l.optimizer = opt == f.metadata().end() || opt->second == "none" ? std::string() : opt->second;

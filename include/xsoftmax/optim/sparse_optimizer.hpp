@@ -21,6 +21,14 @@
 /// every optimizer of the library, sparse or dense (`non_finite_error` for NaN or +-Inf,
 /// `invalid_argument` for lr < 0); the whole gradient is checked (rows in range and unique, shapes,
 /// finite values times the learning rate; see detail/sparse_gradient_checks.hpp).
+///
+/// What is not checked, by decision: the optimizer's own arithmetic. A finite gradient so large that
+/// its square overflows (|g| > 1.8e19 in fp32: Adam's second moment, Adagrad's sum) makes that
+/// state Inf and the step's weights NaN or unchanged, as in PyTorch's optimizers, which do not check
+/// either. Catching it would take a second pass over the touched rows (the update computed twice, or
+/// every row kept until all are known finite). A training loop that can see such gradients clips
+/// them first (`clip_grad_norm_`); a step the caller suspects can be verified afterwards with the
+/// heads' finite checks of the weights.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/execution.hpp>
@@ -187,10 +195,15 @@ class sparse_optimizer {
   [[nodiscard]] const Rule& rule() const { return rule_; }
   /// Calls of `step` since construction or `reset`.
   [[nodiscard]] std::int64_t steps() const { return steps_; }
+  /// The most steps (and updates of one row) an optimizer counts: 2^62, far beyond any run (a
+  /// step a nanosecond for 146 years), and far enough from 2^63 that counting on cannot overflow.
+  /// Checkpoint loaders refuse counts beyond it.
+  static constexpr std::int64_t max_steps = std::int64_t(1) << 62;
   /// Sets the step count `steps()` reports (a schedule's position), as `load_checkpoint` does when
-  /// it restores a saved optimizer. Throws `invalid_argument` when `steps` < 0.
+  /// it restores a saved optimizer. Throws `invalid_argument` when `steps` is outside [0, max_steps].
   void set_steps(std::int64_t steps) {
-    detail::expects(steps >= 0, "sparse_optimizer::set_steps: steps = ", steps, " must be >= 0");
+    detail::expects(steps >= 0 && steps <= max_steps, "sparse_optimizer::set_steps: steps = ", steps,
+                    " must be in [0, 2^62]");
     steps_ = steps;
   }
   [[nodiscard]] index_t rows() const { return rows_; }

@@ -241,6 +241,7 @@ void densify(const std::vector<const compressed_gradient<Backend>*>& parts, vect
   const char* where = "densify";
   const detail::execution<Backend> ex{resources};
   detail::expects(!parts.empty(), where, ": no worker gradients");
+  detail::expects<shape_error>(dense.size >= 0, where, ": dense.size = ", dense.size, " is negative");
   detail::expects(dense.data != nullptr || dense.size == 0, where, ": dense is null");
   for (std::size_t w = 0; w < parts.size(); ++w) {
     const compressed_gradient<Backend>* p = parts[w];

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// A batch prepared for a head on any backend: data checks of hidden rows and targets, the rows
-/// whose target is not ignored widened to fp32 and packed, the upstream gradient of each packed
-/// row, and the way back (per-sample losses, hidden-gradient rows, the reduced loss). Host
-/// synchronisation only for sizes and for reporting a bad value.
+/// A batch prepared for a head on any backend: data checks of hidden rows, targets and class
+/// weights, the rows whose target is not ignored widened to fp32 and packed, their class weights,
+/// the upstream gradient of each packed row, and the way back (per-sample losses, hidden-gradient
+/// rows, the reduced loss). Host synchronisation only for sizes and for reporting a bad value.
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/finite_scan.hpp>
@@ -32,9 +32,14 @@ struct batch_rows {
   scratch_vector<Backend, index_t> sample;
   scratch_vector<Backend, index_t> target;
   scratch_vector<Backend, float> hidden;  ///< rows x dim
+  /// With class weights (`weigh_rows`): each row's weight, and their sum (one value); else empty.
+  scratch_vector<Backend, float> weight, weight_total;
   [[nodiscard]] matrix_view<const float> hidden_view() const { return {thrust::raw_pointer_cast(hidden.data()), rows, dim}; }
   [[nodiscard]] const index_t* sample_data() const { return thrust::raw_pointer_cast(sample.data()); }
   [[nodiscard]] const index_t* target_data() const { return thrust::raw_pointer_cast(target.data()); }
+  /// What `reduction::mean` divides by, in the execution's memory: the rows' total class weight, or
+  /// null for the row count.
+  [[nodiscard]] const float* mean_divisor() const { return weight_total.empty() ? nullptr : weight_total.data(); }
 };
 
 struct bad_target {
@@ -49,6 +54,11 @@ struct any_non_class {
   const index_t* t;
   index_t num_classes;
   XSOFTMAX_HD bool operator()(index_t i) const { return t[i] < 0 || t[i] >= num_classes; }
+};
+
+struct bad_class_weight {
+  const float* w;
+  XSOFTMAX_HD bool operator()(index_t i) const { return !(w[i] >= 0.f && w[i] < INFINITY); }  // NaN too
 };
 
 struct kept_target {
@@ -99,6 +109,19 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
   expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")");
 }
 
+/// `class_weight`'s values, when given (its shape was checked: check_class_weight_shape): each finite
+/// and >= 0, scanned where they live.
+template <class Backend>
+void check_class_weight_values(const execution<Backend>& ex, const char* where, vector_view<const float> class_weight) {
+  if (class_weight.size == 0) return;
+  const thrust::counting_iterator<index_t> first(0);
+  count_host_read();
+  const index_t i = *thrust::find_if(ex.policy(), first, first + class_weight.size, bad_class_weight{class_weight.data});
+  if (i == class_weight.size) return;
+  const float v = backend_ops<Backend>::read(ex.res, class_weight.data + i);
+  expects(false, where, ": options.class_weight[", i, "] = ", v, " must be finite and >= 0");
+}
+
 /// Packs the rows of `hidden` whose target is not `ignore_index` (every row when `targets` is
 /// empty), widened to fp32. Without `with_hidden` only their samples and targets (`hidden` stays
 /// empty: for a caller that reads the rows from `hidden` itself, by `sample`).
@@ -132,7 +155,8 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
 }
 
 /// dLoss/dloss_r for each packed row, in the execution's memory: `grad_output` is empty (1), a
-/// scalar (mean/sum), or one value per *original* sample (reduction none).
+/// scalar (mean/sum), or one value per *original* sample (reduction none); times the row's class
+/// weight, when the batch has them (`weigh_rows`), and for the mean divided by their total.
 template <class Backend>
 scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, const char* where,
                                                   const batch_rows<Backend>& b, index_t batch_rows_count,
@@ -143,7 +167,8 @@ scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
   if (reduce == reduction::none && grad_output.size != 0) {
     const float* g = grad_output.data;
     const index_t* sample = b.sample_data();
-    XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = g[sample[r]]; });
+    const float* w = b.weight.empty() ? nullptr : b.weight.data();
+    XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = w ? g[sample[r]] * w[r] : g[sample[r]]; });
     const index_t i = first_non_finite(ex, static_cast<const float*>(up), b.rows);
     if (i != b.rows)
       expects<non_finite_error>(false, where, ": grad_output gives a non-finite upstream gradient ",
@@ -152,9 +177,17 @@ scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
   }
   float scale = 1.f;
   if (reduce != reduction::none && grad_output.size == 1) scale = backend_ops<Backend>::read(ex.res, grad_output.data);
-  if (reduce == reduction::mean && b.rows > 0) scale /= static_cast<float>(b.rows);
+  const float* w = b.weight.empty() ? nullptr : b.weight.data();
+  if (reduce == reduction::mean && b.rows > 0 && !w) scale /= static_cast<float>(b.rows);
   expects<non_finite_error>(std::isfinite(scale), where, ": grad_output gives a non-finite upstream gradient ", scale);
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = scale; });
+  if (!w) {
+    XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = scale; });
+    return u;
+  }
+  // Class weights: scale w_r, divided by the rows' total weight for the mean (all w_r are 0 when
+  // that total is).
+  const float* total = reduce == reduction::mean ? b.weight_total.data() : nullptr;
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = total ? scale * w[r] / (total[0] > 0.f ? total[0] : 1.f) : scale * w[r]; });
   return u;
 }
 
@@ -191,11 +224,14 @@ void sum_blocks(const execution<Backend>& ex, const In* in, index_t n, index_t b
 
 /// The reduced loss of `n` per-row losses into `out[0]` (the execution's memory): their sum, or
 /// their mean for `reduction::mean` (0 when n = 0, where PyTorch would return NaN: a training loop
-/// should not be poisoned by a batch of padding). Summed in double as a tree of fixed blocks of 64
-/// in a fixed order, so the result does not depend on the backend or its thread count; each level
-/// runs in parallel (one device thread summing a 1024-row batch took 35 us on an H200).
+/// should not be poisoned by a batch of padding). With `divisor` (the execution's memory: the rows'
+/// total class weight) the mean is the sum divided by it (0 when it is 0). Summed in double as a tree
+/// of fixed blocks of 64 in a fixed order, so the result does not depend on the backend or its
+/// thread count; each level runs in parallel (one device thread summing a 1024-row batch took 35 us
+/// on an H200).
 template <class Backend>
-void reduce_losses_into(const execution<Backend>& ex, const float* losses, index_t n, reduction reduce, float* out) {
+void reduce_losses_into(const execution<Backend>& ex, const float* losses, index_t n, reduction reduce, float* out,
+                        const float* divisor = nullptr) {
   constexpr index_t block = 64;
   index_t m = (n + block - 1) / block;
   scratch_vector<Backend, double> level(static_cast<std::size_t>(m), ex), next;
@@ -213,8 +249,33 @@ void reduce_losses_into(const execution<Backend>& ex, const float* losses, index
     (void)unused_index;
     double total = 0;
     for (index_t b = 0; b < m; ++b) total += p[b];
-    out[0] = mean ? (n > 0 ? static_cast<float>(total / static_cast<double>(n)) : 0.f) : static_cast<float>(total);
+    const double by = divisor ? static_cast<double>(divisor[0]) : static_cast<double>(n);
+    out[0] = mean ? (by > 0 ? static_cast<float>(total / by) : 0.f) : static_cast<float>(total);
   });
+}
+
+/// With class weights (`class_weight` non-empty): each packed row's weight class_weight[target] and
+/// their total, which `upstream_gradients` and the mean (`mean_divisor`) then use. No-op otherwise.
+template <class Backend>
+void weigh_rows(const execution<Backend>& ex, batch_rows<Backend>& b, vector_view<const float> class_weight) {
+  if (class_weight.size == 0) return;
+  b.weight = scratch_vector<Backend, float>(static_cast<std::size_t>(b.rows), ex);
+  float* w = b.weight.data();
+  const float* cw = class_weight.data;
+  const index_t* t = b.target_data();
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { w[r] = cw[t[r]]; });
+  b.weight_total = scratch_vector<Backend, float>(1, ex);
+  reduce_losses_into(ex, static_cast<const float*>(w), b.rows, reduction::sum, b.weight_total.data());
+}
+
+/// losses[r] *= class_weight[target of packed row r], when class weights are given.
+template <class Backend>
+void weigh_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, vector_view<const float> class_weight,
+                  float* losses) {
+  if (class_weight.size == 0) return;
+  const float* cw = class_weight.data;
+  const index_t* t = b.target_data();
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { losses[r] *= cw[t[r]]; });
 }
 
 /// `reduce_losses_into`, returned to the host.

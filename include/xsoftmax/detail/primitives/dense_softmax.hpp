@@ -76,7 +76,10 @@ struct dense_softmax_args {
   /// Optional (class-sharded heads): called once between the two passes; replaces the block's row
   /// statistics by those of every class (all-reduces over the ranks that hold the other blocks).
   std::function<void(const dense_row_statistics&)> combine_rows;
-  [[nodiscard]] bool plain_loss() const { return label_smoothing == 0.f && z_loss == 0.f; }
+  /// Logit soft-capping (see `loss_options::softcap`): c > 0 makes every score c tanh(s / c) before
+  /// the offsets are added; 0: none.
+  float softcap = 0.f;
+  [[nodiscard]] bool plain_loss() const { return label_smoothing == 0.f && z_loss == 0.f && softcap == 0.f; }
   /// Optional additive margin on normalised rows and weights (see `margin_options`); the bias must
   /// be null with one. The loss terms and offsets then apply to the margin logits.
   margin_options margin = {};
@@ -272,6 +275,13 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
         }
       });
     }
+    if (a.softcap > 0.f) {
+      const float cap = a.softcap, inverse = 1.f / a.softcap;
+      XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
+        float* e = s + r * cn + j;
+        *e = cap * ::tanhf(*e * inverse);
+      });
+    }
     if (a.negative_offset || a.target_offset) {
       const float* no = a.negative_offset;
       const float* to = a.target_offset;
@@ -351,13 +361,24 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
           if (tj >= 0 && tj < cn) sr[tj] -= u[r];
         });
       }
-    } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite]
+    } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite], and with a
+              // cap c, times dcapped/draw = 1 - (capped / c)^2 (capped: the score less its offset)
+      const float cap = a.softcap;
+      const float* no = a.negative_offset;
+      const float* to = a.target_offset;
       XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
         float* e = s + r * cn + j;
-        const float lr = l[r], ur = u[r], scale = ur * (1.f + 2.f * z * lr);
+        const float v = *e, lr = l[r], ur = u[r], scale = ur * (1.f + 2.f * z * lr);
         const float uniform = eps > 0.f ? eps * ur / static_cast<float>(fc[r]) : 0.f;
-        *e = *e > -INFINITY ? fast_exp(*e - lr) * scale - uniform : 0.f;
-        if (j == t[r] - c0) *e -= (1.f - eps) * ur;
+        const bool target = j == t[r] - c0;
+        float g = v > -INFINITY ? fast_exp(v - lr) * scale - uniform : 0.f;
+        if (target) g -= (1.f - eps) * ur;
+        if (cap > 0.f && v > -INFINITY) {
+          const float* o = target ? to : no;
+          const float q = (o ? v - o[c0 + j] : v) / cap;
+          g *= 1.f - q * q;
+        }
+        *e = g;
       });
     }
     if (margin) {  // dloss/dcos_j, divided by |w_j|: G W is then dloss/dh^, G^T H^ is dloss/dw^ / |w_j|

@@ -23,7 +23,7 @@ namespace xsoftmax::detail {
 /// Losses of the packed rows (and, when `upstream` is non-null, their hidden gradient into
 /// `grad_packed` (rows x dim, zeroed) and the weight gradient of the union of the lists, ascending,
 /// into `g`). `target_pos[r]` is the entry of `set.ids` holding row r's target. `terms`: label
-/// smoothing, z-loss, margin (the bias must be null with one). Every pointer is in the execution's
+/// smoothing, z-loss, margin (the bias must be null with one), soft-capping. Every pointer is in the execution's
 /// memory. Class-sharded heads pass their slice of the set (local weight rows; `target_pos[r]` -1
 /// where another rank holds row r's target) and `combine` (see `dense_softmax_args::combine_rows`),
 /// called once between the scores and the loss.
@@ -43,8 +43,8 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   float* gh = grad_packed;
   backend_vector<Backend, float> scores(static_cast<std::size_t>(nnz));
   float* s = raw(scores);
-  const float eps = terms.label_smoothing, z = terms.z_loss;
-  const bool plain = eps == 0.f && z == 0.f;
+  const float eps = terms.label_smoothing, z = terms.z_loss, cap = terms.softcap;
+  const bool plain = eps == 0.f && z == 0.f && cap == 0.f;
   // Margin: per row 1 / |h_r|, per entry 1 / |w_id| and the entry's cosine (for the backward).
   const bool margin = terms.margin.enabled();
   const margin_logits ml = make_margin_logits(terms.margin);
@@ -76,6 +76,7 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
         cosv[e] = s[e] * hinv[r] * winv[e];
         s[e] = e == tpos[r] ? ml.target_logit(cosv[e]) : ml.scale * cosv[e];
       }
+      if (cap > 0.f) s[e] = cap * ::tanhf(s[e] / cap);  // soft-capping (never with a margin)
       if (eoff) s[e] += eoff[e];
     }
     if (partial) {  // (max, sum of exp(s - max)); a row with no entry here: (-inf, 0)
@@ -116,8 +117,17 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
     float* ghr = gh + r * d;
     const float u = upstream[r], scale = u * (1.f + 2.f * z * lse);
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
-      if (plain) s[e] = ::expf(s[e] - lse) * u - (e == tpos[r] ? u : 0.f);
-      else s[e] = (s[e] > -INFINITY ? ::expf(s[e] - lse) * scale - uniform * u : 0.f) - (e == tpos[r] ? (1.f - eps) * u : 0.f);
+      if (plain) {
+        s[e] = ::expf(s[e] - lse) * u - (e == tpos[r] ? u : 0.f);
+      } else {
+        const float v = s[e];
+        float g = (v > -INFINITY ? ::expf(v - lse) * scale - uniform * u : 0.f) - (e == tpos[r] ? (1.f - eps) * u : 0.f);
+        if (cap > 0.f && v > -INFINITY) {  // dcapped/draw = 1 - (capped / cap)^2, capped = the score less its offset
+          const float q = (eoff ? v - eoff[e] : v) / cap;
+          g *= 1.f - q * q;
+        }
+        s[e] = g;
+      }
       // Margin: dloss/dcos / |w|, so that the sum below is dloss/dh^ (h^ = h / |h|).
       if (margin) s[e] *= (e == tpos[r] ? ml.target_slope(cosv[e]) : ml.scale) * winv[e];
       const T* wr = w.row(ids[e]);

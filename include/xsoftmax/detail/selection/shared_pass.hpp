@@ -36,6 +36,7 @@ void shared_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch,
   a.label_smoothing = terms.label_smoothing;  // over each row's finite-offset classes
   a.z_loss = terms.z_loss;
   a.margin = terms.margin;  // margin logits first, then the set's offsets
+  a.softcap = terms.softcap;  // capped logits, then the set's offsets
   a.columns = thrust::raw_pointer_cast(set.classes.data());
   a.negative_offset = set.negative_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.negative_offset.data());
   a.target_offset = set.target_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.target_offset.data());

@@ -249,6 +249,8 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   const int ranks = size();
   const bool train = mode == mode_t::train;
 
+  detail::expects(options.class_weight.size == 0, where,
+                  ": options.class_weight is not supported by the class-sharded ", head_name);
   // 1. Checks of what the top head cannot see (global targets, the caller's per-sample buffer), on
   //    a host copy of the targets (the routing's bookkeeping reads them there too).
   detail::expects<shape_error>(targets.size == rows && (targets.data != nullptr || rows == 0), where, ": targets has ",

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -79,10 +80,11 @@ class json_subset_parser {
       v.type = json_value::kind::object;
       ++pos_;
       if (peek() == '}') return ++pos_, v;
+      std::unordered_set<std::string> names;  // the duplicate check in constant time per member
       for (;;) {
         if (peek() != '"') fail("expected a member name in quotes");
         std::string key = string();
-        if (v.find(key)) fail("duplicate key \"" + key + "\"");
+        if (!names.insert(key).second) fail("duplicate key \"" + key + "\"");
         expect(':');
         v.members.emplace_back(std::move(key), value(depth + 1));
         if (peek() == '}') return ++pos_, v;

@@ -136,6 +136,7 @@ template <class State>
                      if (with_bias) copy_rows(f, "bias_state", {rows, slots}, slots, b, lo, hi, begin, r.bias_state);
                      copy_rows(f, "update_counts", {rows}, 1, b, lo, hi, begin, r.counts);
                    });
+  check_optimizer_counts(dir, r.steps, r.counts);  // the unsharded loader's rule
   return r;
 }
 
