@@ -117,7 +117,7 @@ def test_selective_heads_take_softcap_and_class_weight():
     cw = class_weights()
     # k = N: the active set is every class, the full softmax's loss.
     check_against_reference(KNNSoftmaxLoss(N, D, k=N, softcap=0.8), "mean", softcap=0.8)
-    check_against_reference(KNNSoftmaxLoss(N, D, k=N, class_weight=cw), "sum", class_weight=cw)
+    check_against_reference(KNNSoftmaxLoss(N, D, k=N, class_weight=cw, reduction="sum"), "sum", class_weight=cw)
     # The exact evaluation loss of the sampled head keeps both.
     head = SampledSoftmaxLoss(N, D, num_sampled=5, softcap=0.8, class_weight=cw).eval()
     h, t = batch(5)
