@@ -160,32 +160,42 @@ def full_softmax(batch, dim, n, reps, device, name="torch", loss_fn=torch_linear
     del w, h, t
 
 
-def adaptive(batch, dim, n, reps, device):
-    torch.cuda.empty_cache()
-    cutoffs = [min(20000, n // 50), min(200000, n // 5)]
-    head = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, n, cutoffs=cutoffs, div_value=4.0).to(device, torch.bfloat16)
-    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
-    t = zipf_targets(batch, n, device)
+def time_head(loss_of, module, h, t, reps):
+    """(forward ms, forward + backward ms, peak extra MB of forward + backward) of loss_of(module(h, t))
+    -- the hierarchical heads' shared timing."""
     base = torch.cuda.memory_allocated()
 
     def fwd():
         with torch.no_grad():
-            return head(h, t).loss
+            return loss_of(module(h, t))
 
     def fwd_bwd():
-        head.zero_grad(set_to_none=True)
+        module.zero_grad(set_to_none=True)
         h.grad = None
-        out = head(h, t)
-        out.loss.backward()
-        return out.loss
+        loss = loss_of(module(h, t))
+        loss.backward()
+        return loss
 
     torch.cuda.reset_peak_memory_stats()
     f_ms = time_ms(fwd, reps)
     torch.cuda.reset_peak_memory_stats()
     fb_ms = time_ms(fwd_bwd, reps)
-    fb_peak = torch.cuda.max_memory_allocated() - base
+    return f_ms, fb_ms, (torch.cuda.max_memory_allocated() - base) / 1e6
+
+
+def hs_inputs(batch, dim, n, device):
+    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
+    return h, zipf_targets(batch, n, device)
+
+
+def adaptive(batch, dim, n, reps, device):
+    torch.cuda.empty_cache()
+    cutoffs = [min(20000, n // 50), min(200000, n // 5)]
+    head = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, n, cutoffs=cutoffs, div_value=4.0).to(device, torch.bfloat16)
+    h, t = hs_inputs(batch, dim, n, device)
+    f_ms, fb_ms, peak = time_head(lambda out: out.loss, head, h, t, reps)
     print(f"torch adaptive_bf16    B={batch:<6} d={dim:<5} N={n:<10} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
-          f"peak extra fwd+bwd {fb_peak / 1e6:9.1f} MB  cutoffs {cutoffs}", flush=True)
+          f"peak extra fwd+bwd {peak:9.1f} MB  cutoffs {cutoffs}", flush=True)
 
 
 def xsoftmax_hs(batch, dim, n, reps, device, depth):
@@ -198,28 +208,10 @@ def xsoftmax_hs(batch, dim, n, reps, device, depth):
     branching = math.ceil(n ** (1.0 / depth))
     head = xs.HierarchicalSoftmaxLoss(n, dim, tree=xs.Tree.uniform(n, depth, branching), dtype=torch.bfloat16,
                                       sparse_grad=True).to(device)
-    h = (torch.rand(batch, dim, device=device, dtype=torch.bfloat16) * 2 - 1).requires_grad_(True)
-    t = zipf_targets(batch, n, device)
-    base = torch.cuda.memory_allocated()
-
-    def fwd():
-        with torch.no_grad():
-            return head(h, t)
-
-    def fwd_bwd():
-        head.zero_grad(set_to_none=True)
-        h.grad = None
-        loss = head(h, t)
-        loss.backward()
-        return loss
-
-    torch.cuda.reset_peak_memory_stats()
-    f_ms = time_ms(fwd, reps)
-    torch.cuda.reset_peak_memory_stats()
-    fb_ms = time_ms(fwd_bwd, reps)
-    fb_peak = torch.cuda.max_memory_allocated() - base
+    h, t = hs_inputs(batch, dim, n, device)
+    f_ms, fb_ms, peak = time_head(lambda loss: loss, head, h, t, reps)
     print(f"xsoftmax hs{depth}_bf16      B={batch:<6} d={dim:<5} N={n:<10} fwd {f_ms:9.3f} ms  fwd+bwd {fb_ms:9.3f} ms  "
-          f"peak extra fwd+bwd {fb_peak / 1e6:9.1f} MB  branching {branching}", flush=True)
+          f"peak extra fwd+bwd {peak:9.1f} MB  branching {branching}", flush=True)
 
 
 def main():

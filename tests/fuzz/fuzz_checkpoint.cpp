@@ -14,6 +14,8 @@
 // optimizer) aborts the run. Every file is a safetensors file: the seed corpus (`--make-corpus DIR`)
 // holds real checkpoints of each kind, prefixed with their selector byte.
 
+#include "support/small_gradient.hpp"
+
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>
 #include <xsoftmax/io/checkpoint.hpp>
@@ -118,13 +120,7 @@ void fuzz_optimizer_file(const std::string& file, const std::string& good_head) 
   const std::string w0 = bits(head.weights().data, classes * dim);
   if (probe([&] { xs::load_checkpoint(scratch().string(), head, adam); })) {
     // A loaded optimizer must be able to step: counts it accepted cannot overflow.
-    xs::sparse_gradient<xs::serial, float> g;
-    g.dim = dim;
-    const std::vector<index_t> rows{0, classes - 1};
-    g.rows.assign(rows.begin(), rows.end());
-    g.values.assign(static_cast<std::size_t>(2 * dim), 0.5f);
-    g.bias_values.assign(2, 0.5f);
-    (void)probe([&] { adam.step(head, g, 0.01f); });
+    (void)probe([&] { adam.step(head, xsoftmax_test::small_gradient<xs::serial>(dim, {0, classes - 1}, 0.5f), 0.01f); });
   } else if (bits(head.weights().data, classes * dim) != w0 || adam.steps() != 0) {
     contract_broken("a failed load_checkpoint changed the head or the optimizer");
   }
@@ -145,13 +141,7 @@ struct good_files {
     const std::string dir = scratch().string();
     xs::full_softmax<xs::fp32, xs::serial> full(classes, dim, true, xs::init_options{4});
     xs::sparse_adam<xs::serial> adam(classes, dim, true);
-    xs::sparse_gradient<xs::serial, float> g;
-    g.dim = dim;
-    const std::vector<index_t> rows{1, 5};
-    g.rows.assign(rows.begin(), rows.end());
-    g.values.assign(static_cast<std::size_t>(2 * dim), 0.25f);
-    g.bias_values.assign(2, 0.25f);
-    adam.step(full, g, 0.01f);
+    adam.step(full, xsoftmax_test::small_gradient<xs::serial>(dim, {1, 5}, 0.25f), 0.01f);
     xs::save_checkpoint(dir, full, adam);
     full_head = read(scratch() / xs::checkpoint_head_file);
     optimizer = read(scratch() / xs::checkpoint_optimizer_file);

@@ -23,7 +23,7 @@ mkdir -p "$out/$corpus"
 # empty ranges (a report inside Thrust, on every empty copy); real null dereferences still crash
 # under AddressSanitizer.
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize=null -fno-sanitize-recover=undefined \
-  -I include -I "$cuda/include/cccl" -isystem "$cuda/include" \
+  -I include -I tests -I "$cuda/include/cccl" -isystem "$cuda/include" \
   "tests/fuzz/$target.cpp" -o "$out/$target"
 # The checkpoint target's seeds: a real checkpoint of each kind (it writes them itself).
 if [[ $target == fuzz_checkpoint ]]; then "$out/$target" --make-corpus "$out/$corpus"; fi

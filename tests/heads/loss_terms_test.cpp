@@ -67,16 +67,21 @@ TEST_CASE_TEMPLATE("loss terms: selective and KNN heads smooth over each row's a
   const index_t n = 29, d = 5, batch = 8;
   problem p = make_problem(rng, n, n, d, batch, true, 0.2);
   const auto hb = make_hidden<float>(p.h, batch, d);
-  const loss_options opt = terms(0.2, 5e-3);
-  // Every class active: bit for bit the full softmax (shared path = the same dense softmax).
+  // Every class active: bit for bit the full softmax (shared path = the same dense softmax), with
+  // smoothing and z-loss, and with soft-capped logits too.
+  loss_options softcapped = terms(0.1, 0);
+  softcapped.softcap = 1.75f;
   xsoftmax::full_softmax<xsoftmax::fp32, B> full(mview(p.w, n, d), p.b.data());
   xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, B> all(
       xsoftmax::explicit_candidates::all_classes(n), mview(p.w, n, d), p.b.data());
-  CHECK(same_outputs_across(run_forward_backward(all, hb, p.targets, opt), run_forward_backward(full, hb, p.targets, opt)));
   xsoftmax::knn_options ko;
   ko.graph.k = n;
   xsoftmax::knn_softmax<xsoftmax::fp32, B> knn(mview(p.w, n, d), ko, p.b.data());
-  CHECK(same_outputs_across(run_forward_backward(knn, hb, p.targets, opt), run_forward_backward(full, hb, p.targets, opt)));
+  for (const loss_options& o : {terms(0.2, 5e-3), softcapped}) {
+    const auto want = run_forward_backward(full, hb, p.targets, o);
+    CHECK(same_outputs_across(run_forward_backward(all, hb, p.targets, o), want));
+    CHECK(same_outputs_across(run_forward_backward(knn, hb, p.targets, o), want));
+  }
 
   // Per-sample candidates (gather-dot path): smoothing over the row's own list.
   const auto list_of = [n](index_t t) { return mixed_candidates_of(t, n); };

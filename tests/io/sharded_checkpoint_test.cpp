@@ -5,6 +5,7 @@
 // bit; bad layouts and bad shards are rejected with typed errors.
 
 #include "support/checkpoint_files.hpp"
+#include "support/small_gradient.hpp"
 
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/io/sharded_checkpoint.hpp>
@@ -94,13 +95,7 @@ TEST_CASE("sharded checkpoint: a manifest's shard count and the optimizer's coun
   const temp_dir tmp;
   xs::full_softmax<xs::fp32, xs::serial, solo> head(solo({}, n), d, true, xs::init_options{5});
   xs::sparse_adam<xs::serial> adam(n, d, true);
-  xs::sparse_gradient<xs::serial, float> g;
-  g.dim = d;
-  const std::vector<index_t> touched{2, 9};
-  g.rows.assign(touched.begin(), touched.end());
-  g.values.assign(static_cast<std::size_t>(2 * d), 0.5f);
-  g.bias_values.assign(2, 0.25f);
-  adam.step(head, g, 0.01f);
+  adam.step(head, small_gradient<xs::serial>(d, {2, 9}, 0.5f), 0.01f);
   xs::save_sharded_checkpoint(tmp / "c", head, adam);
   xs::sparse_adam<xs::serial> loaded(n, d, true);
   const auto load = [&] { xs::load_sharded_checkpoint(tmp / "c", head, loaded); };

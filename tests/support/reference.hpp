@@ -27,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax_test {
@@ -191,28 +192,9 @@ using sample_loss_fn = std::function<double(const ref_params&, const double*, in
 
 inline sample_loss_fn full_reference() { return full_sample_loss; }
 
-/// The loss with label smoothing `eps` and z-loss `z`: lse - (1 - eps) s_t - eps mean(s) + z lse^2
-/// over the classes `classes(t)` (all when empty).
-inline sample_loss_fn smoothed_reference(double eps, double z, std::function<std::vector<index_t>(index_t)> classes = {}) {
-  return [=](const ref_params& p, const double* h, index_t t) {
-    std::vector<index_t> set;
-    if (classes) set = classes(t);
-    else
-      for (index_t c = 0; c < p.rows; ++c) set.push_back(c);
-    test_vector<double> s;
-    double target = 0, sum = 0;
-    for (index_t c : set) {
-      s.push_back(p.score(c, h));
-      sum += s.back();
-      if (c == t) target = s.back();
-    }
-    const double lse = logsumexp(s);
-    return lse - (1 - eps) * target - eps * sum / static_cast<double>(set.size()) + z * lse * lse;
-  };
-}
-
-/// The loss with logit soft-capping `cap` (every score c becomes cap tanh(c / cap)), label smoothing
-/// `eps` and z-loss `z`, over the classes `classes(t)` (all when empty).
+/// The loss with logit soft-capping `cap` (every score c becomes cap tanh(c / cap); 0: none), label
+/// smoothing `eps` and z-loss `z`: lse - (1 - eps) s_t - eps mean(s) + z lse^2 over the classes
+/// `classes(t)` (all when empty).
 inline sample_loss_fn softcapped_reference(double cap, double eps = 0, double z = 0,
                                            std::function<std::vector<index_t>(index_t)> classes = {}) {
   return [=](const ref_params& p, const double* h, index_t t) {
@@ -223,13 +205,19 @@ inline sample_loss_fn softcapped_reference(double cap, double eps = 0, double z 
     test_vector<double> s;
     double target = 0, sum = 0;
     for (index_t c : set) {
-      s.push_back(cap * std::tanh(p.score(c, h) / cap));
+      const double score = p.score(c, h);
+      s.push_back(cap > 0 ? cap * std::tanh(score / cap) : score);
       sum += s.back();
       if (c == t) target = s.back();
     }
     const double lse = logsumexp(s);
     return lse - (1 - eps) * target - eps * sum / static_cast<double>(set.size()) + z * lse * lse;
   };
+}
+
+/// The loss with label smoothing `eps` and z-loss `z` (no cap).
+inline sample_loss_fn smoothed_reference(double eps, double z, std::function<std::vector<index_t>(index_t)> classes = {}) {
+  return softcapped_reference(0, eps, z, std::move(classes));
 }
 
 template <class TreeView>
