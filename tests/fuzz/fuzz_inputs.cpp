@@ -1,17 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the validation layer and the tree builders (tests/fuzz/README.md).
 //
-// The fuzzer's bytes choose one of four probes and its arguments:
+// The fuzzer's bytes choose one of six probes and its arguments:
 //   0. runtime_tree<>::huffman over fuzzed counts (negative, NaN, huge, many equal) and arity;
 //   1. runtime_tree<>::from_parents over a fuzzed parent array and leaf-class list;
 //   2. a full_softmax verb with fuzzed shapes, strides, null pointers, targets, ignore_index,
 //      reduction (any int), grad_output sizes, k and class ranges;
-//   3. apply_sgd with fuzzed gradient rows, values (NaN, inf, huge), bias values and lr.
+//   3. apply_sgd with fuzzed gradient rows, values (NaN, inf, huge), bias values and lr;
+//   4. a sparse optimizer's step (momentum, Adagrad, Adam, LARS, LAMB) on a fuzzed weights view (null
+//      data, short stride, other shapes), gradient and lr: a step that threw changed nothing;
+//   5. densify over fuzzed workers (negative sizes, bad indices and values): a throw changed nothing.
 // A probe may throw one of the library's typed exceptions (bad input) or succeed; anything else —
 // a crash, a sanitizer report, another exception type, weights changed by a call that threw, a
 // tree that violates its own contract — aborts the run.
 
+#include <xsoftmax/optim/large_batch.hpp>
+#include <xsoftmax/optim/sparse_optimizer.hpp>
+#include <xsoftmax/optim/topk_sparsifier.hpp>
 #include <xsoftmax/xsoftmax.hpp>
+
+#include <algorithm>
 
 #include <cmath>
 #include <cstddef>
@@ -200,15 +208,121 @@ void fuzz_apply_sgd(bytes& in) {
       if (!std::isfinite(head.weights().data[i])) contract_broken("apply_sgd left a non-finite weight");
 }
 
+/// The fuzzed sparse gradient of apply_sgd's probe, for an n x d layer.
+xs::sparse_gradient<xs::serial, float> fuzzed_gradient(bytes& in, index_t n, index_t d) {
+  xs::sparse_gradient<xs::serial, float> g;
+  const index_t m = in.small(6);
+  g.dim = in.take<std::uint8_t>() % 7 == 0 ? in.small(8) : d;
+  std::vector<index_t> rows;  // std::vectors first: see fuzz_apply_sgd
+  std::vector<float> values, bias_values;
+  for (index_t i = 0; i < m; ++i) rows.push_back(in.take<std::uint8_t>() % 5 == 0 ? in.any_index() : in.small(n));
+  const index_t count = in.take<std::uint8_t>() % 7 == 0 ? in.small(20) : m * d;
+  for (index_t i = 0; i < count; ++i) values.push_back(in.take<std::uint8_t>() % 10 == 0 ? in.any_float() : 0.1f);
+  if (in.take<std::uint8_t>() % 3 == 0)
+    for (index_t i = 0; i < m; ++i) bias_values.push_back(in.any_float());
+  g.rows.assign(rows.begin(), rows.end());
+  g.values.assign(values.begin(), values.end());
+  g.bias_values.assign(bias_values.begin(), bias_values.end());
+  return g;
+}
+
+/// One step of optimizer `Opt` (rows x d, bias) on a fuzzed weights view (null data with a size, a
+/// stride smaller than its columns, other shapes), gradient and learning rate: a step that threw
+/// changed neither the weights, nor the bias, nor the optimizer's state and counts.
+template <class Opt>
+void step_probe(bytes& in, Opt& opt, index_t n, index_t d, const float* state, const std::int64_t* counts,
+                std::size_t state_size) {
+  // Room for the largest view the probe makes ((n + 2) x (d + 2) with a stride up to d + 1): a view
+  // must never claim memory the harness did not allocate.
+  std::vector<float> w(static_cast<std::size_t>((n + 3) * (d + 3)), 0.25f), bias(static_cast<std::size_t>(n + 3), 0.f);
+  index_t rows = n, cols = d, stride = d;
+  float* data = w.data();
+  switch (in.take<std::uint8_t>() % 8) {
+    case 0: data = nullptr; break;
+    case 1: stride = in.small(d + 2); break;
+    case 2: rows = in.small(n + 3); break;
+    case 3: cols = in.small(d + 3); break;
+    default: break;
+  }
+  const bool with_bias = in.take<std::uint8_t>() % 2 == 0;
+  const auto g = fuzzed_gradient(in, n, d);
+  const float lr = in.take<std::uint8_t>() % 6 == 0 ? in.any_float() : 0.5f;
+  const std::vector<float> w0 = w, b0 = bias, s0(state, state + state_size);
+  const std::vector<std::int64_t> c0(counts, counts + n);
+  bool threw = true;
+  probe([&] {
+    opt.step(xs::matrix_view<float>(data, rows, cols, stride), with_bias ? bias.data() : nullptr, g, lr);
+    threw = false;
+  });
+  if (threw && (w != w0 || bias != b0 || !std::equal(s0.begin(), s0.end(), state) ||
+                !std::equal(c0.begin(), c0.end(), counts)))
+    contract_broken("an optimizer step threw but changed the weights or its state");
+}
+
+void fuzz_optimizer_step(bytes& in) {
+  const index_t n = 1 + in.small(12), d = 1 + in.small(5);
+  switch (in.take<std::uint8_t>() % 5) {
+    case 0: { xs::sparse_momentum<> o(n, d, true); step_probe(in, o, n, d, o.state(), o.update_counts(), std::size_t(n * d)); break; }
+    case 1: { xs::sparse_adagrad<> o(n, d, true); step_probe(in, o, n, d, o.state(), o.update_counts(), std::size_t(n * d)); break; }
+    case 2: { xs::sparse_adam<> o(n, d, true); step_probe(in, o, n, d, o.state(), o.update_counts(), std::size_t(2 * n * d)); break; }
+    case 3: {
+      xs::sparse_lars<> o(n, d, true);
+      step_probe(in, o, n, d, o.base().state(), o.base().update_counts(), std::size_t(n * d));
+      break;
+    }
+    default: {
+      xs::sparse_lamb<> o(n, d, true);
+      step_probe(in, o, n, d, o.base().state(), o.base().update_counts(), std::size_t(2 * n * d));
+    }
+  }
+}
+
+/// densify over 1-3 fuzzed workers (sizes, negative ones too; indices unsorted, repeated, out of
+/// range, extreme; values NaN / inf): a call that threw left the dense gradient as it was.
+void fuzz_densify(bytes& in) {
+  const index_t size = in.take<std::uint8_t>() % 6 == 0 ? in.any_index() % 40 : in.small(40);
+  const int workers = 1 + in.take<std::uint8_t>() % 3;
+  std::vector<xs::compressed_gradient<xs::serial>> parts(static_cast<std::size_t>(workers));
+  std::vector<const xs::compressed_gradient<xs::serial>*> pointers;
+  for (auto& p : parts) {
+    p.size = in.take<std::uint8_t>() % 8 == 0 ? in.any_index() % 50 : size;
+    const index_t k = in.small(8);
+    std::vector<std::int64_t> idx;
+    std::vector<float> val;
+    index_t at = in.small(4);
+    for (index_t i = 0; i < k; ++i) {
+      idx.push_back(in.take<std::uint8_t>() % 6 == 0 ? in.any_index() : at);
+      at += 1 + in.small(3);
+      val.push_back(in.take<std::uint8_t>() % 8 == 0 ? in.any_float() : 1.f);
+    }
+    if (in.take<std::uint8_t>() % 9 == 0) val.push_back(2.f);  // one value more than indices
+    p.indices.assign(idx.begin(), idx.end());
+    p.values.assign(val.begin(), val.end());
+    pointers.push_back(in.take<std::uint8_t>() % 16 == 0 ? nullptr : &p);
+  }
+  std::vector<float> dense(64, 7.f);
+  const std::vector<float> before = dense;
+  bool threw = true;
+  probe([&] {
+    xs::densify<xs::serial>(pointers, xs::vector_view<float>(in.take<std::uint8_t>() % 10 == 0 ? nullptr : dense.data(),
+                                                             size),
+                            in.take<std::uint8_t>() % 2 ? xs::worker_reduction::sum : xs::worker_reduction::mean);
+    threw = false;
+  });
+  if (threw && dense != before) contract_broken("densify threw but changed the dense gradient");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   bytes in(data, size);
-  switch (in.take<std::uint8_t>() % 4) {
+  switch (in.take<std::uint8_t>() % 6) {
     case 0: fuzz_huffman(in); break;
     case 1: fuzz_from_parents(in); break;
     case 2: fuzz_full_verbs(in); break;
-    default: fuzz_apply_sgd(in); break;
+    case 3: fuzz_apply_sgd(in); break;
+    case 4: fuzz_optimizer_step(in); break;
+    default: fuzz_densify(in); break;
   }
   return 0;
 }
