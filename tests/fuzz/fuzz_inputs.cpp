@@ -3,7 +3,8 @@
 //
 // The fuzzer's bytes choose one of six probes and its arguments:
 //   0. runtime_tree<>::huffman over fuzzed counts (negative, NaN, huge, many equal) and arity;
-//   1. runtime_tree<>::from_parents over a fuzzed parent array and leaf-class list;
+//   1. runtime_tree<>::from_parents over a fuzzed parent array, leaf-class list (or none) and class
+//      count (extreme ones too);
 //   2. a full_softmax verb with fuzzed shapes, strides, null pointers, targets, ignore_index,
 //      reduction (any int), grad_output sizes, k and class ranges;
 //   3. apply_sgd with fuzzed gradient rows, values (NaN, inf, huge), bias values and lr;
@@ -113,11 +114,15 @@ void fuzz_huffman(bytes& in) {
 }
 
 void fuzz_from_parents(bytes& in) {
-  const index_t nodes = in.small(64), classes = in.small(40);
+  const index_t nodes = in.small(64);
+  // A class count far beyond the parent array now and then (2^40, INT64_MAX: issue 28 found
+  // bad_alloc there): it must be a tree_error before anything is sized by it.
+  const index_t classes = in.take<std::uint8_t>() % 8 == 0 ? in.any_index() : in.small(40);
   std::vector<index_t> parent(static_cast<std::size_t>(nodes)), leaf(static_cast<std::size_t>(nodes));
   for (auto& p : parent) p = in.take<std::uint8_t>() % 4 == 0 ? in.any_index() : in.small(nodes + 1) - 1;
-  for (auto& l : leaf) l = in.take<std::uint8_t>() % 4 == 0 ? in.any_index() : in.small(classes + 1) - 1;
-  probe([&] { check_tree(xs::runtime_tree<>::from_parents(parent, leaf, classes)); });
+  for (auto& l : leaf) l = in.take<std::uint8_t>() % 4 == 0 ? in.any_index() : in.small(classes > 0 && classes < 40 ? classes + 1 : 41) - 1;
+  if (in.take<std::uint8_t>() % 2 == 0) probe([&] { check_tree(xs::runtime_tree<>::from_parents(parent, leaf, classes)); });
+  else probe([&] { check_tree(xs::runtime_tree<>::from_parents(parent, classes)); });
 }
 
 void fuzz_full_verbs(bytes& in) {
