@@ -181,11 +181,10 @@ void fuzz_full_verbs(bytes& in) {
     contract_broken("a verb changed the weights");
 }
 
-void fuzz_apply_sgd(bytes& in) {
-  const index_t n = 1 + in.small(20), d = 1 + in.small(6);
-  xs::full_softmax<xs::fp32, xs::serial> head(n, d, in.take<std::uint8_t>() % 2 == 0);
-  const std::vector<float> before(head.weights().data, head.weights().data + n * d);
-  xs::full_softmax<xs::fp32, xs::serial>::gradient_type g;
+/// A fuzzed sparse gradient for an n x d layer: rows in and out of range, repeated, extreme; values
+/// and bias values NaN, inf, huge; sizes that disagree with the rows.
+xs::sparse_gradient<xs::serial, float> fuzzed_gradient(bytes& in, index_t n, index_t d) {
+  xs::sparse_gradient<xs::serial, float> g;
   const index_t m = in.small(6);
   g.dim = in.take<std::uint8_t>() % 7 == 0 ? in.small(8) : d;
   // Built in std::vectors, then assigned (Thrust's host_vector::push_back on an empty vector binds a
@@ -200,6 +199,14 @@ void fuzz_apply_sgd(bytes& in) {
   g.rows.assign(rows.begin(), rows.end());
   g.values.assign(values.begin(), values.end());
   g.bias_values.assign(bias_values.begin(), bias_values.end());
+  return g;
+}
+
+void fuzz_apply_sgd(bytes& in) {
+  const index_t n = 1 + in.small(20), d = 1 + in.small(6);
+  xs::full_softmax<xs::fp32, xs::serial> head(n, d, in.take<std::uint8_t>() % 2 == 0);
+  const std::vector<float> before(head.weights().data, head.weights().data + n * d);
+  const auto g = fuzzed_gradient(in, n, d);
   const float lr = in.take<std::uint8_t>() % 6 == 0 ? in.any_float() : 0.5f;
   bool threw = true;
   probe([&] {
@@ -211,24 +218,6 @@ void fuzz_apply_sgd(bytes& in) {
   if (!threw)
     for (index_t i = 0; i < n * d; ++i)
       if (!std::isfinite(head.weights().data[i])) contract_broken("apply_sgd left a non-finite weight");
-}
-
-/// The fuzzed sparse gradient of apply_sgd's probe, for an n x d layer.
-xs::sparse_gradient<xs::serial, float> fuzzed_gradient(bytes& in, index_t n, index_t d) {
-  xs::sparse_gradient<xs::serial, float> g;
-  const index_t m = in.small(6);
-  g.dim = in.take<std::uint8_t>() % 7 == 0 ? in.small(8) : d;
-  std::vector<index_t> rows;  // std::vectors first: see fuzz_apply_sgd
-  std::vector<float> values, bias_values;
-  for (index_t i = 0; i < m; ++i) rows.push_back(in.take<std::uint8_t>() % 5 == 0 ? in.any_index() : in.small(n));
-  const index_t count = in.take<std::uint8_t>() % 7 == 0 ? in.small(20) : m * d;
-  for (index_t i = 0; i < count; ++i) values.push_back(in.take<std::uint8_t>() % 10 == 0 ? in.any_float() : 0.1f);
-  if (in.take<std::uint8_t>() % 3 == 0)
-    for (index_t i = 0; i < m; ++i) bias_values.push_back(in.any_float());
-  g.rows.assign(rows.begin(), rows.end());
-  g.values.assign(values.begin(), values.end());
-  g.bias_values.assign(bias_values.begin(), bias_values.end());
-  return g;
 }
 
 /// One step of optimizer `Opt` (rows x d, bias) on a fuzzed weights view (null data with a size, a
