@@ -51,6 +51,7 @@ TEST_CASE_TEMPLATE("class_sharding<solo_communicator> equals the unsharded full 
     xs::loss_options o;
     o.label_smoothing = 0.05f;
     o.z_loss = 1e-3f;
+    o.softcap = 2.5f;  // soft-capped logits too (the unsharded head's against its reference: softcap_class_weight_test)
     test_vector<float> gh(rows * d), ref_gh(rows * d), per(rows), ref_per(rows);
     typename decltype(head)::gradient_type gw, ref_gw;
     const xs::matrix_view<const float> hv(h.data(), rows, d);
@@ -65,6 +66,12 @@ TEST_CASE_TEMPLATE("class_sharding<solo_communicator> equals the unsharded full 
     CHECK(std::vector<float>(per.begin(), per.end()) == std::vector<float>(ref_per.begin(), ref_per.end()));
     CHECK(host_copy(gw.values) == host_copy(ref_gw.values));
     CHECK(host_copy(gw.bias_values) == host_copy(ref_gw.bias_values));
+    // Class weights are not taken by the class-sharded heads: refused, naming them.
+    test_vector<float> cw(n, 1.f);
+    xs::loss_options weighted;
+    weighted.class_weight = xs::vector_view<const float>(cw.data(), n);
+    CHECK_THROWS_WITH_AS((void)head.forward(hv, tv, weighted), doctest::Contains("class_weight is not supported"),
+                         xs::invalid_argument);
 
     constexpr index_t k = 4;
     test_vector<index_t> c(rows * k), ref_c(rows * k);
