@@ -126,8 +126,9 @@ struct loss_options {
   /// Sample i's loss (z-loss included) and its gradients are multiplied by class_weight[t_i], and
   /// `reduction::mean` divides by the sum of class_weight[t_i] over the samples not ignored
   /// (PyTorch's weighted mean; 0 when that sum is 0, as the unweighted mean of no sample).
-  /// Every head (the hierarchical softmax too), except the class-sharded ones; not with label
-  /// smoothing (PyTorch weights each class of the smoothing term: not implemented here).
+  /// Every head (the hierarchical softmax too), except the class-sharded ones. With label smoothing
+  /// the verbs throw `invalid_argument`: PyTorch's formula then weighs every class of the smoothing
+  /// term, a per-class sum the heads do not compute (issue 27's note says so).
   vector_view<const float> class_weight = {};
 };
 

@@ -83,19 +83,23 @@ TEST_CASE_TEMPLATE("loss terms: selective and KNN heads smooth over each row's a
     CHECK(same_outputs_across(run_forward_backward(knn, hb, p.targets, o), want));
   }
 
-  // Per-sample candidates (gather-dot path): smoothing over the row's own list.
+  // Per-sample candidates (gather-dot path): smoothing over the row's own list, with and without
+  // soft-capped logits.
   const auto list_of = [n](index_t t) { return mixed_candidates_of(t, n); };
   const xsoftmax::explicit_candidates per_sample = mixed_per_sample_candidates(p.targets, batch, n);
   xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, B> head(per_sample, mview(p.w, n, d),
                                                                                      p.b.data());
-  for (reduction r : {reduction::none, reduction::sum}) {
-    const loss_options o = terms(0.25, 1e-2, r);
-    test_vector<float> grad_output;
-    if (r == reduction::none) grad_output = random_grad_output(rng, batch);
-    const auto ref = smoothed_reference(0.25, 1e-2, list_of);
-    check_forward(head, ref, p.params(), hb, p.targets, o, std::string("per-sample, ") + reduction_name(r));
-    check_gradients(head, ref, p.params(), hb, p.targets, o, grad_output, std::string("per-sample, ") + reduction_name(r));
-  }
+  for (double cap : {0.0, 1.25})
+    for (reduction r : {reduction::none, reduction::sum}) {
+      loss_options o = terms(0.25, 1e-2, r);
+      o.softcap = static_cast<float>(cap);
+      test_vector<float> grad_output;
+      if (r == reduction::none) grad_output = random_grad_output(rng, batch);
+      const auto ref = softcapped_reference(cap, 0.25, 1e-2, list_of);
+      const std::string what = "per-sample, cap " + std::to_string(cap) + ", " + reduction_name(r);
+      check_forward(head, ref, p.params(), hb, p.targets, o, what);
+      check_gradients(head, ref, p.params(), hb, p.targets, o, grad_output, what);
+    }
 }
 
 TEST_CASE_TEMPLATE("loss terms: out-of-range values and the hierarchical softmax are rejected, naming the value", B,

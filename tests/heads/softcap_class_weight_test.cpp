@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Logit soft-capping (loss_options::softcap) on the full softmax and the selective / KNN heads, and
+// Logit soft-capping (loss_options::softcap) on the full softmax (the selective and KNN heads' cases
+// are in loss_terms_test.cpp, beside label smoothing's), and
 // per-class weights (loss_options::class_weight) on the full, selective and hierarchical heads:
 // float64 references of their definitions (PyTorch's formulas: cap tanh(z / cap) logits;
 // F.cross_entropy(weight=...)'s weighted losses and weighted mean) and central finite differences,
@@ -67,27 +68,6 @@ TEST_CASE_TEMPLATE("softcap: full softmax matches cap tanh(z / cap) logits and f
           check_gradients(head, softcapped_reference(cap, eps, z), p.params(), hb, p.targets, opt, grad_output, what);
         }
     }
-  }
-}
-
-TEST_CASE_TEMPLATE("softcap: the per-sample sets of the selective heads cap every active logit", B,
-                   XSOFTMAX_TEST_BACKENDS) {
-  test_rng rng(802);
-  const index_t n = 29, d = 5, batch = 8;
-  problem p = make_problem(rng, n, n, d, batch, true, 0.2);
-  const auto hb = make_hidden<float>(p.h, batch, d);
-  // Per-sample candidates (gather-dot path): each row's own list, capped. (Every class active
-  // equals the full softmax bit for bit, capped too: loss_terms_test.cpp.)
-  const auto list_of = [n](index_t t) { return mixed_candidates_of(t, n); };
-  xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, B> head(
-      mixed_per_sample_candidates(p.targets, batch, n), mview(p.w, n, d), p.b.data());
-  for (reduction r : {reduction::none, reduction::sum}) {
-    const loss_options o = capped(1.25, r, 0.1, 5e-3);
-    test_vector<float> grad_output;
-    if (r == reduction::none) grad_output = random_grad_output(rng, batch);
-    const auto ref = softcapped_reference(1.25, 0.1, 5e-3, list_of);
-    check_forward(head, ref, p.params(), hb, p.targets, o, std::string("per-sample, ") + reduction_name(r));
-    check_gradients(head, ref, p.params(), hb, p.targets, o, grad_output, std::string("per-sample, ") + reduction_name(r));
   }
 }
 
