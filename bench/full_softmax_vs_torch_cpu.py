@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """The exact softmax on the CPU: xsoftmax's FullSoftmaxLoss against PyTorch's
-F.cross_entropy(F.linear(h, W)), one training step each (forward + backward + SGD on W), side by
-side in one process (the two alternate, so the machine's load hits both alike), same threads.
+F.cross_entropy(F.linear(h, W)) ("torch") and, where torch has it (>= 2.13), its own chunked
+F.linear_cross_entropy(..., options=LinearCrossEntropyOptions()) ("torch_chunked"), one training
+step each (forward + backward + SGD on W), side by side in one process (the methods alternate, so
+the machine's load hits all alike), same threads.
 
 Peak memory is measured in a fresh child process per method (peak RSS over two steps minus the
 RSS once inputs and weights exist), so one method's allocations never count against the other.
@@ -14,8 +16,10 @@ RSS once inputs and weights exist), so one method's allocations never count agai
 Floor: a step is three GEMMs of 2 B N d FLOPs (scores, grad_hidden, grad_weight); xsoftmax adds a
 fourth for every chunk of scores it recomputes in the backward pass (those that do not fit its
 score-cache budget, FullSoftmaxLoss(score_cache_bytes=...); torch keeps the B x N logits).
-"xsoftmax" is the default budget; "xsoftmax@M" a budget of M MiB ("all": B x N x 4 bytes), each
-run side by side with the others. --openblas-coretype sets OPENBLAS_CORETYPE (xsoftmax's BLAS)
+"xsoftmax" is the head's automatic plan (on the CPU, blocks of rows that keep every score within
+the larger of 64 MiB and the weight gradient's size); "xsoftmax@M" one block with a budget of M MiB ("all": B x N x 4 bytes);
+"xsoftmax/R" row blocks of R rows, each keeping every score of its block (--row-blocks); each run
+side by side with the others. --openblas-coretype sets OPENBLAS_CORETYPE (xsoftmax's BLAS)
 before anything loads OpenBLAS. Needs the xsoftmax package (pip install --no-build-isolation ./python).
 """
 import argparse
@@ -49,6 +53,21 @@ def torch_step(w, h, t, lr):
     return loss.item()
 
 
+def torch_chunked_step(w, h, t, lr):
+    """PyTorch's own chunked F.linear_cross_entropy (torch >= 2.13): the B x N logits never whole."""
+    w.grad = None
+    hh = h.detach().requires_grad_()
+    loss = F.linear_cross_entropy(hh, w, t, options=torch.nn.LinearCrossEntropyOptions())
+    loss.backward()
+    with torch.no_grad():
+        w.add_(w.grad, alpha=-lr)
+    return loss.item()
+
+
+def has_torch_chunked():
+    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+
+
 def xsoftmax_step(head, h, t, lr):
     head.weight.grad = None
     hh = h.detach().requires_grad_()
@@ -59,8 +78,15 @@ def xsoftmax_step(head, h, t, lr):
     return loss.item()
 
 
+def row_block(method):
+    """The row block of method "xsoftmax/R" (None: the default)."""
+    return int(method.split("/", 1)[1]) if "/" in method else None
+
+
 def cache_bytes(method, n, b):
-    """The score-cache budget of method "xsoftmax@M" (None: the default)."""
+    """The score-cache budget of method "xsoftmax@M" (None: the default; "xsoftmax/R": R x N x 4)."""
+    if "/" in method:
+        return row_block(method) * n * 4
     if "@" not in method:
         return None
     mib = method.split("@", 1)[1]
@@ -69,11 +95,12 @@ def cache_bytes(method, n, b):
 
 def stepper(method, n, d, b):
     h, t, w = make(n, d, b)
-    if method == "torch":
+    if method in ("torch", "torch_chunked"):
         w = w.requires_grad_()
-        return lambda: torch_step(w, h, t, 0.1)
+        step = torch_step if method == "torch" else torch_chunked_step
+        return lambda: step(w, h, t, 0.1)
     from xsoftmax import FullSoftmaxLoss
-    head = FullSoftmaxLoss(n, d, score_cache_bytes=cache_bytes(method, n, b))
+    head = FullSoftmaxLoss(n, d, score_cache_bytes=cache_bytes(method, n, b), row_block=row_block(method))
     with torch.no_grad():
         head.weight.copy_(w)
     return lambda: xsoftmax_step(head, h, t, 0.1)
@@ -128,18 +155,22 @@ def main():
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--cache-mib", nargs="*", default=[],
                    help="also run xsoftmax with these score-cache budgets (MiB, or 'all')")
+    p.add_argument("--row-blocks", type=int, nargs="*", default=[],
+                   help="also run xsoftmax in blocks of these many rows, each keeping every score of its block")
+    p.add_argument("--no-torch-chunked", action="store_true",
+                   help="leave out torch's chunked F.linear_cross_entropy (slow on the CPU: minutes a step at 1e6)")
     p.add_argument("--openblas-coretype", help="OPENBLAS_CORETYPE for xsoftmax's OpenBLAS (e.g. Haswell, SkylakeX)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args()
     if a.openblas_coretype:
         os.environ["OPENBLAS_CORETYPE"] = a.openblas_coretype  # read when OpenBLAS loads (with xsoftmax._C)
     torch.set_num_threads(a.threads)
-    methods = ["torch", "xsoftmax"] + [f"xsoftmax@{m}" for m in a.cache_mib]
+    methods = ["torch"] + (["torch_chunked"] if has_torch_chunked() and not a.no_torch_chunked else []) + ["xsoftmax"] + [f"xsoftmax@{m}" for m in a.cache_mib] + [
+        f"xsoftmax/{r}" for r in a.row_blocks]
     rows = []
     import xsoftmax.torch  # noqa: F401  (loads OpenBLAS now, under the core type above)
-    from xsoftmax import _C
     print(f"torch {torch.__version__}, {a.threads} threads, d = {a.dim}, B = {a.batch}; OpenBLAS core "
-          f"{openblas_core()}; xsoftmax default score cache {_C.default_score_cache_bytes() / 2 ** 20:g} MiB",
+          f"{openblas_core()}; \"xsoftmax\" is the head's automatic plan (blocks that keep every score)",
           flush=True)
     for n in a.classes:
         steps = {m: stepper(m, n, a.dim, a.batch) for m in methods}
@@ -160,15 +191,16 @@ def main():
         for m in methods[1:]:
             budget = cache_bytes(m, n, a.batch)
             row = {"classes": n, "dim": a.dim, "batch": a.batch, "threads": a.threads, "gemm_gflop_per_step": gflop,
-                   "openblas_core": openblas_core(), "method": m,
-                   "score_cache_bytes": _C.default_score_cache_bytes() if budget is None else budget,
+                   "openblas_core": openblas_core(), "method": m, "row_block": row_block(m),
+                   "score_cache_bytes": budget,  # None: the head's automatic plan
                    "torch_s": med["torch"], "xsoftmax_s": med[m], "torch_all_s": times["torch"],
                    "xsoftmax_all_s": times[m], "speedup": med["torch"] / med[m],
                    "torch_peak_mib": peak["torch"], "xsoftmax_peak_mib": peak[m],
                    "memory_ratio": peak[m] / peak["torch"]}
             rows.append(row)
-            print(f"  {m:>16} (cache {row['score_cache_bytes'] / 2 ** 20:7.0f} MiB): {med[m] * 1e3:8.1f} ms -> "
-                  f"torch / xsoftmax {row['speedup']:.2f}x; peak memory {peak[m]:.0f} MiB "
+            cache = "      -" if m.startswith("torch") else "   auto" if budget is None else f"{budget / 2 ** 20:7.0f}"
+            print(f"  {m:>16} (cache {cache} MiB): {med[m] * 1e3:8.1f} ms -> "
+                  f"torch / {m.split('@')[0].split('/')[0]} {row['speedup']:.2f}x; peak memory {peak[m]:.0f} MiB "
                   f"({row['memory_ratio']:.2f}x torch's)", flush=True)
     if a.json:
         with open(a.json, "w") as f:

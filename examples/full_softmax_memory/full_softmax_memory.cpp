@@ -5,8 +5,8 @@
 // A training step of the exact softmax over N classes computes B x N scores. xsoftmax never holds
 // them all: it scores chunks of classes, folds them into an online log-sum-exp and, in the
 // backward pass, recomputes every chunk it did not keep. Two settings choose how much it keeps:
-//   * set_score_cache_bytes(bytes): the first pass's chunks kept for the second while they fit
-//     (default 64 MiB); every kept chunk saves one GEMM of the backward's recomputation. B x N x 4
+//   * set_score_cache_bytes(bytes): the first pass's chunks kept for the second while they fit;
+//     every kept chunk saves one GEMM of the backward's recomputation. B x N x 4
 //     bytes keeps them all: three GEMMs a step instead of four, as F.cross_entropy(F.linear(...)).
 //   * keep_scores_in_row_blocks(R): the step solved in blocks of R rows (set_row_block), each a
 //     complete softmax, their weight gradients added up, with a cache of R x N x 4 bytes
@@ -14,9 +14,11 @@
 //     GEMMs a step at R rows' memory instead of B rows'. Each extra block re-reads and re-writes the
 //     N x d weight gradient once, which pays while R is above about 4 x (GEMM rate) / (memory
 //     bandwidth): tens of rows on a CPU, about a thousand on an H100 (bench/RESULTS.md, "Row blocks").
+// Until either is set the head chooses both itself (training_plan): on the CPU, blocks whose
+// scores fit the larger of 64 MiB and the N x d weight gradient's size, each keeping every score.
 //
 // The program times one training step (forward_backward, best of three) of the same head, batch
-// and weights under four settings, and shows that they compute the same step: the losses and
+// and weights under five settings, and shows that they compute the same step: the losses and
 // gradients agree to rounding (bitwise for the cache alone; within rounding with row blocks,
 // whose weight-gradient sums over rows are grouped by block).
 //
@@ -43,7 +45,7 @@ constexpr index_t batch = 1024;
 
 using head_type = xs::full_softmax<xs::fp32, xs::omp>;
 
-/// One setting of the trade-off.
+/// One setting of the trade-off (a negative cache: the head's automatic plan).
 struct setting {
   const char* name;
   index_t cache_bytes;
@@ -95,25 +97,31 @@ int main() {
   head_type head(num_classes, dim);
   const index_t score_bytes = index_t(sizeof(float)) * num_classes;  // one row's scores
   const setting settings[] = {
-      {"default: 64 MiB cache, the rest recomputed", head_type::default_score_cache_bytes, 0},
+      {"default: the automatic plan (training_plan)", -1, 0},
+      {"one block, 64 MiB cache, the rest recomputed", head_type::default_score_cache_bytes, 0},
       {"no cache: every chunk recomputed", 0, 0},
       {"every score kept (B x N x 4 bytes)", batch * score_bytes, 0},
       {"row blocks of 256, each keeping its scores", 256 * score_bytes, 256},
   };
   std::printf("exact softmax, N = %lld classes, d = %lld, batch %lld, one forward_backward step\n\n",
               static_cast<long long>(num_classes), static_cast<long long>(dim), static_cast<long long>(batch));
-  std::printf("%-46s %10s %9s %12s %12s\n", "setting", "cache MiB", "step ms", "loss", "grad gap");
+  std::printf("%-46s %10s %9s %9s %12s %12s\n", "setting", "cache MiB", "row block", "step ms", "loss", "grad gap");
   std::vector<step_result> results;
   for (const setting& s : settings) {
-    head.set_row_block(0);
-    head.set_score_cache_bytes(s.cache_bytes);
-    if (s.row_block > 0) head.keep_scores_in_row_blocks(s.row_block);  // and a cache of row_block x N x 4 bytes
+    head.use_automatic_plan();
+    if (s.cache_bytes >= 0) {
+      head.set_row_block(0);
+      head.set_score_cache_bytes(s.cache_bytes);
+      if (s.row_block > 0) head.keep_scores_in_row_blocks(s.row_block);  // and a cache of row_block x N x 4 bytes
+    }
+    const xs::dense_step_plan plan = head.training_plan(batch);
     results.push_back(timed_step(head, hidden, targets));
     const step_result& r = results.back();
     const step_result& first = results.front();
     // The gap of the hidden and weight gradients against the default setting's.
     const double gap = std::max(largest_gap(r.grad_hidden, first.grad_hidden), largest_gap(r.grad.values, first.grad.values));
-    std::printf("%-46s %10.1f %9.1f %12.6f %12.2e\n", s.name, static_cast<double>(s.cache_bytes) / (1 << 20),
+    std::printf("%-46s %10.1f %9lld %9.1f %12.6f %12.2e\n", s.name,
+                static_cast<double>(plan.score_cache_bytes) / (1 << 20), static_cast<long long>(plan.row_block),
                 r.seconds * 1e3, r.loss, gap);
   }
   std::printf("\nThe settings without a full cache also use one batch x %lld-class chunk buffer (%.1f MiB).\n",

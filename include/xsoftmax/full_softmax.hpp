@@ -6,7 +6,9 @@
 /// chunk of classes and folded into an online log-sum-exp; the backward pass recomputes each chunk
 /// that does not fit the score-cache budget (`set_score_cache_bytes`), which can hold every score of
 /// a block of rows when the batch is solved in row blocks (`set_row_block`). Peak extra memory is
-/// O(B x chunk_size) plus that budget.
+/// O(B x chunk_size) plus that budget. By default the head picks blocks and budget itself
+/// (`training_plan`): on a host backend at most as many kept scores as the weight gradient has
+/// entries (N x d), at least 64 MiB.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/class_range_weights.hpp>
@@ -100,13 +102,21 @@ class full_softmax
 
   /// How `forward_backward` and `backward` solve a batch of `batch_rows` packed rows: row block,
   /// score-cache budget (per block) and chunk width. What `set_row_block`, `set_score_cache_bytes`
-  /// and `set_chunk_size` set; until either of the first two is called, a device backend (cuda)
-  /// chooses for itself (`automatic_plan()`): every score kept when B x N x 4 bytes fit 2 GiB, else
-  /// blocks of the most rows (a multiple of 256) whose scores fit 2 GiB when that is at least 1024,
-  /// else one block with the 64 MiB cache; 16384-class chunks when a block keeps every score. At
-  /// 8192 x 2304 x 256K bf16 on an H200 that is blocks of 2048 rows: 59.8 ms a step in 6.3 GB
-  /// against 85.0 ms in 4.2 GB for the host backends' layout (bench/RESULTS.md). Host backends
-  /// keep one block and the 64 MiB cache unless told otherwise. Forward-only verbs keep nothing.
+  /// and `set_chunk_size` set; until either of the first two is called, the head chooses for itself
+  /// (`automatic_plan()`, detail/full_softmax_plan.hpp), so that the backward recomputes no score
+  /// where memory allows:
+  /// * device backends (cuda): every score kept when B x N x 4 bytes fit 2 GiB, else blocks of the
+  ///   most rows (a multiple of 256) whose scores fit 2 GiB when that is at least 1024, else one
+  ///   block with the 64 MiB cache; 16384-class chunks when a block keeps every score. At
+  ///   8192 x 2304 x 256K bf16 on an H200 that is blocks of 2048 rows: 59.8 ms a step in 6.3 GB
+  ///   against 85.0 ms in 4.2 GB for one block with the 64 MiB cache (bench/RESULTS.md).
+  /// * host backends (serial, omp): every score kept when the batch's scores fit the larger of
+  ///   64 MiB and the N x d fp32 weight gradient, else blocks of the most rows (a multiple of 64)
+  ///   whose scores fit it, each keeping every score, when that is at least 128 rows; else one
+  ///   block with the 64 MiB cache. At B = 1024, N = 1e5 or 1e6, d = 256 that is blocks of 256 rows
+  ///   (bench/RESULTS.md, "Full softmax on the CPU: blocks that keep every score").
+  /// Class-sharded heads keep one block and the 64 MiB cache unless told otherwise. Forward-only
+  /// verbs keep nothing.
   [[nodiscard]] dense_step_plan training_plan(index_t batch_rows) const;
   /// Whether the training verbs' layout is the backend's automatic one (neither `set_row_block`
   /// nor `set_score_cache_bytes` has been called; `use_automatic_plan` returns to it).
@@ -169,10 +179,11 @@ class full_softmax
   /// recomputing them (one GEMM of 2 B x chunk x dim FLOPs saved per chunk kept); the rest are recomputed. The
   /// results are bitwise the same at every budget. A budget of B x num_classes x 4 bytes or more keeps
   /// every score (then no separate chunk buffer is needed either); 0 keeps none, the lowest memory.
-  /// Default `default_score_cache_bytes` (on cuda, device memory). Forward-only verbs keep nothing.
-  /// The budget is per row block when the batch is solved in blocks (`set_row_block`). A
-  /// class-sharded head keeps its own columns' scores (the budget is per rank). Setting it ends
-  /// the device backends' automatic layout (`training_plan`).
+  /// Until it or `set_row_block` is called the head's automatic layout chooses the budget
+  /// (`training_plan`); after `use_automatic_plan` the setting reads `default_score_cache_bytes`
+  /// (on cuda, device memory). Forward-only verbs keep nothing. The budget is per row block when
+  /// the batch is solved in blocks (`set_row_block`). A class-sharded head keeps its own columns'
+  /// scores (the budget is per rank). Setting it ends the automatic layout (`training_plan`).
   /// Throws `invalid_argument` when `bytes` < 0.
   void set_score_cache_bytes(index_t bytes);
   [[nodiscard]] index_t score_cache_bytes() const { return score_cache_bytes_; }
@@ -188,7 +199,7 @@ class full_softmax
   /// (bench/RESULTS.md, "Row blocks"). A block's chunks are sized for its rows (`chunk_size_for`)
   /// and the weight gradient's sums over rows are grouped by block: results are within rounding of,
   /// not bitwise, those without blocks. Not used by forward-only verbs or class-sharded heads.
-  /// Setting it ends the device backends' automatic layout (`training_plan`).
+  /// Setting it ends the automatic layout (`training_plan`).
   /// Throws `invalid_argument` when `rows` < 0.
   void set_row_block(index_t rows);
   [[nodiscard]] index_t row_block() const { return row_block_; }

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -87,10 +88,12 @@ struct state {
 
 /// A full softmax with a score-cache budget other than the library's default, or solved in row
 /// blocks (the head itself is a view made per call, like handle 0's).
+/// A full softmax's training-step layout; both unset: the head's automatic plan
+/// (`full_softmax::training_plan`).
 struct full_state final : state {
-  full_state(int64_t b, int64_t r) : score_cache_bytes(b), row_block(r) {}
-  int64_t score_cache_bytes;
-  int64_t row_block;
+  full_state(std::optional<int64_t> b, std::optional<int64_t> r) : score_cache_bytes(b), row_block(r) {}
+  std::optional<int64_t> score_cache_bytes;
+  std::optional<int64_t> row_block;
 };
 
 struct tree_state final : state {

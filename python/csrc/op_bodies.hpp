@@ -66,8 +66,8 @@ void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at:
     const std::shared_ptr<state> st = find_state(handle, op);
     if (auto* full = dynamic_cast<full_state*>(st.get())) {
       xs::full_softmax<P, Backend> head(w, b, device::resources());
-      head.set_score_cache_bytes(full->score_cache_bytes);
-      head.set_row_block(full->row_block);
+      if (full->score_cache_bytes) head.set_score_cache_bytes(*full->score_cache_bytes);
+      if (full->row_block) head.set_row_block(*full->row_block);
       f(head, true);
       return;
     }

@@ -82,11 +82,12 @@ std::vector<index_t> to_index_vector(const at::Tensor& t, const char* name) {
   return std::vector<index_t>(p, p + c.numel());
 }
 
-int64_t create_full(int64_t score_cache_bytes, int64_t row_block) {
+/// A full softmax handle with this training-step layout (None: the head's automatic choice).
+int64_t create_full(std::optional<int64_t> score_cache_bytes, std::optional<int64_t> row_block) {
   return guarded([&] {
-    xs::full_softmax<xs::fp32, host_backend> check(1, 1);
-    check.set_score_cache_bytes(score_cache_bytes);  // validate now (throw naming the value)
-    check.set_row_block(row_block);
+    xs::full_softmax<xs::fp32, host_backend> check(1, 1);  // validate now (throw naming the value)
+    if (score_cache_bytes) check.set_score_cache_bytes(*score_cache_bytes);
+    if (row_block) check.set_row_block(*row_block);
     return register_state(std::make_shared<full_state>(score_cache_bytes, row_block));
   });
 }

@@ -184,20 +184,25 @@ def sine_head(n, d, **options):
 
 def test_score_cache_bytes_gives_bitwise_the_same_step():
     # B = 4096 rows: the library's chunks are 2048 classes (32 MiB of scores), so N = 5000 is three
-    # chunks; the budgets keep none, one, two (the default, 64 MiB) and all of them.
+    # chunks; the budgets keep none, one, two (64 MiB) and all of them. The automatic layout (None)
+    # solves the batch in blocks of 3328 rows (their scores fit 64 MiB), each keeping every score:
+    # within rounding of the others, not bitwise.
     n, d, b = 5000, 8, 4096
     torch.manual_seed(3)
     hidden, targets = torch.randn(b, d), torch.randint(0, n, (b,))
     targets[::7] = -100
     chunk_bytes = b * 2048 * 4
     results = []
-    for budget in (0, chunk_bytes + 1, None, b * n * 4):
+    for budget in (0, chunk_bytes + 1, 64 << 20, b * n * 4):
         head = sine_head(n, d, score_cache_bytes=budget)
         results.append(run(head, hidden, targets, 1.0))
         assert f"score_cache_bytes={budget}" in repr(head)
     for other in results[1:]:
         for a, e in zip(other, results[0]):
             assert torch.equal(a, e)
+    automatic = run(sine_head(n, d), hidden, targets, 1.0)
+    for a, e in zip(automatic, results[0]):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
     ref = reference(hidden, targets, head.weight, head.bias, "mean", -100)
     torch.testing.assert_close(results[-1][0], ref[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(results[-1][2] * ref[4], ref[2], rtol=1e-4, atol=1e-6)

@@ -260,10 +260,13 @@ class FullSoftmaxLoss(_SoftmaxHead):
             scores are kept in class order while they fit, each saving one of the step's four
             B x chunk x dim GEMMs; B x num_classes x 4 bytes keeps all (a step then does three GEMMs,
             like ``F.cross_entropy(F.linear(...))``). Results are bitwise the same at every budget.
-            None: the library's default (``xsoftmax._C.default_score_cache_bytes()``, 64 MiB), or with
-            ``row_block``, row_block x num_classes x 4 (every score of a block kept); 0: keep none,
-            the least memory. A negative value raises ``ValueError``.
-        row_block: solve a training step in blocks of this many rows (None or 0: all at once), each
+            None (and ``row_block`` None): the library chooses budget and blocks per step so that
+            nothing is recomputed where that fits (on the CPU, blocks whose scores take at most the
+            larger of 64 MiB and the num_classes x dim float32 weight gradient: 256 rows at
+            d = 256; see ``full_softmax::training_plan``); None with ``row_block``,
+            row_block x num_classes x 4 (every score of a block kept); 0: keep none, the least
+            memory. A negative value raises ``ValueError``.
+        row_block: solve a training step in blocks of this many rows (0: all at once), each
             a complete softmax over every class, their weight gradients added up. With a budget
             holding a block's every score (the default with ``row_block``), nothing is recomputed,
             at the memory of row_block rows' scores instead of B rows': one of the four GEMMs saved
@@ -296,11 +299,10 @@ class FullSoftmaxLoss(_SoftmaxHead):
         self.score_cache_bytes = None if score_cache_bytes is None else int(score_cache_bytes)
         self.row_block = None if row_block is None else int(row_block)
         self._cache_handle = None
-        if self.score_cache_bytes is not None or self.row_block or any_terms(terms):
-            blocks = self.row_block or 0
-            budget = self.score_cache_bytes
-            if budget is None:
-                budget = blocks * num_classes * 4 if blocks > 0 else _C.default_score_cache_bytes()
+        if self.score_cache_bytes is not None or self.row_block is not None or any_terms(terms):
+            budget, blocks = self.score_cache_bytes, self.row_block
+            if budget is None and blocks is not None and blocks > 0:
+                budget = blocks * num_classes * 4  # every score of a block kept
             self._cache_handle = _Handle(_recipe(functools.partial(_make_full, budget, blocks), terms))
 
     @property
@@ -394,7 +396,7 @@ class _SelectiveHead(_SoftmaxHead):
         # The exact evaluation loss keeps the loss terms: a full softmax handle that carries them.
         self._eval_handle = None
         if any_terms(terms):
-            self._eval_handle = _Handle(_recipe(functools.partial(_make_full, _C.default_score_cache_bytes(), 0),
+            self._eval_handle = _Handle(_recipe(functools.partial(_make_full, None, None),
                                                 terms))
         self.exact_eval = bool(exact_eval)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))

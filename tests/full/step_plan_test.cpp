@@ -2,7 +2,8 @@
 // The full softmax's training-step layout (full_softmax::training_plan, detail/full_softmax_plan.hpp):
 // the device backends' automatic plan at the shapes it was chosen from (bench/RESULTS.md, the H200
 // session) and at its edges (every score kept, blocks, one block when blocks would be too small,
-// a caller's chunk, fewer classes than a chunk); the host backends' plan (what the setters say);
+// a caller's chunk, fewer classes than a chunk); the host backends' automatic plan (blocks whose
+// scores fit the weight gradient's size, the 64 MiB floor, too-small blocks) and what the setters say;
 // the setters ending the automatic plan and use_automatic_plan returning to it. On cuda (the GPU
 // test binary) the head's plan is the automatic one and its results match the serial head's.
 
@@ -20,6 +21,7 @@ namespace {
 using namespace xsoftmax_test;
 using xsoftmax::index_t;
 using xsoftmax::detail::automatic_device_plan;
+using xsoftmax::detail::automatic_host_plan;
 constexpr index_t mib = index_t(1) << 20, default_cache = xsoftmax::full_softmax<>::default_score_cache_bytes;
 
 }  // namespace
@@ -60,6 +62,31 @@ TEST_CASE("automatic device plan: blocks that keep every score where they fit 2 
   CHECK(xsoftmax::detail::device_chunk_columns(1 << 20) == 256);
 }
 
+TEST_CASE("automatic host plan: blocks whose scores fit the weight gradient's size keep every score") {
+  // The measured shapes (bench/RESULTS.md): B = 1024, d = 256, N = 1e5 and 1e6: blocks of 256 rows,
+  // each keeping all its scores (N x 256 x 4 bytes: the weight gradient's size).
+  for (index_t n : {index_t(100000), index_t(1000000)}) {
+    const auto p = automatic_host_plan(1024, n, 256, default_cache);
+    CHECK(p.row_block == 256);
+    CHECK(p.score_cache_bytes == 256 * n * 4);
+    CHECK(p.chunk == 0);  // sized by the head for a block's rows
+  }
+  // The whole batch fits: one block keeping every score (exactly B x N x 4 bytes).
+  auto p = automatic_host_plan(200, 100000, 256, default_cache);
+  CHECK(p.row_block == 0);
+  CHECK(p.score_cache_bytes == 200 * 100000 * 4);
+  // 64 MiB is the least budget: a small d does not shrink the blocks below what 64 MiB holds.
+  p = automatic_host_plan(1024, 50000, 16, default_cache);
+  CHECK(p.row_block == 320);  // 64 MiB / 200,000 bytes = 335 rows, down to a multiple of 64
+  // Blocks under 128 rows do not pay: one block with the default cache.
+  p = automatic_host_plan(1024, 10000000, 64, default_cache);
+  CHECK(p.row_block == 0);
+  CHECK(p.score_cache_bytes == default_cache);
+  // Empty shapes.
+  CHECK(automatic_host_plan(0, 1000, 8, default_cache).row_block == 0);
+  CHECK(automatic_host_plan(10, 0, 8, default_cache).score_cache_bytes == 10 * 4);
+}
+
 TEST_CASE_TEMPLATE("full_softmax training_plan: the setters end the automatic plan; use_automatic_plan returns",
                    B, XSOFTMAX_TEST_BACKENDS) {
   const index_t n = 40, d = 4;
@@ -69,8 +96,10 @@ TEST_CASE_TEMPLATE("full_softmax training_plan: the setters end the automatic pl
   auto p = head.training_plan(100);
   if constexpr (xsoftmax::is_host_backend<B>) {
     CHECK(p.row_block == 0);
-    CHECK(p.score_cache_bytes == default_cache);
+    CHECK(p.score_cache_bytes == 100 * n * 4);  // every score: 16 KB fit 64 MiB
     CHECK(p.chunk == n);  // ~32 MiB of scores is more than 40 classes
+    const auto a = automatic_host_plan(100, n, d, default_cache);
+    CHECK(p.score_cache_bytes == a.score_cache_bytes);
   } else {
     const auto a = automatic_device_plan(100, n, 0, default_cache);
     CHECK(p.row_block == a.row_block);

@@ -92,13 +92,18 @@ void full_softmax<P, B, S>::use_automatic_plan() {
 
 template <class P, class B, class S>
 dense_step_plan full_softmax<P, B, S>::training_plan(index_t batch_rows) const {
-  if constexpr (!is_host_backend<B> && !sharded) {
-    if (automatic_plan_)
-      return detail::automatic_device_plan(batch_rows, local_classes(), chunk_size_, default_score_cache_bytes);
+  dense_step_plan p{row_block_, score_cache_bytes_, 0};
+  if constexpr (!sharded) {
+    if (automatic_plan_) {
+      if constexpr (!is_host_backend<B>)
+        return detail::automatic_device_plan(batch_rows, local_classes(), chunk_size_, default_score_cache_bytes);
+      p = detail::automatic_host_plan(batch_rows, local_classes(), weights().cols, default_score_cache_bytes);
+    }
   }
-  const bool blocked = row_block_ > 0 && row_block_ < batch_rows;
-  // A block's chunks are sized for its rows.
-  return {blocked ? row_block_ : 0, score_cache_bytes_, chunk_size_for(blocked ? row_block_ : batch_rows)};
+  const bool blocked = p.row_block > 0 && p.row_block < batch_rows;
+  if (!blocked) p.row_block = 0;
+  p.chunk = chunk_size_for(blocked ? p.row_block : batch_rows);  // a block's chunks are sized for its rows
+  return p;
 }
 
 template <class P, class B, class S>

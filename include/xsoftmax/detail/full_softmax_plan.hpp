@@ -1,13 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// The full softmax's automatic layout of a training step on a device backend: which rows are
-/// solved together (row blocks), how many scores are kept for the backward (the score cache) and
-/// how many classes are scored per GEMM (the chunk). Chosen from what an H200 measured at
-/// 8192 x 2304 x 256K bf16 (bench/RESULTS.md, "the third GPU session"): the defaults of the host
-/// backends (one block, a 64 MiB cache, ~32 MiB chunks) took 85.0 ms a step there; blocks of 2048
-/// rows that keep every score in 16384-column chunks took 59.8 ms in 6.3 GB, blocks of 4096 took
-/// 56.4 ms in 9.9 GB, PyTorch 50.3 ms in 12.9 GB.
+/// The full softmax's automatic layout of a training step: which rows are solved together (row
+/// blocks), how many scores are kept for the backward (the score cache) and how many classes are
+/// scored per GEMM (the chunk).
+///
+/// Device backends: chosen from what an H200 measured at 8192 x 2304 x 256K bf16 (bench/RESULTS.md,
+/// "the third GPU session"): one block, a 64 MiB cache and ~32 MiB chunks took 85.0 ms a step
+/// there; blocks of 2048 rows that keep every score in 16384-column chunks took 59.8 ms in 6.3 GB,
+/// blocks of 4096 took 56.4 ms in 9.9 GB, PyTorch 50.3 ms in 12.9 GB.
+///
+/// Host backends: blocks that keep every score of a block, so that the backward recomputes no
+/// score (three GEMMs a step instead of four), sized so that a block's scores take no more memory
+/// than the step's own N x d fp32 weight gradient (bench/RESULTS.md, "Full softmax on the CPU:
+/// blocks that keep every score").
 
 #include <xsoftmax/config.hpp>
 
@@ -65,6 +71,37 @@ inline constexpr index_t device_kept_chunk_columns = 16384;
   }
   if (chunk > 0) p.chunk = chunk;
   p.chunk = std::max<index_t>(1, std::min(p.chunk, classes));
+  return p;
+}
+
+/// Fewer rows than this a host block do not pay for the extra read and write of the N x d weight
+/// gradient per block (and narrow GEMMs run below the BLAS's rate): the host plan then keeps one
+/// block and the default cache.
+inline constexpr index_t host_min_row_block = 128;
+/// Host blocks are a multiple of this many rows (whole GEMM register tiles, any BLAS).
+inline constexpr index_t host_row_block_step = 64;
+
+/// The automatic training-step plan of a host backend for `rows` packed rows over `classes`
+/// classes of `dim` features: blocks that keep every score of a block, of the most rows (a
+/// multiple of `host_row_block_step`) whose scores fit the larger of `default_cache_bytes` and the
+/// N x dim fp32 weight gradient; the whole batch as one block when it fits; one block with
+/// `default_cache_bytes` of cache when the blocks would be under `host_min_row_block` rows. The
+/// chunk is left 0: the head sizes it for a block's rows (`full_softmax::chunk_size_for`).
+[[nodiscard]] inline dense_step_plan automatic_host_plan(index_t rows, index_t classes, index_t dim,
+                                                         index_t default_cache_bytes) {
+  dense_step_plan p;
+  const index_t row_bytes = std::max<index_t>(classes, 1) * static_cast<index_t>(sizeof(float));
+  const index_t budget = std::max(default_cache_bytes, std::max<index_t>(classes, 1) * std::max<index_t>(dim, 1) *
+                                                           static_cast<index_t>(sizeof(float)));
+  const index_t fit = budget / row_bytes;
+  if (fit >= rows) {
+    p.score_cache_bytes = std::max<index_t>(rows, 1) * row_bytes;
+  } else if (fit / host_row_block_step * host_row_block_step >= host_min_row_block) {
+    p.row_block = fit / host_row_block_step * host_row_block_step;
+    p.score_cache_bytes = p.row_block * row_bytes;
+  } else {
+    p.score_cache_bytes = default_cache_bytes;
+  }
   return p;
 }
 

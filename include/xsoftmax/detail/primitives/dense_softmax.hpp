@@ -13,6 +13,7 @@
 
 #include <xsoftmax/detail/primitives/angular_margin.hpp>
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/exp_rows.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
@@ -351,12 +352,10 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
           float* e = s + r * cn + j;
           *e = fast_exp(*e - l[r]) * u[r] - (j == t[r] - c0 ? u[r] : 0.f);
         });
-      } else {  // a task per row whose exp loop vectorises
+      } else {  // a task per row, its exp loop on 8 lanes (exp_rows.hpp)
         XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
           float* sr = s + r * cn;
-          const float lr = l[r], ur = u[r];
-          XSOFTMAX_SIMD
-          for (index_t j = 0; j < cn; ++j) sr[j] = fast_exp(sr[j] - lr) * ur;
+          exp_shifted_scaled(sr, cn, l[r], u[r]);
           const index_t tj = t[r] - c0;
           if (tj >= 0 && tj < cn) sr[tj] -= u[r];
         });

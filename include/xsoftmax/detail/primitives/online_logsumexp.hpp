@@ -6,7 +6,7 @@
 /// falls inside the chunk. The epilogue of the dense-scores primitive, on every backend.
 
 #include <xsoftmax/detail/execution.hpp>
-#include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/exp_rows.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <thrust/memory.h>
@@ -72,9 +72,7 @@ void online_lse_update_generic(const Ex& ex, const float* s, index_t rows, index
     // Masked scores are -inf (selective softmax). While a row has seen nothing finite, its state
     // stays (max -inf, sum 0): -inf - -inf would be NaN. Finite inputs never take this branch.
     if (m != -INFINITY) {
-      float acc = 0.f;
-      XSOFTMAX_SIMD_REDUCTION(+, acc)
-      for (index_t j = 0; j < cols; ++j) acc += fast_exp(row[j] - m);
+      const float acc = sum_exp_shifted(row, cols, m);
       sm[r] = sm[r] * fast_exp(mx[r] - m) + acc;  // what came before, rescaled to the new max
       mx[r] = m;
     }
