@@ -5,6 +5,7 @@
 // On AVX2 hosts this compares the N-row AVX2 kernel with the one-row one; elsewhere `dot_rows8` is
 // the `dot_row8` loop itself (and the test checks that).
 
+#include "support/float_bits.hpp"
 #include "support/reference.hpp"
 
 #include <xsoftmax/detail/primitives/dot_rows.hpp>
@@ -20,11 +21,7 @@ namespace {
 using xsoftmax::index_t;
 namespace xd = xsoftmax::detail;
 
-std::uint32_t bits(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
+using xsoftmax_test::bits;
 
 template <int N>
 void check_widths() {

@@ -4,6 +4,7 @@
 // far below the shift, NaN), and the AVX2 versions bitwise against the portable ones (skipped, with
 // a message, on a CPU or build without the AVX2 path).
 
+#include "support/float_bits.hpp"
 #include "support/reference.hpp"
 
 #include <xsoftmax/detail/primitives/exp_rows.hpp>
@@ -22,13 +23,7 @@ using xsoftmax::index_t;
 using xsoftmax_test::test_rng;
 namespace xd = xsoftmax::detail;
 
-std::uint32_t bits(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || bits(a) == bits(b); }
+using xsoftmax_test::same_bits;
 
 /// A row of n scores in [-20, 5], some of them -inf (masked classes) when `masked`.
 std::vector<float> scores(test_rng& rng, index_t n, bool masked) {
@@ -49,7 +44,7 @@ TEST_CASE("sum_exp_shifted and exp_shifted_scaled: the portable loops against fl
       for (float x : s) want += std::exp(double(x) - m);
       const float got = xd::sum_exp_shifted_portable(s.data(), n, m);
       CHECK(got == doctest::Approx(want).epsilon(1e-6));
-      CHECK(same(xd::sum_exp_shifted(s.data(), n, m), got));  // the dispatching entry point too
+      CHECK(same_bits(xd::sum_exp_shifted(s.data(), n, m), got));  // the dispatching entry point too
 
       std::vector<float> e = s;
       xd::exp_shifted_scaled_portable(e.data(), n, 2.f, -0.5f);
@@ -79,11 +74,11 @@ TEST_CASE("sum_exp_shifted and exp_shifted_scaled: AVX2 bitwise the portable loo
       std::vector<float> s = scores(rng, n, masked);
       if (n > 3 && rng.coin(0.1)) s[static_cast<std::size_t>(n / 2)] = std::numeric_limits<float>::quiet_NaN();
       for (float m : {5.f, -3.f, 80.f}) {
-        CHECK(same(xd::avx2::sum_exp_shifted(s.data(), n, m), xd::sum_exp_shifted_portable(s.data(), n, m)));
+        CHECK(same_bits(xd::avx2::sum_exp_shifted(s.data(), n, m), xd::sum_exp_shifted_portable(s.data(), n, m)));
         std::vector<float> a = s, b = s;
         xd::avx2::exp_shifted_scaled(a.data(), n, m, 0.75f);
         xd::exp_shifted_scaled_portable(b.data(), n, m, 0.75f);
-        for (index_t j = 0; j < n; ++j) CHECK(same(a[j], b[j]));
+        for (index_t j = 0; j < n; ++j) CHECK(same_bits(a[j], b[j]));
       }
     }
   }

@@ -9,6 +9,7 @@
 // a build without the AVX2 path (not x86-64 GCC/Clang, or a baseline ISA with FMA); the dispatching
 // entry points are then the portable code itself.
 
+#include "support/float_bits.hpp"
 #include "support/reference.hpp"
 
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
@@ -30,14 +31,8 @@ using xsoftmax::index_t;
 using xsoftmax_test::test_rng;
 namespace xd = xsoftmax::detail;
 
-std::uint32_t bits(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-// Bitwise equal, except that any NaN equals any NaN (a NaN's payload is not part of the contract).
-bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || bits(a) == bits(b); }
+using xsoftmax_test::bits;
+using xsoftmax_test::same_bits;
 
 // Node scores that reach every branch: signed zeros, denormals, the fast_exp clamps (-87.34 and
 // 88.38) and their neighbours, huge values, infinities, NaN, and random values over [-120, 120].
@@ -97,8 +92,8 @@ TEST_CASE("row kernels avx2: fast_exp and fast_log1p_unit on 8 lanes bitwise equ
     exp_log1p8(xs.data() + i, e, l);
     for (size_t j = 0; j < 8; ++j) {
       INFO("x = ", xs[i + j]);
-      CHECK(same(e[j], xd::fast_exp(xs[i + j])));
-      CHECK(same(l[j], xd::fast_log1p_unit(xs[i + j])));
+      CHECK(same_bits(e[j], xd::fast_exp(xs[i + j])));
+      CHECK(same_bits(l[j], xd::fast_log1p_unit(xs[i + j])));
     }
   }
 }
@@ -121,10 +116,10 @@ TEST_CASE("row kernels avx2: sigmoid_node_loss8 and softplus_pair8 bitwise equal
         float ds_ref = 0.f, minus_ref = 0.f, plus_ref = 0.f;
         const float loss_ref = xd::sigmoid_node_loss(x, first[j] != 0.f, &ds_ref);
         xd::softplus_pair(x, minus_ref, plus_ref);
-        CHECK(same(loss[j], loss_ref));
-        CHECK(same(ds[j], ds_ref));
-        CHECK(same(minus[j], minus_ref));
-        CHECK(same(plus[j], plus_ref));
+        CHECK(same_bits(loss[j], loss_ref));
+        CHECK(same_bits(ds[j], ds_ref));
+        CHECK(same_bits(minus[j], minus_ref));
+        CHECK(same_bits(plus[j], plus_ref));
         ++checked;
       }
     }
@@ -185,11 +180,11 @@ TEST_CASE("row kernels: the dispatching group forms equal the scalar functions" 
       const float x = s[i + static_cast<size_t>(j)];
       float ds_ref = 0.f, minus_ref = 0.f, plus_ref = 0.f;
       INFO("s = ", x);
-      CHECK(same(loss[j], xd::sigmoid_node_loss(x, first[j] != 0.f, &ds_ref)));
-      CHECK(same(ds[j], ds_ref));
+      CHECK(same_bits(loss[j], xd::sigmoid_node_loss(x, first[j] != 0.f, &ds_ref)));
+      CHECK(same_bits(ds[j], ds_ref));
       xd::softplus_pair(x, minus_ref, plus_ref);
-      CHECK(same(minus[j], minus_ref));
-      CHECK(same(plus[j], plus_ref));
+      CHECK(same_bits(minus[j], minus_ref));
+      CHECK(same_bits(plus[j], plus_ref));
     }
   }
 }
