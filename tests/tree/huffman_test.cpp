@@ -3,6 +3,8 @@
 // weighted path length against an exhaustive search that shares no code with the Huffman builder,
 // arities 2..8, degenerate inputs and bad counts.
 
+#include "support/tree_contract.hpp"
+
 #include <xsoftmax/tree/runtime_tree.hpp>
 
 #include <doctest/doctest.h>
@@ -23,55 +25,7 @@ namespace {
 using std::size_t;
 using xsoftmax::index_t;
 using huffman_tree = xsoftmax::runtime_tree<>;
-
-/// Paths lead from the root block to the class's own leaf, blocks tile the rows, leaf ranks are a
-/// permutation with contiguous subtrees.
-template <class Tree>
-void check_huffman_tree_valid(const Tree& t) {
-  const index_t n = t.num_classes();
-  std::vector<int> rows_used(static_cast<size_t>(t.num_rows()), 0);
-  std::vector<std::pair<index_t, index_t>> blocks{{0, t.root_block_size()}};
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    for (index_t r = blocks[b].first; r < blocks[b].first + blocks[b].second; ++r) {
-      ++rows_used[static_cast<size_t>(r)];
-      const auto ch = t.child(r);
-      if (!ch.is_leaf) blocks.emplace_back(ch.block_begin, ch.block_size);
-    }
-  }
-  CHECK(std::all_of(rows_used.begin(), rows_used.end(), [](int k) { return k == 1; }));
-  std::vector<index_t> ranks(static_cast<size_t>(n));
-  struct range {
-    index_t lo = std::numeric_limits<index_t>::max(), hi = -1, count = 0;
-  };
-  std::vector<range> below(static_cast<size_t>(t.num_rows()));  // by block_begin
-  for (index_t c = 0; c < n; ++c) {
-    const int d = t.depth(c);
-    REQUIRE(d >= 1);
-    CHECK(t.step(c, 0).block_begin == 0);
-    for (int l = 0; l < d; ++l) {
-      const auto s = t.step(c, l);
-      REQUIRE(s.child < s.block_size);
-      const auto ch = t.child(s.block_begin + s.child);
-      if (l + 1 < d) {
-        REQUIRE_FALSE(ch.is_leaf);
-        CHECK(ch.block_begin == t.step(c, l + 1).block_begin);
-      } else {
-        REQUIRE(ch.is_leaf);
-        CHECK(ch.leaf_class == c);
-      }
-      auto& r = below[static_cast<size_t>(s.block_begin)];
-      r.lo = std::min(r.lo, t.leaf_rank(c));
-      r.hi = std::max(r.hi, t.leaf_rank(c));
-      ++r.count;
-    }
-    ranks[static_cast<size_t>(c)] = t.leaf_rank(c);
-  }
-  std::sort(ranks.begin(), ranks.end());
-  for (index_t i = 0; i < n; ++i) REQUIRE(ranks[static_cast<size_t>(i)] == i);
-  for (const auto& r : below) {
-    if (r.count > 0) CHECK(r.hi - r.lo + 1 == r.count);  // subtrees are contiguous leaf ranges
-  }
-}
+using xsoftmax_test::check_tree_contract;
 
 /// sum over classes of arity^(height - depth): the Kraft sum scaled by arity^height, exact in
 /// integers (the tests keep arity^height below 2^63).
@@ -154,7 +108,7 @@ TEST_CASE("huffman: optimal weighted path length equals exhaustive search (N <= 
         CAPTURE(n);
         CAPTURE(trial);
         const auto t = huffman_tree::huffman(counts, arity);
-        check_huffman_tree_valid(t);
+        check_tree_contract(t);
         const auto expected = optimal_cost(counts, arity, memo);
         CHECK(weighted_path_length(t, counts) == static_cast<long double>(expected));
       }
@@ -177,7 +131,7 @@ TEST_CASE(
       CAPTURE(n);
       const auto t = huffman_tree::huffman(counts, arity);
       CHECK(t.num_classes() == n);
-      check_huffman_tree_valid(t);
+      check_tree_contract(t);
       const std::uint64_t full = [&] {
         std::uint64_t p = 1;
         for (int i = 0; i < t.height(); ++i) p *= static_cast<std::uint64_t>(arity);
@@ -249,10 +203,10 @@ TEST_CASE("huffman: one class, equal counts, zero counts") {
   CHECK(depths == std::vector<int>{2, 2, 2, 3, 3});
   // All zero counts and two classes in a 5-ary tree (3 dummies dropped).
   const auto zeros = huffman_tree::huffman(std::vector<double>(6, 0.0), 4);
-  check_huffman_tree_valid(zeros);
+  check_tree_contract(zeros);
   // -0.0 is a zero count, not a negative one, and ties with +0.0 by class id.
   const auto signed_zeros = huffman_tree::huffman(std::vector<double>{5.0, -0.0, 0.0, 1.0});
-  check_huffman_tree_valid(signed_zeros);
+  check_tree_contract(signed_zeros);
   CHECK(signed_zeros.depth(1) == 3);
   CHECK(signed_zeros.depth(2) == 3);
   const auto two = huffman_tree::huffman(std::vector<double>{1.0, 2.0}, 5);
@@ -278,7 +232,7 @@ TEST_CASE("huffman: count types and determinism") {
   // Integer counts are summed exactly: 2^62 + 1 vs 2^62 would be equal in double.
   const index_t big = index_t(1) << 61;
   const auto exact = huffman_tree::huffman(std::vector<index_t>{big, big + 1, big, 1});
-  check_huffman_tree_valid(exact);
+  check_tree_contract(exact);
 }
 
 TEST_CASE("huffman: a large skewed input is valid") {
@@ -293,9 +247,9 @@ TEST_CASE("huffman: a large skewed input is valid") {
   CHECK(t.num_rows() == 2 * n - 2);
   CHECK(t.is_binary());
   CHECK(t.height() <= 64);
-  check_huffman_tree_valid(t.view());
+  check_tree_contract(t.view());
   const auto t8 = huffman_tree::huffman(counts, 8);
-  check_huffman_tree_valid(t8);
+  check_tree_contract(t8);
   CHECK(t8.height() < t.height());
 }
 
@@ -358,5 +312,5 @@ TEST_CASE("huffman: arity >= N gives the flat softmax") {
   CHECK(flat.num_rows() == 5);
   CHECK(flat.root_block_size() == 5);
   CHECK(flat.height() == 1);
-  check_huffman_tree_valid(flat);
+  check_tree_contract(flat);
 }

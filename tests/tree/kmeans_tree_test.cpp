@@ -17,6 +17,7 @@
 
 #include "support/check_throws.hpp"
 #include "support/head_checks.hpp"
+#include "support/tree_contract.hpp"
 
 #include <xsoftmax/hierarchical_softmax.hpp>
 #include <xsoftmax/tree/kmeans_tree.hpp>
@@ -47,51 +48,6 @@ int ceil_log(index_t n, index_t b) {
   int h = 1;
   for (index_t cap = b; cap < n; cap *= b) ++h;
   return h;
-}
-
-/// Classes below each row (from the paths), and the tree contract: rows tiled once by blocks
-/// reachable from the root block, each class's path ending at its own leaf, leaf ranks a
-/// permutation in which every subtree is a contiguous range.
-template <class Tree>
-std::vector<index_t> check_tree_valid(const Tree& t) {
-  const index_t n = t.num_classes();
-  std::vector<int> rows_used(static_cast<size_t>(t.num_rows()), 0);
-  std::vector<std::pair<index_t, index_t>> blocks{{0, t.root_block_size()}};
-  for (size_t b = 0; b < blocks.size(); ++b)
-    for (index_t r = blocks[b].first; r < blocks[b].first + blocks[b].second; ++r) {
-      ++rows_used[static_cast<size_t>(r)];
-      const auto ch = t.child(r);
-      if (!ch.is_leaf) blocks.emplace_back(ch.block_begin, ch.block_size);
-    }
-  CHECK(std::all_of(rows_used.begin(), rows_used.end(), [](int k) { return k == 1; }));
-  std::vector<index_t> below(static_cast<size_t>(t.num_rows()), 0), lo(below.size(), n), hi(below.size(), -1);
-  std::vector<index_t> ranks(static_cast<size_t>(n));
-  for (index_t c = 0; c < n; ++c) {
-    const int d = t.depth(c);
-    REQUIRE(d >= 1);
-    CHECK(t.step(c, 0).block_begin == 0);
-    for (int l = 0; l < d; ++l) {
-      const auto s = t.step(c, l);
-      REQUIRE(s.child < s.block_size);
-      const index_t r = s.block_begin + s.child;
-      const auto ch = t.child(r);
-      if (l + 1 < d) {
-        REQUIRE_FALSE(ch.is_leaf);
-        CHECK(ch.block_begin == t.step(c, l + 1).block_begin);
-      } else {
-        REQUIRE(ch.is_leaf);
-        CHECK(ch.leaf_class == c);
-      }
-      ++below[static_cast<size_t>(r)];
-      lo[static_cast<size_t>(r)] = std::min(lo[static_cast<size_t>(r)], t.leaf_rank(c));
-      hi[static_cast<size_t>(r)] = std::max(hi[static_cast<size_t>(r)], t.leaf_rank(c));
-    }
-    ranks[static_cast<size_t>(c)] = t.leaf_rank(c);
-  }
-  std::sort(ranks.begin(), ranks.end());
-  for (index_t i = 0; i < n; ++i) REQUIRE(ranks[static_cast<size_t>(i)] == i);
-  for (size_t r = 0; r < below.size(); ++r) CHECK(hi[r] - lo[r] + 1 == below[r]);
-  return below;
 }
 
 test_vector<float> gaussian(test_rng& rng, index_t count) {
@@ -183,7 +139,7 @@ TEST_CASE_TEMPLATE("kmeans_label_tree: valid, balanced trees of height ceil(log_
           INFO("N = ", n, ", b = ", b, ", max_depth = ", max_depth, ", spherical = ", spherical);
           const tree_t t = xsoftmax::kmeans_label_tree<B>(cview(x, n, d), o);
           REQUIRE(t.num_classes() == n);
-          const auto below = check_tree_valid(t);
+          const auto below = check_tree_contract(t);
           const int natural = ceil_log(n, b), height = max_depth == 0 ? natural : std::min(natural, max_depth);
           CHECK(t.height() == height);
           CHECK(xsoftmax::kmeans_tree_height(n, o) == height);
@@ -219,7 +175,7 @@ TEST_CASE_TEMPLATE("kmeans_label_tree recovers well-separated clusters", B, XSOF
       o.seed = 7;
       const int level = b == 4 ? 3 : 1;
       const tree_t t = xsoftmax::kmeans_label_tree<B>(cview(x, n, d), o);
-      check_tree_valid(t);
+      check_tree_contract(t);
       const double purity = cluster_purity(t, clusters, level);
       // The same measure on a tree built from vectors unrelated to the clusters: what chance gives.
       const double chance = cluster_purity(xsoftmax::kmeans_label_tree<B>(cview(noise, n, d), o), clusters, level);
@@ -316,7 +272,7 @@ TEST_CASE_TEMPLATE("kmeans_label_tree: degenerate inputs give defined trees", B,
     o.spherical = spherical;
     for (const auto* v : {&same, &zeros}) {
       const tree_t t = xsoftmax::kmeans_label_tree<B>(cview(*v, n, d), o);
-      check_tree_valid(t);
+      check_tree_contract(t);
       CHECK(t.height() == ceil_log(n, 3));
     }
   }

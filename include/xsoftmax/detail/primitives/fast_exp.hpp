@@ -1,16 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// `fast_exp(x)`: e^x in fp32 without a branch or a library call, so that the softmax epilogues'
-/// loops vectorise on the host (a scalar `expf` call per score was the largest cost of the CPU
-/// full softmax after the GEMMs: two exponentials per score per step). Cephes' range reduction
-/// and degree-6 polynomial: within 2 ulp of `expf` over [-87, 88]; 0 below (so masked -inf scores
-/// contribute nothing), +inf above, NaN for NaN. The same function runs in device code.
+/// `fast_exp(x)`: e^x in fp32 without a branch or a library call (a scalar `expf` call per score
+/// was the largest cost of the CPU full softmax after the GEMMs: two exponentials per score per
+/// step). Cephes' range reduction and degree-6 polynomial: within 2 ulp of `expf` over [-87, 88];
+/// 0 below (so masked -inf scores contribute nothing), +inf above, NaN for NaN. The same function
+/// runs in device code. GCC does not vectorise loops over it (its integer selects stay branches),
+/// so the host's hot loops call the 8-lane version below (`avx2::fast_exp`, bitwise the same
+/// values) through `exp_rows.hpp` and the hierarchical softmax's node kernels.
 ///
-/// `XSOFTMAX_SIMD` / `XSOFTMAX_SIMD_REDUCTION(op, var)`: `#pragma omp simd` (with
-/// `reduction(op: var)`) for host compilers with OpenMP, nothing elsewhere. It lets the compiler keep several partial sums (maxima) in vector
-/// lanes: a fixed order for a given binary, so results stay bitwise equal across backends and
-/// thread counts.
+/// `XSOFTMAX_SIMD_REDUCTION(op, var)`: `#pragma omp simd reduction(op: var)` for host compilers with
+/// OpenMP, nothing elsewhere. It lets the compiler keep several partial maxima in vector lanes: a
+/// fixed order for a given binary, so results stay bitwise equal across backends and thread counts.
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>  // XSOFTMAX_ROW_KERNELS_AVX2, row_simd::has_avx2
@@ -21,10 +22,8 @@
 
 #if defined(_OPENMP) && !defined(__CUDA_ARCH__)
 #define XSOFTMAX_PRAGMA(x) _Pragma(#x)
-#define XSOFTMAX_SIMD XSOFTMAX_PRAGMA(omp simd)
 #define XSOFTMAX_SIMD_REDUCTION(op, var) XSOFTMAX_PRAGMA(omp simd reduction(op : var))
 #else
-#define XSOFTMAX_SIMD
 #define XSOFTMAX_SIMD_REDUCTION(op, var)
 #endif
 
