@@ -39,33 +39,44 @@ def _dense(g):
     return g.to_dense() if g.is_sparse else g
 
 
-def _worker(rank, init_file):
+def _check(rank):
     from torch.nn.parallel import DistributedDataParallel
 
     from xsoftmax.ddp import all_reduce_sparse_gradients, ignore_sparse_heads
 
+    model = Model()
+    reference = Model()  # one process, every rank's batch: the mean of the ranks' losses
+    ignored = ignore_sparse_heads(model)
+    assert sorted(ignored) == ["full.weight", "hs.bias", "hs.weight"], ignored
+    ddp = DistributedDataParallel(model)
+    x, y = _batch(rank)
+    ddp(x, y).backward()
+    assert all_reduce_sparse_gradients(model) == 3
+    (sum(reference(*_batch(r)) for r in range(WORLD)) / WORLD).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert p.grad.is_sparse == q.grad.is_sparse, name
+        if not torch.allclose(_dense(p.grad), _dense(q.grad), rtol=1e-5, atol=1e-6):
+            raise AssertionError(f"rank {rank}: {name}: max difference "
+                                 f"{(_dense(p.grad) - _dense(q.grad)).abs().max().item():.3g}")
+    # A step keeps the ranks' weights equal (what DDP promises for the dense ones).
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    for name, p in model.named_parameters():
+        others = [torch.empty_like(p.detach()) for _ in range(WORLD)]
+        dist.all_gather(others, p.detach())
+        assert all(torch.equal(o, others[0]) for o in others), f"{name} differs between ranks after a step"
+    dist.barrier()
+
+
+def _worker(rank, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        model = Model()
-        reference = Model()  # one process, every rank's batch: the mean of the ranks' losses
-        ignored = ignore_sparse_heads(model)
-        assert sorted(ignored) == ["full.weight", "hs.bias", "hs.weight"], ignored
-        ddp = DistributedDataParallel(model)
-        x, y = _batch(rank)
-        ddp(x, y).backward()
-        assert all_reduce_sparse_gradients(model) == 3
-        (sum(reference(*_batch(r)) for r in range(WORLD)) / WORLD).backward()
-        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-            assert p.grad.is_sparse == q.grad.is_sparse, name
-            if not torch.allclose(_dense(p.grad), _dense(q.grad), rtol=1e-5, atol=1e-6):
-                raise AssertionError(f"rank {rank}: {name}: max difference "
-                                     f"{(_dense(p.grad) - _dense(q.grad)).abs().max().item():.3g}")
-        # A step keeps the ranks' weights equal (what DDP promises for the dense ones).
-        torch.optim.SGD(model.parameters(), lr=0.5).step()
-        for name, p in model.named_parameters():
-            others = [torch.empty_like(p.detach()) for _ in range(WORLD)]
-            dist.all_gather(others, p.detach())
-            assert all(torch.equal(o, others[0]) for o in others), f"{name} differs between ranks after a step"
+        # The model, its DDP wrapper and the collectives' tensors live in _check's frame and are gone
+        # when it returns, so that destroy_process_group drops the last reference to the process
+        # group and its destructor joins gloo's worker threads. Left alive (DDP holds the group),
+        # a worker thread could release the last all_gather's tensors during the interpreter's
+        # finalisation, needing the GIL there: torch's ProcessGroupGloo::runLoop then calls
+        # std::terminate (SIGABRT, ~1 run in 30 here).
+        _check(rank)
     finally:
         dist.destroy_process_group()
 
