@@ -3,6 +3,7 @@
 spawned processes: after backward() and all_reduce_sparse_gradients, every rank holds the gradients
 of the mean of the ranks' losses (DDP's convention), dense and sparse, equal to one process's over
 all the ranks' batches; and an optimiser step leaves the ranks' weights equal."""
+import gc
 import os
 
 import pytest
@@ -77,6 +78,7 @@ def _worker(rank, init_file):
         # finalisation, needing the GIL there: torch's ProcessGroupGloo::runLoop then calls
         # std::terminate (SIGABRT, ~1 run in 30 here).
         _check(rank)
+        gc.collect()  # and any reference cycle through them
     finally:
         dist.destroy_process_group()
 
