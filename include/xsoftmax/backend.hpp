@@ -7,6 +7,7 @@
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/async.hpp>
+#include <xsoftmax/detail/host/block_cache.hpp>
 
 #include <thrust/host_vector.h>
 #include <thrust/system/cpp/execution_policy.h>
@@ -49,6 +50,8 @@ struct backend_traits {
 
 /// Per-head resources of a host backend: nothing to hold (GPU backends hold a stream, a cuBLAS
 /// handle, a workspace, an allocator for Thrust's temporaries and the `_async` verbs' status word).
+/// The host backends' Thrust temporaries and scratch come from a per-thread cache of blocks kept
+/// between calls (detail/host/block_cache.hpp; `release_host_memory()` frees it).
 struct host_resources {};
 
 template <>
@@ -58,7 +61,7 @@ struct backend_traits<serial> {
   using resources = host_resources;
   static constexpr bool is_host = true;
   static constexpr const char* name = "serial";
-  [[nodiscard]] static auto policy(const resources& = {}) { return thrust::cpp::par; }
+  [[nodiscard]] static auto policy(const resources& = {}) { return thrust::cpp::par(detail::host_temporaries); }
 };
 
 template <>
@@ -68,7 +71,7 @@ struct backend_traits<omp> {
   using resources = host_resources;
   static constexpr bool is_host = true;
   static constexpr const char* name = "omp";
-  [[nodiscard]] static auto policy(const resources& = {}) { return thrust::omp::par; }
+  [[nodiscard]] static auto policy(const resources& = {}) { return thrust::omp::par(detail::host_temporaries); }
 };
 
 /// The vector type a backend stores its buffers in.

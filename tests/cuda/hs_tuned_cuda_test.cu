@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // The hierarchical softmax's tuned CUDA paths against their oracles, the generic primitives on the
 // same backend and the same planned runs: the warp-per-sample gather path (block-per-sample for wide
-// blocks; detail/cuda/hs_gather_tuned.cuh) against gather_runs_generic, both node forms; the grouped GEMM
+// blocks; detail/cuda/hs_gather_tuned.cuh) against gather_runs_generic (softmax nodes) and
+// sigmoid_levels_generic called one level at a time (sigmoid nodes); the grouped GEMM
 // path (detail/cuda/hs_grouped_tuned.cuh) against dense_runs_generic. Every level of the tree:
 // loss, grad_h, the weight and bias gradient rows, within the storage type's tolerance.
 
 #include "support.cuh"
 
 #include <xsoftmax/detail/hierarchical/run_plan.hpp>
+#include <xsoftmax/detail/hierarchical/sigmoid_levels.hpp>
+
+#include <algorithm>
 
 namespace xs = xsoftmax;
 
@@ -71,7 +75,8 @@ void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, u
     const auto solve = [&](bool tuned) {
       thrust::device_vector<float> loss(static_cast<std::size_t>(rows), 0.f), gh(static_cast<std::size_t>(rows * d), 0.f);
       thrust::device_vector<float> gw(static_cast<std::size_t>(plan.grad_rows * d), 0.f),
-          gb(static_cast<std::size_t>(plan.grad_rows), 0.f), scratch(static_cast<std::size_t>(plan.gather_values) + 1);
+          gb(static_cast<std::size_t>(plan.grad_rows), 0.f),
+          scratch(static_cast<std::size_t>(std::max(plan.gather_values, 2 * rows)) + 1);
       xs::detail::node_run_data<T> a;
       a.h = raw(batch.hidden);
       a.dim = d;
@@ -86,7 +91,9 @@ void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, u
       a.scratch = raw(scratch);
       if (which == path::gather) {
         if (tuned) xs::detail::gather_runs_tuning<xs::cuda, T, Sigmoid>::run(ex, a, runs);
-        else xs::detail::gather_runs_generic<Sigmoid>(ex, a, runs);
+        else if constexpr (Sigmoid)  // the host backends' all-level path, one level at a time
+          xs::detail::sigmoid_levels_generic(ex, a, runs, xs::detail::level_entries{rows, static_cast<int>(lv), 1, raw(key)});
+        else xs::detail::gather_runs_generic<false>(ex, a, runs);
       } else {
         if (tuned) xs::detail::dense_runs_tuning<xs::cuda, T>::run(ex, a, runs, xs::dense_grouping::grouped);
         else xs::detail::dense_runs_generic(ex, a, runs);

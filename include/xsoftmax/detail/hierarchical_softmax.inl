@@ -9,6 +9,7 @@
 #include <xsoftmax/detail/hierarchical/dense_runs.hpp>
 #include <xsoftmax/detail/hierarchical/gather_runs.hpp>
 #include <xsoftmax/detail/hierarchical/run_plan.hpp>
+#include <xsoftmax/detail/hierarchical/sigmoid_levels.hpp>
 #include <xsoftmax/detail/hierarchical/tree_access.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
@@ -84,8 +85,9 @@ void hierarchical_softmax<Tree, P, B, F>::run_async_(const char* where, matrix_v
 //  2. plan the runs of rows sharing a node, level by level, keeping each level's child per row
 //     (the only read-backs: the batch's deepest path length and the run list);
 //  3. lay out the sparse gradient: each run's block, run by run, level by level;
-//  4. level by level (a level's runs touch disjoint rows and gradient rows): GEMM runs through
-//     the dense softmax, the others (and every sigmoid node) through gather-dot;
+//  4. sigmoid nodes without a tuned gather path: every level at once, in two parallel passes
+//     (sigmoid_levels.hpp); otherwise level by level (a level's runs touch disjoint rows and
+//     gradient rows): GEMM runs through the dense softmax, the others through gather-dot;
 //  5. scatter the hidden gradients and losses back to batch order, reduce the loss into `loss`.
 template <class Tree, class P, class B, class F>
 template <class H>
@@ -115,15 +117,19 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const auto takes_gemm = [=](const detail::node_run& run) {
     return !sigmoid_form && run.end - run.begin >= gemm_min_run;
   };
-  // Each level's child per row, from the planning pass (written before read: no zero-fill).
+  // Each level's child per row (and for the all-level sigmoid path its node), from the planning
+  // pass (written before read: no zero-fill).
+  constexpr bool all_levels = sigmoid_form && !detail::gather_runs_tuning<B, storage_type, true>::available;
   const int levels = detail::planned_levels(ex, tv, batch.target_data(), rows, Tree::max_depth);
-  detail::scratch_buffer<B, index_t> children(static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels), ex);
+  const std::size_t entries = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
+  detail::scratch_buffer<B, index_t> children(entries, ex), node_keys(all_levels ? entries : 0, ex);
   const detail::run_plan plan =
       detail::plan_runs(ex, tv, batch.target_data(), rows, levels, sigmoid_form,
                         [=](const detail::node_run& run) -> index_t {
                           return takes_gemm(run) ? 0 : sigmoid_form ? 1 : run.block_size;
                         },
-                        children.data());
+                        children.data(), all_levels ? node_keys.data() : nullptr);
+  const detail::level_entries at{rows, 0, levels, node_keys.data()};
 
   // 3. The sparse gradient's rows.
   if (want_grad) {
@@ -136,10 +142,10 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
     g.bias_values.resize(has_bias() ? static_cast<std::size_t>(plan.grad_rows) : 0);
   }
 
-  // 4. Level by level.
+  // 4. Every level at once, or level by level.
   const std::size_t n = static_cast<std::size_t>(rows);
   detail::scratch_vector<B, float> losses(n, ex, 0.f), grad_packed(want_grad ? n * static_cast<std::size_t>(d) : 0, ex, 0.f),
-      scratch(static_cast<std::size_t>(plan.gather_values), ex);
+      scratch(static_cast<std::size_t>(all_levels ? detail::sigmoid_levels_scratch(at, want_grad) : plan.gather_values), ex);
   detail::node_run_data<storage_type> a;
   a.h = sorted_hidden.data();
   a.dim = d;
@@ -153,14 +159,19 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
     a.grad_w = detail::raw(grad_weights->values);
     a.grad_b = has_bias() ? detail::raw(grad_weights->bias_values) : nullptr;
   }
-  for (std::size_t lv = 0; lv < plan.levels(); ++lv) {
-    std::vector<detail::node_run> gemm_runs, gather_runs;
-    gather_runs.reserve(plan.level_first[lv + 1] - plan.level_first[lv]);
-    for (std::size_t i = plan.level_first[lv]; i < plan.level_first[lv + 1]; ++i)
-      (takes_gemm(plan.runs[i]) ? gemm_runs : gather_runs).push_back(plan.runs[i]);
-    a.child = children.data() + static_cast<index_t>(lv) * rows;
-    detail::dense_runs(ex, a, gemm_runs, dense_grouping_);
-    detail::gather_runs<sigmoid_form>(ex, a, gather_runs);
+  if constexpr (all_levels) {
+    a.child = children.data();
+    detail::sigmoid_levels_generic(ex, a, plan.runs, at);
+  } else {
+    for (std::size_t lv = 0; lv < plan.levels(); ++lv) {
+      std::vector<detail::node_run> gemm_runs, gather_runs;
+      gather_runs.reserve(plan.level_first[lv + 1] - plan.level_first[lv]);
+      for (std::size_t i = plan.level_first[lv]; i < plan.level_first[lv + 1]; ++i)
+        (takes_gemm(plan.runs[i]) ? gemm_runs : gather_runs).push_back(plan.runs[i]);
+      a.child = children.data() + static_cast<index_t>(lv) * rows;
+      detail::dense_runs(ex, a, gemm_runs, dense_grouping_);
+      detail::gather_runs<sigmoid_form>(ex, a, gather_runs);
+    }
   }
 
   // 5. Back to batch order.

@@ -1,17 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// The gather-dot path of a hierarchical-softmax level: the runs too short for a GEMM, and every
-/// run of sigmoid nodes. Each sample is scored against its node's rows read in place (never
-/// copied or widened), its loss and dLoss/dscore follow, then its hidden-gradient row and the
-/// node's weight-gradient rows, summed over the run's samples in order (deterministic, no atomics).
+/// The gather-dot path of a hierarchical-softmax level: the softmax-node runs too short for a GEMM.
+/// Each sample is scored against its node's rows read in place (never copied or widened), its loss
+/// and dLoss/dscore follow, then its hidden-gradient row and the node's weight-gradient rows,
+/// summed over the run's samples in order (deterministic, no atomics), one run per thread.
 ///
-/// The generic version runs a short run on one thread, fused (no buffer for sigmoid nodes); a long
-/// sigmoid run (the root's is most of a binary tree's work) takes two passes over the whole
-/// execution: per sample, then per column block of the node's gradient row, each column summed in
-/// the one-thread order, so results are bitwise the same for every thread count. A backend may
-/// specialise `gather_runs_tuning` (the cuda backend: one warp per sample); the generic version
-/// stays its oracle.
+/// Sigmoid nodes take every level at once (sigmoid_levels.hpp) on a backend without a tuned path;
+/// this file holds the pieces both share. A backend may specialise `gather_runs_tuning` (the cuda
+/// backend: one warp per sample, level by level, both node forms); the generic versions stay its
+/// oracles.
 
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
@@ -35,83 +33,6 @@ XSOFTMAX_HD inline void sigmoid_node_losses(const float* s, const float* first, 
   else
     for (index_t j = 0; j < G; ++j) loss[j] = sigmoid_node_loss(s[j], first[j] != 0.f, dscore + j);
 }
-
-/// m <= G (sample row[j], node row wr[j], node bias bias[j]) pairs of a sigmoid level: their
-/// losses added to a.loss, *g[j] = dLoss/dscore * upstream (0 without gradients). The G dot
-/// products first, then the G losses (`sigmoid_node_losses`); lanes past m score 0 and are dropped.
-template <index_t G, class T>
-XSOFTMAX_HD inline void score_sigmoid_pairs(const node_run_data<T>& a, const index_t* row, const T* const* wr,
-                                            const float* bias, float* const* g, index_t m) {
-  float sc[G] = {}, first[G] = {}, loss[G], ds[G];
-  for (index_t j = 0; j < m; ++j) {
-    const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
-    sc[j] = a.bias ? dot + bias[j] : dot;
-    first[j] = a.child[row[j]] == 0 ? 1.f : 0.f;
-  }
-  sigmoid_node_losses<G>(sc, first, loss, ds);
-  for (index_t j = 0; j < m; ++j) {
-    a.loss[row[j]] += loss[j];
-    *g[j] = a.backward() ? ds[j] * a.upstream[row[j]] : 0.f;
-  }
-}
-
-/// Sigmoid runs [P t, P t + P) of `runs` (short ones) on one thread: first every sample's score,
-/// loss and dLoss/dscore * upstream (into the scratch, one value per sample), scored G pairs at a
-/// time across the runs (most runs are a few samples deep in the tree: scored one run at a time,
-/// their exp/log1p chains would run one after another); then run by run, in sample order, the
-/// samples' hidden-gradient rows and the node's gradient row (word2vec form: one row per internal
-/// node, p(first child) = sigmoid(h . v)). G = `sigmoid_group` and P = 64 on a host backend; 1 and
-/// 1 on a device. Each value is the same, bitwise, for every G and P.
-template <class T, index_t G>
-struct sigmoid_runs_step {
-  node_run_data<T> a;
-  const node_run* runs;
-  index_t count, per_task;
-
-  XSOFTMAX_HD void operator()(index_t t) const {
-    const index_t k0 = t * per_task, k1 = k0 + per_task < count ? k0 + per_task : count, d = a.dim;
-    index_t row[G] = {};
-    const T* wr[G] = {};
-    float bias[G] = {};
-    float* g[G] = {};
-    index_t m = 0;
-    for (index_t k = k0; k < k1; ++k) {
-      const node_run run = runs[k];
-      const index_t node = run.block_begin / 2;
-      for (index_t r = run.begin; r < run.end; ++r) {
-        row[m] = r;
-        wr[m] = a.w.row(node);
-        bias[m] = a.bias ? to_float(a.bias[node]) : 0.f;
-        g[m] = a.scratch + run.scratch_offset + (r - run.begin);
-        if (++m == G) {
-          score_sigmoid_pairs<G>(a, row, wr, bias, g, m);
-          m = 0;
-        }
-      }
-    }
-    if (m > 0) score_sigmoid_pairs<G>(a, row, wr, bias, g, m);
-    if (!a.backward()) return;
-    for (index_t k = k0; k < k1; ++k) {
-      const node_run run = runs[k];
-      const index_t len = run.end - run.begin;
-      const T* w = a.w.row(run.block_begin / 2);
-      const float* gs = a.scratch + run.scratch_offset;
-      float* gwr = a.grad_w + run.grad_offset * d;
-      float bias_acc = 0.f;
-      for (index_t i = 0; i < len; ++i) {
-        const float* h = a.h + (run.begin + i) * d;
-        axpy_row(gs[i], w, a.grad_h + (run.begin + i) * d, d);
-        if (i == 0)  // the node's gradient row starts as the first sample's term (no zeroing pass)
-          scale_row(gs[i], h, gwr, d);
-        else
-          axpy_row(gs[i], h, gwr, d);
-        bias_acc += gs[i];
-      }
-      if (a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
-    }
-  }
-
-};
 
 /// One short softmax-node gather run on one thread, fused: run k of `runs`.
 template <class T>
@@ -163,35 +84,9 @@ struct gather_run_step {
   }
 };
 
-/// Pass 1 of a long sigmoid run, samples [G c, G c + G) of it: scores, losses, dLoss/dscore into
-/// `gs` (with gradients) and the samples' hidden-gradient rows. G: `sigmoid_group` on a host
-/// backend, 1 on a device (a thread per sample).
-template <class T, index_t G>
-struct sigmoid_sample_step {
-  node_run_data<T> a;
-  node_run run;
-  float* gs;
-  XSOFTMAX_HD void operator()(index_t c) const {
-    const index_t d = a.dim, len = run.end - run.begin, node = run.block_begin / 2, i0 = c * G;
-    const index_t m = len - i0 < G ? len - i0 : G;
-    index_t row[G] = {};
-    const T* wr[G] = {};
-    float bias[G] = {};
-    float* g[G] = {};
-    for (index_t j = 0; j < m; ++j) {
-      row[j] = run.begin + i0 + j;
-      wr[j] = a.w.row(node);
-      bias[j] = a.bias ? to_float(a.bias[node]) : 0.f;
-      g[j] = gs + i0 + j;
-    }
-    score_sigmoid_pairs<G>(a, row, wr, bias, g, m);
-    if (!a.backward()) return;
-    for (index_t j = 0; j < m; ++j) axpy_row(gs[i0 + j], wr[j], a.grad_h + row[j] * d, d);
-  }
-};
-
-/// Pass 2 of a long sigmoid run: columns [16 cb, 16 cb + 16) of the node's gradient row, each the
-/// sum over the run's samples in order of gs[i] * h_i; block 0 also sums the bias gradient.
+/// A long sigmoid run's node-gradient row, columns [16 cb, 16 cb + 16): each the sum over the run's
+/// samples in order of gs[i] * h_i (bitwise `scale_row` then `axpy_row` in sample order, without
+/// FMA contraction); block 0 also sums the bias gradient.
 struct sigmoid_column_block {
   static constexpr index_t width = 16;  // 64 bytes of a row per sample and block
   const float* h;                        ///< the run's first row
@@ -220,41 +115,21 @@ struct gather_runs_tuning {
   static constexpr bool available = false;
 };
 
-/// The generic gather path over `runs` (one level's; host memory, in row order).
+/// The generic gather path over one level's softmax-node `runs` (host memory, in row order): a
+/// task per run. (Sigmoid runs: `sigmoid_levels_generic`, every level at once.)
 template <bool Sigmoid, class B, class T>
 void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, const std::vector<node_run>& runs) {
-  std::vector<node_run> short_runs;
-  short_runs.reserve(runs.size());
-  for (const node_run& run : runs) {
-    const index_t len = run.end - run.begin;
-    if (!Sigmoid || len < run_parallel_inside) {
-      short_runs.push_back(run);
-      continue;
-    }
-    float* gs = a.scratch + run.scratch_offset;
-    constexpr index_t G = is_host_backend<B> ? sigmoid_group : 1;
-    parallel_for(ex, (len + G - 1) / G, sigmoid_sample_step<T, G>{a, run, gs});
-    if (!a.backward()) continue;
-    const index_t d = a.dim, blocks = (d + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
-    parallel_for(ex, blocks,
-                 sigmoid_column_block{a.h + run.begin * d, gs, len, d, a.grad_w + run.grad_offset * d,
-                                      a.grad_b ? a.grad_b + run.grad_offset : nullptr});
-  }
-  const index_t n = static_cast<index_t>(short_runs.size());
+  static_assert(!Sigmoid, "xsoftmax: sigmoid-node runs take sigmoid_levels_generic (sigmoid_levels.hpp)");
+  const index_t n = static_cast<index_t>(runs.size());
   if (n == 0) return;
   // A host backend reads the list where it is; a device gets a copy.
-  backend_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : short_runs.size());
-  const node_run* list = short_runs.data();
+  backend_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : runs.size());
+  const node_run* list = runs.data();
   if constexpr (!is_host_backend<B>) {
-    execution<B>::ops::copy(ex.res, raw(device_runs), short_runs.data(), n);
+    execution<B>::ops::copy(ex.res, raw(device_runs), runs.data(), n);
     list = raw(device_runs);
   }
-  if constexpr (Sigmoid) {
-    constexpr index_t G = is_host_backend<B> ? sigmoid_group : 1, P = is_host_backend<B> ? 64 : 1;
-    parallel_for(ex, (n + P - 1) / P, sigmoid_runs_step<T, G>{a, list, n, P});
-  } else {
-    parallel_for(ex, n, gather_run_step<T>{a, list});
-  }
+  parallel_for(ex, n, gather_run_step<T>{a, list});
 }
 
 /// The gather path over one level's `runs`: the backend's tuned version when it has one.

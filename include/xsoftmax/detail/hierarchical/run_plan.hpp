@@ -197,7 +197,8 @@ int planned_levels(const execution<B>& ex, const View& tv, const index_t* target
 /// run needs on the gather path (0 when it takes another path); offsets restart at every level.
 /// `children` (levels x rows, in the execution's memory) receives each row's child at every level
 /// (level l: entries [l rows, (l + 1) rows)), which the step then reads instead of walking the
-/// paths a second time.
+/// paths a second time; `node_keys`, when not null, alike each row's node there (its block_begin;
+/// negative where the row's path ended above: `all_level_steps_of`).
 ///
 /// Every level at once: one pass writes each (level, row)'s node, one `reduce_by_key` over the
 /// levels x rows keys finds every run of every level (keys never repeat across a level boundary,
@@ -205,7 +206,7 @@ int planned_levels(const execution<B>& ex, const View& tv, const index_t* target
 /// backend (a third of a binary tree's 2-thread step at d = 100 went to starting them).
 template <class B, class View, class GatherWidth>
 run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int levels,
-                   bool sigmoid, GatherWidth gather_width, index_t* children) {
+                   bool sigmoid, GatherWidth gather_width, index_t* children, index_t* node_keys = nullptr) {
   run_plan plan;
   if (rows == 0 || levels == 0) return plan;
   const auto policy = ex.policy();
@@ -213,8 +214,9 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   const std::size_t n = static_cast<std::size_t>(entries);
   // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
   // places in the backend's memory.
-  scratch_buffer<B, index_t> key_buf(n, ex), size_buf(n, ex), run_key_buf(n, ex), run_count_buf(n, ex), run_size_buf(n, ex);
-  index_t *key = key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
+  scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(n, ex), run_key_buf(n, ex), run_count_buf(n, ex),
+      run_size_buf(n, ex);
+  index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
           *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
   parallel_for(ex, entries, all_level_steps_of<View>{tv, target, rows, key, block_size, children});
   // One pass: each run's row count and block size (equal within a run: their maximum).

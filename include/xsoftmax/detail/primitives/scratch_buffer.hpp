@@ -6,7 +6,8 @@
 /// is only written, then read.
 ///
 /// Why not a backend_vector: on a host backend a backend_vector value-initialises (a memset of the
-/// whole buffer, and its page faults, on every call), which for the dense softmax's score chunks and
+/// whole buffer, and its page faults, on every call; a scratch_vector's host memory comes from the
+/// per-thread block cache, detail/host/block_cache.hpp, whose pages stay mapped between calls), which for the dense softmax's score chunks and
 /// score cache (up to tens of MiB per step) cost more than the work they hold. On cuda a
 /// `thrust::device_vector` is worse for a small call: cudaMalloc, a value-initialising fill on the
 /// default stream that Thrust waits for, and a cudaFree that synchronises the device, for every
@@ -19,6 +20,7 @@
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/call_counters.hpp>
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/host/block_cache.hpp>
 #include <xsoftmax/error.hpp>
 
 #include <thrust/copy.h>
@@ -29,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -110,12 +113,12 @@ class scratch_vector {
   /// Every element set to `value` (queued on the execution's stream on a device).
   void fill(T value) {
     if (size_ == 0) return;
-    if constexpr (is_host_backend<B>) std::fill_n(host_.get(), size_, value);
+    if constexpr (is_host_backend<B>) std::fill_n(host_, size_, value);
     else thrust::fill_n(*policy_, device_, size_, value);
   }
 
-  [[nodiscard]] T* data() noexcept { return is_host_backend<B> ? host_.get() : device_; }
-  [[nodiscard]] const T* data() const noexcept { return is_host_backend<B> ? host_.get() : device_; }
+  [[nodiscard]] T* data() noexcept { return is_host_backend<B> ? host_ : device_; }
+  [[nodiscard]] const T* data() const noexcept { return is_host_backend<B> ? host_ : device_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
   /// Iterators that Thrust dispatches to the backend's system also without a policy (device_ptr on a
@@ -164,7 +167,8 @@ class scratch_vector {
                               "scratch_vector: grown without the execution that allocates its memory");
     ++call_counters::local().allocations;
     if constexpr (is_host_backend<B>) {
-      host_.reset(new T[n]);
+      if (n > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_alloc();
+      host_ = static_cast<T*>(host_block_cache::local().allocate(n * sizeof(T)));
     } else {
       device_ = thrust::raw_pointer_cast(thrust::get_temporary_buffer<T>(*policy_, static_cast<std::ptrdiff_t>(n)).first);
     }
@@ -172,12 +176,15 @@ class scratch_vector {
 
   void copy_from(const T* src, std::size_t n) {
     if (n == 0) return;
-    if constexpr (is_host_backend<B>) std::copy_n(src, n, host_.get());
+    if constexpr (is_host_backend<B>) std::copy_n(src, n, host_);
     else thrust::copy_n(*policy_, src, n, device_);
   }
 
   void release() noexcept {
-    if constexpr (!is_host_backend<B>) {
+    if constexpr (is_host_backend<B>) {
+      host_block_cache::local().deallocate(host_, capacity_ * sizeof(T));
+      host_ = nullptr;
+    } else {
       if (device_) thrust::return_temporary_buffer(*policy_, device_, static_cast<std::ptrdiff_t>(capacity_));
       device_ = nullptr;
     }
@@ -185,7 +192,7 @@ class scratch_vector {
 
   std::optional<policy_type> policy_;
   bool host_only_ = false;  // made by a host-only constructor: allocates without an execution
-  std::unique_ptr<T[]> host_;
+  T* host_ = nullptr;  // from host_block_cache (host backends)
   T* device_ = nullptr;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;

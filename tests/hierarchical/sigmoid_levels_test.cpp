@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// The sigmoid hierarchical softmax's all-level step (detail/hierarchical/sigmoid_levels.hpp): its
+// task list covers every (run, row) pair once, slicing exactly the long runs; and the step over
+// every level at once gives the same bits as the same function called one level at a time (how the
+// cuda backend's level-by-level tuned path is checked against it), with and without gradients.
+
+#include "support/float_bits.hpp"
+#include "support/reference.hpp"
+#include "support/test_memory.hpp"
+
+#include <xsoftmax/detail/hierarchical/sigmoid_levels.hpp>
+#include <xsoftmax/hierarchical_softmax.hpp>  // the host backends' backend_ops
+#include <xsoftmax/tree/runtime_tree.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#if XSOFTMAX_TEST_HOST_BUILD
+
+namespace {
+
+using xsoftmax::index_t;
+namespace xd = xsoftmax::detail;
+using xsoftmax_test::bits;
+
+TEST_CASE("sigmoid levels: the task list covers every run's rows once and slices the long runs") {
+  xsoftmax_test::test_rng rng(41);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<xd::node_run> runs;
+    index_t row = 0;
+    const index_t count = rng.integer(0, 60);
+    for (index_t k = 0; k < count; ++k) {
+      const index_t len = rng.coin(0.1) ? rng.integer(xd::run_parallel_inside, 3 * xd::run_parallel_inside)
+                                        : rng.integer(1, 40);
+      runs.push_back(xd::node_run{0, row, row + len, 2 * k, 2, k, 0});
+      row += len;
+    }
+    const index_t pairs = rng.integer(1, 300);
+    std::vector<xd::node_run> long_runs;
+    const auto tasks = xd::sigmoid_tasks(runs, pairs, long_runs);
+    std::vector<int> seen(static_cast<std::size_t>(row), 0);
+    std::vector<index_t> sliced;
+    for (const xd::sigmoid_task& t : tasks) {
+      REQUIRE(t.run_begin < t.run_end);
+      if (t.row_end > t.row_begin) {  // a slice of one long run, at most `pairs` rows
+        REQUIRE(t.run_end == t.run_begin + 1);
+        const xd::node_run& run = runs[static_cast<std::size_t>(t.run_begin)];
+        CHECK(run.end - run.begin >= xd::run_parallel_inside);
+        CHECK(t.row_begin >= run.begin);
+        CHECK(t.row_end <= run.end);
+        CHECK(t.row_end - t.row_begin <= pairs);
+        for (index_t r = t.row_begin; r < t.row_end; ++r) ++seen[static_cast<std::size_t>(r)];
+        if (sliced.empty() || sliced.back() != t.run_begin) sliced.push_back(t.run_begin);
+      } else {
+        index_t task_pairs = 0;
+        for (index_t k = t.run_begin; k < t.run_end; ++k) {
+          const xd::node_run& run = runs[static_cast<std::size_t>(k)];
+          CHECK(run.end - run.begin < xd::run_parallel_inside);
+          task_pairs += run.end - run.begin;
+          for (index_t r = run.begin; r < run.end; ++r) ++seen[static_cast<std::size_t>(r)];
+        }
+        CHECK(task_pairs - (runs[static_cast<std::size_t>(t.run_end - 1)].end - runs[static_cast<std::size_t>(t.run_end - 1)].begin) < pairs);
+      }
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; }));
+    REQUIRE(sliced.size() == long_runs.size());
+    for (std::size_t i = 0; i < sliced.size(); ++i) CHECK(long_runs[i].begin == runs[static_cast<std::size_t>(sliced[i])].begin);
+  }
+}
+
+std::vector<std::uint32_t> all_bits(const std::vector<float>& v) {
+  std::vector<std::uint32_t> out(v.size());
+  std::transform(v.begin(), v.end(), out.begin(), [](float x) { return bits(x); });
+  return out;
+}
+
+struct step_outputs {
+  std::vector<float> loss, grad_h, grad_w, grad_b;
+};
+
+TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a time, bitwise", B, XSOFTMAX_TEST_BACKENDS) {
+  xsoftmax_test::test_rng rng(42);
+  const auto counts = xsoftmax_test::zipf_counts(rng, 300);
+  const auto tree = xsoftmax::runtime_tree<>::huffman(counts, 2);
+  const auto tv = tree.view();
+  const xsoftmax::host_resources res;
+  const xd::execution<B> ex{res};
+  for (const index_t rows : {index_t(3), index_t(700)}) {  // 700: a root run long enough to be sliced
+    const index_t d = 19, w_rows = tree.num_rows() / 2;
+    std::vector<index_t> target(static_cast<std::size_t>(rows));
+    for (index_t r = 0; r < rows; ++r)  // skewed: many samples share the first classes' paths
+      target[static_cast<std::size_t>(r)] = r % 3 == 0 ? rng.integer(0, 3) : rng.integer(0, tree.num_classes() - 1);
+    std::sort(target.begin(), target.end(), [&](index_t x, index_t y) { return tv.leaf_rank(x) < tv.leaf_rank(y); });
+    const auto h = xsoftmax_test::random_floats(rng, rows * d, 1.0), w = xsoftmax_test::random_floats(rng, w_rows * d, 0.5),
+               bias = xsoftmax_test::random_floats(rng, w_rows, 0.3), upstream = xsoftmax_test::random_floats(rng, rows, 1.0);
+    const int levels = xd::planned_levels(ex, tv, target.data(), rows, tree.max_depth);
+    std::vector<index_t> children(static_cast<std::size_t>(rows * levels)), keys(children.size());
+    const xd::run_plan plan = xd::plan_runs(
+        ex, tv, target.data(), rows, levels, true, [](const xd::node_run&) -> index_t { return 1; }, children.data(),
+        keys.data());
+    REQUIRE(plan.levels() == static_cast<std::size_t>(levels));
+    for (const bool backward : {true, false}) {
+      const auto solve = [&](bool all_levels) {
+        step_outputs out{std::vector<float>(static_cast<std::size_t>(rows), 0.f),
+                         std::vector<float>(static_cast<std::size_t>(rows * d), 0.f),
+                         std::vector<float>(static_cast<std::size_t>(plan.grad_rows * d), -1.f),
+                         std::vector<float>(static_cast<std::size_t>(plan.grad_rows), -1.f)};
+        xd::node_run_data<float> a;
+        a.h = h.data();
+        a.dim = d;
+        a.w = xsoftmax::matrix_view<const float>(w.data(), w_rows, d);
+        a.bias = bias.data();
+        a.loss = out.loss.data();
+        if (backward) {
+          a.upstream = upstream.data();
+          a.grad_h = out.grad_h.data();
+          a.grad_w = out.grad_w.data();
+          a.grad_b = out.grad_b.data();
+        }
+        std::vector<float> scratch;
+        if (all_levels) {
+          const xd::level_entries at{rows, 0, levels, keys.data()};
+          scratch.resize(static_cast<std::size_t>(xd::sigmoid_levels_scratch(at, backward)));
+          a.child = children.data();
+          a.scratch = scratch.data();
+          xd::sigmoid_levels_generic(ex, a, plan.runs, at);
+        } else {
+          for (int lv = 0; lv < levels; ++lv) {
+            const std::vector<xd::node_run> runs(plan.runs.begin() + static_cast<std::ptrdiff_t>(plan.level_first[lv]),
+                                                 plan.runs.begin() + static_cast<std::ptrdiff_t>(plan.level_first[lv + 1]));
+            const xd::level_entries at{rows, lv, 1, keys.data() + lv * rows};
+            scratch.assign(static_cast<std::size_t>(xd::sigmoid_levels_scratch(at, backward)), 0.f);
+            a.child = children.data() + lv * rows;
+            a.scratch = scratch.data();
+            xd::sigmoid_levels_generic(ex, a, runs, at);
+          }
+        }
+        return out;
+      };
+      const step_outputs all = solve(true), one_by_one = solve(false);
+      INFO("rows " << rows << ", backward " << backward);
+      CHECK(all_bits(all.loss) == all_bits(one_by_one.loss));
+      CHECK(all_bits(all.grad_h) == all_bits(one_by_one.grad_h));
+      CHECK(all_bits(all.grad_w) == all_bits(one_by_one.grad_w));
+      CHECK(all_bits(all.grad_b) == all_bits(one_by_one.grad_b));
+      CHECK(std::all_of(all.loss.begin(), all.loss.end(), [](float x) { return x > 0.f; }));
+      if (backward) CHECK(std::none_of(all.grad_b.begin(), all.grad_b.end(), [](float x) { return x == -1.f; }));
+    }
+  }
+}
+
+}  // namespace
+
+#endif  // XSOFTMAX_TEST_HOST_BUILD
