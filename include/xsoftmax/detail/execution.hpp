@@ -157,6 +157,25 @@ void parallel_for(const Ex& ex, index_t n, F f) {
   thrust::for_each(policy_of(ex), thrust::counting_iterator<index_t>(0), thrust::counting_iterator<index_t>(n), f);
 }
 
+/// `parallel_for` over tasks of unequal cost: on the omp backend each thread takes the next task
+/// when it finishes one (`schedule(dynamic)`), where `parallel_for`'s even split of the index range
+/// left one thread waiting at the region's end for the other's costlier half (a sigmoid HS step's
+/// tasks: rows of different path depths, runs of different lengths; ~30 % of a 2-thread step was
+/// spent waiting, bench/RESULTS.md, issue 30). Elsewhere, `parallel_for`. `f` must not throw.
+template <class B, class F>
+void parallel_for_uneven(const execution<B>& ex, index_t n, F f) {
+#if defined(_OPENMP)
+  if constexpr (std::is_same_v<B, omp>) {
+    if (n <= 0) return;
+    ++call_counters::local().loops;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (index_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+#endif
+  parallel_for(ex, n, f);
+}
+
 /// The raw pointer of a backend vector.
 template <class Vector>
 [[nodiscard]] auto raw(Vector& v) {

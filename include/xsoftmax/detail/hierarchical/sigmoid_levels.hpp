@@ -219,13 +219,13 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
     long_list = raw(device_long);
     task_list = raw(device_tasks);
   }
-  parallel_for(ex, static_cast<index_t>(tasks.size()),
-               sigmoid_pair_pass<T, G>{a, at, run_list, task_list, pair_loss, gs});
+  parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
+                      sigmoid_pair_pass<T, G>{a, at, run_list, task_list, pair_loss, gs});
   const index_t rows_per_task = host ? 16 : 1, row_tasks = (at.rows + rows_per_task - 1) / rows_per_task;
   const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
-  parallel_for(ex, row_tasks + column_tasks,
-               sigmoid_row_pass<T>{a, at, pair_loss, gs, long_list, rows_per_task, row_tasks, blocks});
+  parallel_for_uneven(ex, row_tasks + column_tasks,
+                      sigmoid_row_pass<T>{a, at, pair_loss, gs, long_list, rows_per_task, row_tasks, blocks});
 }
 
 }  // namespace xsoftmax::detail
