@@ -13,8 +13,10 @@
 
 #include <thrust/sort.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -73,7 +75,7 @@ TEST_CASE("host block cache: reuse, limits, capacity and release") {
 
 TEST_CASE("host block cache: scratch vectors and Thrust temporaries of the host backends use it") {
   if (xd::host_block_cache::sanitized) return;
-  auto& local = xd::host_block_cache::local();
+  auto& local = *xd::host_block_cache::local();
   local.release();
   const xsoftmax::host_resources res;
   {
@@ -91,6 +93,29 @@ TEST_CASE("host block cache: scratch vectors and Thrust temporaries of the host 
   CHECK(local.held() > 0);
   xsoftmax::release_host_memory();
   CHECK(local.held() == 0);
+}
+
+std::atomic<bool> freed_after_cache_ended{false};
+
+// Frees a block when its thread ends, after that thread's cache is gone (thread-locals are
+// destroyed in reverse order of construction; this one is made first).
+struct frees_at_thread_end {
+  void* p = nullptr;
+  size_t bytes = 0;
+  ~frees_at_thread_end() {
+    freed_after_cache_ended = xd::host_block_cache::local() == nullptr;
+    xd::host_block_cache::give(p, bytes);  // to free: no use of the destroyed cache
+  }
+};
+
+TEST_CASE("host block cache: a block freed after its thread's cache is gone goes to free") {
+  std::thread([] {
+    thread_local frees_at_thread_end holder;
+    holder.bytes = 100000;
+    holder.p = xd::host_block_cache::take(holder.bytes);  // makes the thread's cache, after holder
+    xd::host_block_cache::give(xd::host_block_cache::take(200000), 200000);
+  }).join();
+  CHECK(freed_after_cache_ended);
 }
 
 }  // namespace

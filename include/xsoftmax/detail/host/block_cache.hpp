@@ -56,10 +56,19 @@ class host_block_cache {
   host_block_cache& operator=(const host_block_cache&) = delete;
   ~host_block_cache() { release(); }
 
-  /// The calling thread's cache.
-  static host_block_cache& local() {
-    thread_local host_block_cache cache;
-    return cache;
+  /// The calling thread's cache; null once it has been destroyed at the thread's end (a static
+  /// object destroyed after the main thread's thread-locals still frees its memory: to malloc).
+  static host_block_cache* local();
+
+  /// `bytes` from the calling thread's cache (malloc once it has ended).
+  [[nodiscard]] static void* take(std::size_t bytes) {
+    host_block_cache* c = local();
+    return c ? c->allocate(bytes) : checked_malloc(bytes);
+  }
+  /// Gives `p` (from `take(bytes)` on any thread) to the calling thread's cache, or to free.
+  static void give(void* p, std::size_t bytes) noexcept {
+    if (host_block_cache* c = local()) c->deallocate(p, bytes);
+    else std::free(p);
   }
 
   /// The size a cached block of `bytes` has: `bytes` rounded up to the next of 8 classes per power
@@ -124,6 +133,14 @@ class host_block_cache {
     std::size_t size;
   };
 
+  friend struct host_thread_cache;
+  // Set when the thread's cache is destroyed; a trivially destructible thread-local, readable
+  // until the thread is gone.
+  static bool& ended() noexcept {
+    thread_local bool flag = false;
+    return flag;
+  }
+
   static void* checked_malloc(std::size_t bytes) {
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
     if (p == nullptr) throw std::bad_alloc();
@@ -134,14 +151,23 @@ class host_block_cache {
   std::size_t held_ = 0;
 };
 
+/// A thread's cache, which marks itself ended when the thread destroys it.
+struct host_thread_cache : host_block_cache {
+  ~host_thread_cache() { ended() = true; }
+};
+
+inline host_block_cache* host_block_cache::local() {
+  if (ended()) return nullptr;
+  thread_local host_thread_cache cache;
+  return &cache;
+}
+
 /// The allocator the host backends' Thrust policies hand their temporary buffers to (Thrust's
 /// allocator interface for temporaries: bytes as `char`).
 struct host_temporary_allocator {
   using value_type = char;
-  char* allocate(std::ptrdiff_t bytes) {
-    return static_cast<char*>(host_block_cache::local().allocate(static_cast<std::size_t>(bytes)));
-  }
-  void deallocate(char* p, std::size_t bytes) noexcept { host_block_cache::local().deallocate(p, bytes); }
+  char* allocate(std::ptrdiff_t bytes) { return static_cast<char*>(host_block_cache::take(static_cast<std::size_t>(bytes))); }
+  void deallocate(char* p, std::size_t bytes) noexcept { host_block_cache::give(p, bytes); }
 };
 
 /// The one instance the policies refer to (stateless: every thread reaches its own cache through it).
@@ -152,5 +178,7 @@ inline host_temporary_allocator host_temporaries;
 namespace xsoftmax {
 /// Frees the calling thread's cache of host working memory (detail/host/block_cache.hpp): the
 /// blocks the host backends keep between calls, at most 256 MiB per thread.
-inline void release_host_memory() noexcept { detail::host_block_cache::local().release(); }
+inline void release_host_memory() noexcept {
+  if (detail::host_block_cache* c = detail::host_block_cache::local()) c->release();
+}
 }  // namespace xsoftmax

@@ -168,7 +168,7 @@ class scratch_vector {
     ++call_counters::local().allocations;
     if constexpr (is_host_backend<B>) {
       if (n > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_alloc();
-      host_ = static_cast<T*>(host_block_cache::local().allocate(n * sizeof(T)));
+      host_ = static_cast<T*>(host_block_cache::take(n * sizeof(T)));
     } else {
       device_ = thrust::raw_pointer_cast(thrust::get_temporary_buffer<T>(*policy_, static_cast<std::ptrdiff_t>(n)).first);
     }
@@ -182,7 +182,7 @@ class scratch_vector {
 
   void release() noexcept {
     if constexpr (is_host_backend<B>) {
-      host_block_cache::local().deallocate(host_, capacity_ * sizeof(T));
+      host_block_cache::give(host_, capacity_ * sizeof(T));
       host_ = nullptr;
     } else {
       if (device_) thrust::return_temporary_buffer(*policy_, device_, static_cast<std::ptrdiff_t>(capacity_));
