@@ -63,9 +63,8 @@ void check_sparse_gradient(const char* where, const execution<Backend>& ex, cons
                         " is out of range [0, ", rows, ")");
   // Rows in strictly increasing order are unique: one O(n) pass, no copy. Otherwise checked on a
   // sorted copy, O(n log n) against the update's O(n * dim).
-  const thrust::counting_iterator<index_t> first(1);
   const index_t* rp = thrust::raw_pointer_cast(g.rows.data());
-  if (*thrust::find_if(ex.policy(), first, first + (n - 1), not_above_previous{rp}) != n) {
+  if (first_index_where(ex, 1, n, not_above_previous{rp}) != n) {
     backend_vector<Backend, index_t> sorted(g.rows);
     thrust::sort(ex.policy(), sorted.begin(), sorted.end());
     if (thrust::unique_count(ex.policy(), sorted.begin(), sorted.end()) != n) {

@@ -85,10 +85,8 @@ template <class Backend>
 void check_targets(const execution<Backend>& ex, const char* where, vector_view<const index_t> targets, index_t rows,
                    index_t num_classes, index_t ignore_index) {
   check_targets_shape(where, targets, rows);
-  const thrust::counting_iterator<index_t> first(0);
   count_host_read();
-  const index_t i =
-      *thrust::find_if(ex.policy(), first, first + targets.size, bad_target{targets.data, num_classes, ignore_index});
+  const index_t i = first_index_where(ex, 0, targets.size, bad_target{targets.data, num_classes, ignore_index});
   if (i == targets.size) return;
   const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
   expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")",
@@ -100,10 +98,8 @@ template <class Backend>
 void check_targets(const execution<Backend>& ex, const char* where, vector_view<const index_t> targets, index_t rows,
                    index_t num_classes) {
   check_targets_shape(where, targets, rows);
-  const thrust::counting_iterator<index_t> first(0);
   count_host_read();
-  const index_t i =
-      *thrust::find_if(ex.policy(), first, first + targets.size, any_non_class{targets.data, num_classes});
+  const index_t i = first_index_where(ex, 0, targets.size, any_non_class{targets.data, num_classes});
   if (i == targets.size) return;
   const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
   expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")");
@@ -114,9 +110,8 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
 template <class Backend>
 void check_class_weight_values(const execution<Backend>& ex, const char* where, vector_view<const float> class_weight) {
   if (class_weight.size == 0) return;
-  const thrust::counting_iterator<index_t> first(0);
   count_host_read();
-  const index_t i = *thrust::find_if(ex.policy(), first, first + class_weight.size, bad_class_weight{class_weight.data});
+  const index_t i = first_index_where(ex, 0, class_weight.size, bad_class_weight{class_weight.data});
   if (i == class_weight.size) return;
   const float v = backend_ops<Backend>::read(ex.res, class_weight.data + i);
   expects(false, where, ": options.class_weight[", i, "] = ", v, " must be finite and >= 0");

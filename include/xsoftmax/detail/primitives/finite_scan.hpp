@@ -87,16 +87,16 @@ struct element_is_non_finite {
 /// there is none: a device tests one element per thread, a host thread a row at a time.
 template <class Backend, class H>
 index_t first_non_finite_row(const execution<Backend>& ex, matrix_view<const H> m) {
-  const thrust::counting_iterator<index_t> first(0);
   if constexpr (runs_on_device<execution<Backend>>) {
     if (m.cols == 0) return m.rows;
+    const thrust::counting_iterator<index_t> first(0);
     const index_t total = m.rows * m.cols;
     count_host_read();
     const index_t e = *thrust::find_if(ex.policy(), first, first + total, element_is_non_finite<H>{m});
     return e == total ? m.rows : e / m.cols;
   } else {
     count_host_read();
-    return *thrust::find_if(ex.policy(), first, first + m.rows, row_has_non_finite<H>{m});
+    return first_index_where(ex, 0, m.rows, row_has_non_finite<H>{m});
   }
 }
 
@@ -109,10 +109,8 @@ index_t first_non_finite(const execution<Backend>& ex, const T* values, index_t 
   // vectorised.
   constexpr index_t block = runs_on_device<execution<Backend>> ? 1 : 1024;
   const index_t blocks = (n + block - 1) / block;
-  const thrust::counting_iterator<index_t> first(0);
   count_host_read();
-  const index_t b =
-      *thrust::find_if(ex.policy(), first, first + blocks, block_has_non_finite<T>{values, n, block, scale});
+  const index_t b = first_index_where(ex, 0, blocks, block_has_non_finite<T>{values, n, block, scale});
   if (b == blocks) return n;
   for (index_t i = b * block; i < n; ++i)  // error path: this block's values one by one
     if (non_finite_bit(scale * to_float(backend_ops<Backend>::read(ex.res, values + i)))) return i;
