@@ -20,6 +20,8 @@
 #   bench/cuda/gpu_run.sh prebuilt   the same checks on binaries built here (saves the device build):
 #                                    `BUILD=<sm_90 build> bench/cuda/gpu_run.sh carry` puts them, stripped
 #                                    and compressed, in .gpu-bin/ (name it in `carry`); about 2.5 minutes
+#   bench/cuda/gpu_run.sh fresh      here: whether .gpu-bin/ and .gpu-py/ still match HEAD (their COMMIT
+#                                    stamps); when they do, spend a lent machine at once
 #   bench/cuda/gpu_run.sh rerun      after `prebuilt`: every case again, then the failing ones ($CASES) with
 #                                    pinned instead of managed test memory; a crash prints the faulting
 #                                    address and the code addresses on the stack (tests/cuda/main.cu)
@@ -106,7 +108,40 @@ carry_phase() {
     strip -o ".gpu-bin/$(basename "$f")" "$build/$f"
     xz -T0 -3 ".gpu-bin/$(basename "$f")"
   done
+  stamp .gpu-bin
   du -sh .gpu-bin/*
+}
+
+# Writes <folder>/COMMIT: the commit the carried build was made from (with "+dirty" when include/,
+# tests/, bench/, examples/ or python/ had changes), so that a later session can tell at no device
+# cost whether the carried binaries still match its code (`bench/cuda/gpu_run.sh fresh`).
+stamp() {
+  local commit
+  commit=$(git rev-parse HEAD)
+  git diff --quiet HEAD -- include tests bench/cuda examples python CMakeLists.txt ':!*.md' ':!*.sh' || commit+="+dirty"
+  echo "$commit" > "$1/COMMIT"
+}
+
+# Here, before a device call: says whether .gpu-bin/ and .gpu-py/ were built from code that still
+# matches HEAD (nothing the GPU binaries compile changed since). Exit 0 when both are fresh: then
+# a lent machine can be used at once, without the ~35 minutes of rebuilding on 2 cores.
+fresh() {
+  local folder commit stale=0 paths
+  for folder in .gpu-bin .gpu-py; do
+    # what each compiles: the binaries include/, tests/, the bench and the examples; the package
+    # include/ and python/ (scripts and docs change neither)
+    paths=(include tests bench/cuda examples CMakeLists.txt ':!*.md' ':!*.sh' ':!*.py')
+    [[ $folder == .gpu-py ]] && paths=(include python ':!*.md' ':!python/tests')
+    commit=$(cat "$folder/COMMIT" 2> /dev/null || echo none)
+    if [[ $commit == none || $commit == *+dirty ]] ||
+      ! git diff --quiet "$commit" -- "${paths[@]}" 2> /dev/null; then
+      echo "$folder: stale (built from $commit; rebuild: see the header)"
+      stale=1
+    else
+      echo "$folder: fresh (built from $commit)"
+    fi
+  done
+  return "$stale"
 }
 
 # One test case per process, under `timeout`, `jobs` at a time, so that a crash fails its own case
@@ -395,6 +430,7 @@ carry_python() {
   rm -rf .gpu-py && mkdir -p .gpu-py
   cp -r "$tmp/python/xsoftmax" .gpu-py/
   strip --strip-debug .gpu-py/xsoftmax/_C*.so
+  stamp .gpu-py
   rm -rf "$tmp"
   du -sh .gpu-py/xsoftmax/_C*.so
 }
@@ -525,7 +561,7 @@ peer() {
 
 # The binaries find libnccl.so.2 in PyTorch's NCCL wheel, where the device machine has it (its
 # toolkit has none on the library path; a build there links the wheel's: see build).
-if [[ ${1:-all} != carry && ${1:-all} != carry_python && ${1:-all} != pack ]]; then
+if [[ ${1:-all} != carry && ${1:-all} != carry_python && ${1:-all} != pack && ${1:-all} != fresh ]]; then
   wheel=$(nccl_wheel)
   if [[ -n $wheel ]]; then
     export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -542,6 +578,7 @@ case "${1:-all}" in
   all) build && test_phase && sanitize && sanitize2 && bench && peer ;;
   first) first ;;
   carry) carry_phase ;;
+  fresh) fresh ;;
   prebuilt) prebuilt ;;
   rerun) rerun ;;
   profile) profile ;;
@@ -554,5 +591,5 @@ case "${1:-all}" in
   profiles) profiles ;;
   carry_python) carry_python ;;
   python) python_phase ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session|profiles|carry_python|python" >&2; exit 2 ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|fresh|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session|profiles|carry_python|python" >&2; exit 2 ;;
 esac
