@@ -217,9 +217,11 @@ int64_t create_knn(int64_t k, const std::string& metric, const std::string& meth
     TORCH_CHECK_VALUE(metric == "cosine" || metric == "inner_product", "xsoftmax: metric = '", metric,
                       "' must be 'cosine' or 'inner_product'");
     o.graph.metric = metric == "cosine" ? xs::similarity::cosine : xs::similarity::inner_product;
-    TORCH_CHECK_VALUE(method == "exact" || method == "ivf", "xsoftmax: method = '", method,
-                      "' must be 'exact' or 'ivf'");
-    o.graph.method = method == "exact" ? xs::knn_build_method::exact : xs::knn_build_method::ivf;
+    TORCH_CHECK_VALUE(method == "exact" || method == "ivf" || method == "ivf_class_probes", "xsoftmax: method = '",
+                      method, "' must be 'exact', 'ivf' or 'ivf_class_probes'");
+    o.graph.method = method == "exact" ? xs::knn_build_method::exact
+                     : method == "ivf" ? xs::knn_build_method::ivf
+                                       : xs::knn_build_method::ivf_class_probes;
     if (ivf_lists > 0) o.graph.ivf.num_lists = ivf_lists;
     if (nprobe > 0) o.graph.nprobe = nprobe;
     o.neighbors_used = neighbors_used;

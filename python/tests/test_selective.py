@@ -158,9 +158,10 @@ def test_knn_training_runs_and_lowers_loss():
     assert full_after < 0.7 * full_before
 
 
-def test_knn_ivf_graph_trains():
+@pytest.mark.parametrize("method", ["ivf", "ivf_class_probes"])
+def test_knn_ivf_graph_trains(method):
     n = 400
-    head = KNNSoftmaxLoss(n, 8, k=10, method="ivf", ivf_lists=10, nprobe=3, rebuild_every=3)
+    head = KNNSoftmaxLoss(n, 8, k=10, method=method, ivf_lists=10, nprobe=3, rebuild_every=3)
     hidden = torch.randn(32, 8)
     targets = torch.randint(0, n, (32,))
     opt = torch.optim.SGD(head.parameters(), lr=1.0)

@@ -45,7 +45,8 @@ TEST_CASE_TEMPLATE("knn graph builds on every backend equal the serial build on 
   o.ivf.num_lists = 10;
   o.ivf.iterations = 0;  // centroids stay integer rows: the list assignment is exact everywhere
   o.nprobe = 3;
-  for (knn_build_method method : {knn_build_method::exact, knn_build_method::ivf}) {
+  for (knn_build_method method :
+       {knn_build_method::exact, knn_build_method::ivf, knn_build_method::ivf_class_probes}) {
     o.method = method;
     const knn_graph want = xsoftmax::build_knn_graph<xsoftmax::serial>(cview(w, n, d), o);
     const knn_graph got = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);

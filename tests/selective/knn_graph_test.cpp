@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The KNN graph over class weight vectors: the exact tiled build equals a float64 brute-force
-// reference (and does not depend on the tile sizes); the IVF build with nprobe = num_lists equals
-// the exact graph, and its recall falls with fewer probes; rebuilds reuse the graph's buffers;
+// reference (and does not depend on the tile sizes); the IVF builds (list probes, each class's
+// own probes) with nprobe = num_lists equal the exact graph, and their recall falls with fewer
+// probes, the class probes' never below the list probes'; rebuilds reuse the graph's buffers;
 // the IVF index lists partition the classes and its search with every list probed is exact; bad
 // sizes raise typed errors naming the value; serial and omp builds (graph, index, k-means) are
 // bitwise equal; one k-means round equals a float64 assignment and mean.
@@ -175,6 +176,68 @@ TEST_CASE_TEMPLATE("knn graph: IVF with nprobe = num_lists equals the exact grap
   CHECK(recall[0] > 0.3);  // clustered data: the own list alone finds a good part of the neighbours
 }
 
+TEST_CASE_TEMPLATE("knn graph: IVF with each class's own probes is exact with every list, beats the list's probes, "
+                   "and splits its score blocks into any number of batches", B, xsoftmax::serial, xsoftmax::omp) {
+  test_rng rng(304);
+  const index_t n = 500, d = 8, k = 10;
+  {  // inner product on integer weights, every list probed: bit-identical to the exact graph
+    const auto w = integer_weights(rng, n, d);
+    knn_build_options o;
+    o.k = k;
+    o.metric = similarity::inner_product;
+    const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+    o.method = knn_build_method::ivf_class_probes;
+    o.ivf.num_lists = 11;
+    o.nprobe = 11;
+    const knn_graph all = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+    CHECK(all.ids() == exact.ids());
+    CHECK(all.similarities() == exact.similarities());
+  }
+  // Cosine on clustered weights: recall rises with nprobe, is at least the list-probe method's at
+  // every nprobe, and a class near a list border finds its neighbours in the next list.
+  const auto w = clustered_weights(rng, n, d, 25, 0.35);
+  knn_build_options o;
+  o.k = k;
+  const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+  o.ivf.num_lists = 20;
+  double last = 0;
+  for (index_t nprobe : {index_t(1), index_t(2), index_t(4), index_t(20)}) {
+    o.nprobe = nprobe;
+    o.method = knn_build_method::ivf;
+    const double by_list = xsoftmax::knn_graph_recall(xsoftmax::build_knn_graph<B>(cview(w, n, d), o), exact);
+    o.method = knn_build_method::ivf_class_probes;
+    const knn_graph g = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+    const double by_class = xsoftmax::knn_graph_recall(g, exact);
+    INFO("nprobe ", nprobe, ": recall ", by_class, " (list probes: ", by_list, ")");
+    CHECK(by_class >= last);
+    CHECK(by_class >= by_list - 0.01);  // (not a theorem per class: a near-tie may fall either way)
+    if (nprobe == 4) CHECK(by_class >= 0.9);
+    if (nprobe == 20) check_graph_matches(g, exact.ids(), w, d, similarity::cosine, 1e-6, "class probes, every list");
+    last = by_class;
+  }
+  // The score buffer's batches (one list each, or all lists at once) do not change the graph.
+  xsoftmax::ivf_index index;
+  xsoftmax::ivf_options io;
+  io.num_lists = 20;
+  index.build<B>(cview(w, n, d), io);
+  const index_t np = 3;
+  std::vector<index_t> probes(static_cast<size_t>(n * np));
+  const auto lv = index.list_vectors();
+  const xsoftmax::backend_resources<B> res{};
+  const xsoftmax::detail::execution<B> ex{res};
+  index.probe_on(ex, lv, np, probes.data());
+  std::vector<index_t> ids_one(static_cast<size_t>(n * k)), ids_all(ids_one.size());
+  std::vector<float> sims_one(ids_one.size()), sims_all(ids_one.size());
+  xsoftmax::detail::ivf_class_probe_topk(ex, lv, index.list_offsets().data(), index.list_offsets(),
+                                         index.list_ids().data(), probes.data(), np, k, ids_one.data(),
+                                         sims_one.data(), 1);
+  xsoftmax::detail::ivf_class_probe_topk(ex, lv, index.list_offsets().data(), index.list_offsets(),
+                                         index.list_ids().data(), probes.data(), np, k, ids_all.data(),
+                                         sims_all.data(), n * n);
+  CHECK(ids_one == ids_all);
+  CHECK(sims_one == sims_all);
+}
+
 TEST_CASE("knn graph: rebuilding reuses the graph's buffers and follows the weights") {
   test_rng rng(303);
   const index_t n = 90, d = 6;
@@ -312,13 +375,16 @@ TEST_CASE("knn graph, ivf index and k-means: serial and omp builds are bitwise e
   knn_build_options o;
   o.k = k;
   o.metric = similarity::inner_product;
-  o.method = knn_build_method::ivf;
   o.ivf.num_lists = 20;
   o.nprobe = 4;
-  const knn_graph a = xsoftmax::build_knn_graph<xsoftmax::serial>(cview(wi, n, d), o);
-  const knn_graph b = xsoftmax::build_knn_graph<xsoftmax::omp>(cview(wi, n, d), o);
-  CHECK(a.ids() == b.ids());
-  CHECK(a.similarities() == b.similarities());
+  for (knn_build_method method : {knn_build_method::ivf, knn_build_method::ivf_class_probes}) {
+    o.method = method;
+    const knn_graph a = xsoftmax::build_knn_graph<xsoftmax::serial>(cview(wi, n, d), o);
+    const knn_graph b = xsoftmax::build_knn_graph<xsoftmax::omp>(cview(wi, n, d), o);
+    INFO("method ", static_cast<int>(method));
+    CHECK(a.ids() == b.ids());
+    CHECK(a.similarities() == b.similarities());
+  }
   // k-means with empty clusters to re-seed: 200 points on 6 distinct positions, 25 centroids.
   std::vector<float> dup(static_cast<size_t>(200 * d));
   for (index_t i = 0; i < 200; ++i)

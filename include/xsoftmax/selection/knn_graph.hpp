@@ -4,7 +4,8 @@
 /// `knn_graph`: each class's K nearest classes among the class weight vectors (cosine or inner
 /// product), the structure behind KNN softmax. `knn_graph_builder` builds it exactly (brute force in
 /// tiles: dense scores of a tile of classes against a tile of classes, folded into a running top-K;
-/// never an N x N matrix) or approximately through an IVF index, and rebuilds it into the same
+/// never an N x N matrix) or approximately through an IVF index (each list's members searching the
+/// lists nearest to their list's centroid, or each class the lists nearest to itself), and rebuilds it into the same
 /// buffers on a schedule. Both builds run on the backend of the weights (the same generic code on
 /// serial, omp and cuda); the finished graph is stored on the host. `knn_graph_recall` measures an
 /// approximate graph against the exact one.
@@ -24,6 +25,10 @@ namespace xsoftmax {
 enum class knn_build_method {
   exact,  ///< brute force over all N classes, in tiles: O(N^2 d) work, O(tile^2 + tile K) memory
   ivf,    ///< the members of each IVF list search the `nprobe` lists nearest to the list's centroid
+  /// every class searches the `nprobe` IVF lists nearest to itself (an IVF-Flat search with each
+  /// class as a query): O(N nprobe N / num_lists d) work, as `ivf`, at a far higher recall for the
+  /// same nprobe (bench/RESULTS.md, "KNN graph builds")
+  ivf_class_probes,
 };
 
 /// Options of `knn_graph_builder`.
@@ -31,8 +36,10 @@ struct knn_build_options {
   index_t k = 50;                                  ///< neighbours per class, in [1, N]
   similarity metric = similarity::cosine;
   knn_build_method method = knn_build_method::exact;
-  ivf_options ivf;                                 ///< method ivf: the index (its metric is set to `metric`)
-  index_t nprobe = 8;                              ///< method ivf: lists searched per list, in [1, num_lists]
+  ivf_options ivf;                                 ///< methods ivf*: the index (its metric is set to `metric`;
+                                                   ///< num_lists 0: round(sqrt N) for ivf, 3 sqrt N for ivf_class_probes)
+  index_t nprobe = 8;                              ///< methods ivf*: lists searched per list (ivf) or per class
+                                                   ///< (ivf_class_probes), in [1, num_lists]
   index_t query_tile = 1024;                       ///< method exact: classes whose neighbours one pass finds
   index_t class_tile = 4096;                       ///< method exact: classes scored per GEMM
 };
@@ -92,7 +99,7 @@ class knn_graph {
 
 /// Builds KNN graphs over class weights on any backend. Keeps the IVF index between builds; the
 /// work buffers (tiles, norms, top-K heaps) are allocated per build in the backend's memory, a
-/// small cost next to the build's O(N^2 d) (exact) or O(N nprobe N / num_lists d) (IVF) work.
+/// small cost next to the build's O(N^2 d) (exact) or O(N nprobe N / num_lists d) (IVF methods) work.
 class knn_graph_builder {
  public:
   /// Throws `invalid_argument` naming the value when k < 1, nprobe < 1 or a tile size < 1
