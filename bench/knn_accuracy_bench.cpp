@@ -23,7 +23,10 @@
 // the defaults): XSOFTMAX_STUDY_N [100000], _DIM [64], _BATCH [256], _STEPS [150], _LR [2048, for
 // the mean-reduced loss], _ZIPF [1.0], _TEST [5000], _REBUILD [50], _NPROBE [8], _SAMPLED [2048],
 // _THREADS [0: OpenMP default], _SEED [2024: the data], _EPOCHS [1], _KNN_IP [0: cosine graph; 1: inner
-// product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph]. Sampled softmax and HS also run
+// product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph], _KNN_CLASS_PROBES [0: each IVF
+// list's members probe the lists nearest to their list; 1: each class the lists nearest to itself],
+// _LISTS [0: the method's default], _KNN_REFRESH [-1: every rebuild from scratch; r >= 0: rebuilds
+// warm-start k-means from the last centroids with r rounds]. Sampled softmax and HS also run
 // at lr / 4.
 // The normalised classifier (issue 13; features and class weights L2-normalised, logits
 // s cos theta, as the 100M-class system trains it): _LOGITS [linear | cosine | cosface | arcface],
@@ -237,15 +240,20 @@ void bm_knn(benchmark::State& state) {
     xsoftmax::knn_options o;
     o.graph.k = k;
     o.graph.metric = c.knn_inner_product ? xsoftmax::similarity::inner_product : xsoftmax::similarity::cosine;
-    o.graph.method = c.knn_exact ? xsoftmax::knn_build_method::exact : xsoftmax::knn_build_method::ivf;
+    o.graph.method = c.knn_exact            ? xsoftmax::knn_build_method::exact
+                     : c.knn_class_probes ? xsoftmax::knn_build_method::ivf_class_probes
+                                          : xsoftmax::knn_build_method::ivf;
     o.graph.nprobe = c.nprobe;
+    o.graph.ivf.num_lists = c.lists;
+    o.graph.refresh_iterations = c.refresh;
     o.rebuild_every = c.rebuild;
     const auto t0 = clock_type::now();
     xsoftmax::knn_softmax<xsoftmax::fp32, xsoftmax::omp> head(c.n, c.dim, o, false, init());
     const double build = std::chrono::duration<double>(clock_type::now() - t0).count();
     const outcome out = train(head, c.lr);
     const std::string name = "KNN softmax, K = " + std::to_string(k) + (c.knn_inner_product ? ", inner product" : ", cosine") +
-                             (c.knn_exact ? ", exact graph" : ", IVF graph");
+                             (c.knn_exact ? ", exact graph" : c.knn_class_probes ? ", IVF graph (class probes)" : ", IVF graph") +
+                             (c.refresh >= 0 ? ", refreshed" : "");
     report(state, name.c_str(), out, build, sampled_recall(head, 0), sampled_recall(head, 5));
   }
 }

@@ -9,6 +9,8 @@
 //        [settings "method:lists:nprobe[:train_points],..." where method is ivf or class; lists 0: the
 //        builder's default; train_points 0: k-means on min(N, 64 lists) rows]
 // Prints one line per build and writes a JSON list to stdout's last line (prefix "json ").
+// XSOFTMAX_KNN_DUMP=<prefix>: also writes the vectors (<prefix>.vectors.f32, N x d) and the exact
+// graph (<prefix>.exact.i64, N x K) for FAISS beside it (bench/knn_graph_faiss.py).
 //   OPENBLAS_CORETYPE=Haswell OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 ./build/bench/knn_graph_builds clustered
 #include "synthetic_classes.hpp"
 
@@ -71,6 +73,19 @@ void run(const std::string& data, index_t n, index_t d, index_t k, const std::ve
   auto t0 = std::chrono::steady_clock::now();
   const xs::knn_graph exact = xs::build_knn_graph<B>(view, exact_options);
   const double exact_s = seconds_since(t0);
+  if (const char* prefix = std::getenv("XSOFTMAX_KNN_DUMP")) {  // for bench/knn_graph_faiss.py
+    const std::string p = prefix;
+    std::FILE* f = std::fopen((p + ".vectors.f32").c_str(), "wb");
+    std::FILE* g = std::fopen((p + ".exact.i64").c_str(), "wb");
+    if (!f || !g) {
+      std::fprintf(stderr, "knn_graph_builds: cannot write %s.*\n", prefix);
+      std::exit(1);
+    }
+    std::fwrite(w.data(), sizeof(float), w.size(), f);
+    std::fwrite(exact.ids().data(), sizeof(index_t), exact.ids().size(), g);
+    std::fclose(f);
+    std::fclose(g);
+  }
   std::printf("%-10s N=%-8lld d=%-4lld K=%-4lld exact                      %8.3f s  recall 1\n", data.c_str(),
               static_cast<long long>(n), static_cast<long long>(d), static_cast<long long>(k), exact_s);
   std::string json = "[{\"data\":\"" + data + "\",\"n\":" + std::to_string(n) + ",\"method\":\"exact\",\"seconds\":" +

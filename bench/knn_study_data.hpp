@@ -68,6 +68,11 @@ struct study_config {
   index_t sampled = static_cast<index_t>(env_or("XSOFTMAX_STUDY_SAMPLED", 2048));
   bool knn_inner_product = env_or("XSOFTMAX_STUDY_KNN_IP", 0) != 0;  ///< graph by inner product, not cosine
   bool knn_exact = env_or("XSOFTMAX_STUDY_KNN_EXACT", 0) != 0;        ///< exact tiled graph, not IVF
+  /// IVF graph with each class probing its own lists (knn_build_method::ivf_class_probes)
+  bool knn_class_probes = env_or("XSOFTMAX_STUDY_KNN_CLASS_PROBES", 0) != 0;
+  index_t lists = static_cast<index_t>(env_or("XSOFTMAX_STUDY_LISTS", 0));  ///< IVF lists (0: the method's default)
+  /// rebuilds warm-start k-means with this many rounds (knn_build_options::refresh_iterations; -1: off)
+  index_t refresh = static_cast<index_t>(env_or("XSOFTMAX_STUDY_KNN_REFRESH", -1));
   unsigned long long seed = static_cast<unsigned long long>(env_or("XSOFTMAX_STUDY_SEED", 2024));  ///< data
   index_t cluster_size = 50;
   double spread = 0.7;  ///< class centre = normalize(cluster centre + spread * unit noise)

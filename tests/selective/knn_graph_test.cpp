@@ -2,7 +2,8 @@
 // The KNN graph over class weight vectors: the exact tiled build equals a float64 brute-force
 // reference (and does not depend on the tile sizes); the IVF builds (list probes, each class's
 // own probes) with nprobe = num_lists equal the exact graph, and their recall falls with fewer
-// probes, the class probes' never below the list probes'; rebuilds reuse the graph's buffers;
+// probes, the class probes' never below the list probes'; a warm start begins k-means at the last
+// centroids, and a refreshed graph keeps a rebuild's recall; rebuilds reuse the graph's buffers;
 // the IVF index lists partition the classes and its search with every list probed is exact; bad
 // sizes raise typed errors naming the value; serial and omp builds (graph, index, k-means) are
 // bitwise equal; one k-means round equals a float64 assignment and mean.
@@ -195,7 +196,7 @@ TEST_CASE_TEMPLATE("knn graph: IVF with each class's own probes is exact with ev
   }
   // Cosine on clustered weights: recall rises with nprobe, is at least the list-probe method's at
   // every nprobe, and a class near a list border finds its neighbours in the next list.
-  const auto w = clustered_weights(rng, n, d, 25, 0.35);
+  const auto w = clustered_weights(rng, n, d, 25, 1.0);
   knn_build_options o;
   o.k = k;
   const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
@@ -211,7 +212,8 @@ TEST_CASE_TEMPLATE("knn graph: IVF with each class's own probes is exact with ev
     INFO("nprobe ", nprobe, ": recall ", by_class, " (list probes: ", by_list, ")");
     CHECK(by_class >= last);
     CHECK(by_class >= by_list - 0.01);  // (not a theorem per class: a near-tie may fall either way)
-    if (nprobe == 4) CHECK(by_class >= 0.9);
+    if (nprobe == 2 || nprobe == 4) CHECK(by_class >= by_list + 0.05);  // 0.76 vs 0.66, 0.92 vs 0.76 here
+    if (nprobe == 4) CHECK(by_class >= 0.88);
     if (nprobe == 20) check_graph_matches(g, exact.ids(), w, d, similarity::cosine, 1e-6, "class probes, every list");
     last = by_class;
   }
@@ -236,6 +238,55 @@ TEST_CASE_TEMPLATE("knn graph: IVF with each class's own probes is exact with ev
                                          sims_all.data(), n * n);
   CHECK(ids_one == ids_all);
   CHECK(sims_one == sims_all);
+}
+
+TEST_CASE_TEMPLATE("ivf index and knn graph: a warm start begins k-means at the last build's centroids", B,
+                   xsoftmax::serial, xsoftmax::omp) {
+  test_rng rng(307);
+  const index_t n = 600, d = 8;
+  auto w = clustered_weights(rng, n, d, 30, 0.3);
+  xsoftmax::ivf_options io;
+  io.num_lists = 24;
+  xsoftmax::ivf_index index;
+  index.build<B>(cview(w, n, d), io);
+  const std::vector<float> first(index.centroids().data, index.centroids().data + 24 * d);
+  // Zero rounds from the last centroids keep them, though the seed would pick other rows.
+  io.warm_start = true;
+  io.iterations = 0;
+  io.seed = 99;
+  index.build<B>(cview(w, n, d), io);
+  CHECK(std::vector<float>(index.centroids().data, index.centroids().data + 24 * d) == first);
+  // A cold start with that seed does move them; so does a change of list count (then a cold start).
+  io.warm_start = false;
+  index.build<B>(cview(w, n, d), io);
+  CHECK(std::vector<float>(index.centroids().data, index.centroids().data + 24 * d) != first);
+  io.warm_start = true;
+  io.num_lists = 20;
+  index.build<B>(cview(w, n, d), io);
+  CHECK(index.num_lists() == 20);
+
+  // A builder refreshing its graph after the weights moved a little keeps the recall of a rebuild.
+  knn_build_options o;
+  o.k = 10;
+  o.method = knn_build_method::ivf_class_probes;
+  o.ivf.num_lists = 24;
+  o.nprobe = 3;
+  o.refresh_iterations = 1;
+  xsoftmax::knn_graph_builder refreshing(o);
+  knn_graph g;
+  refreshing.build<B>(cview(w, n, d), g);
+  for (auto& x : w) x += static_cast<float>(rng.uniform(-0.03, 0.03));
+  refreshing.build<B>(cview(w, n, d), g);
+  o.refresh_iterations = -1;
+  const knn_graph rebuilt = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+  o.method = knn_build_method::exact;
+  const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+  const double refreshed_recall = xsoftmax::knn_graph_recall(g, exact), rebuilt_recall =
+                                                                            xsoftmax::knn_graph_recall(rebuilt, exact);
+  INFO("recall: refreshed ", refreshed_recall, ", rebuilt ", rebuilt_recall);
+  CHECK(g.builds() == 2);
+  CHECK(refreshed_recall >= rebuilt_recall - 0.02);
+  CHECK(refreshed_recall >= 0.9);
 }
 
 TEST_CASE("knn graph: rebuilding reuses the graph's buffers and follows the weights") {
@@ -335,6 +386,13 @@ TEST_CASE("knn graph and ivf index: bad sizes raise typed errors naming the valu
   o.ivf.num_lists = 11;
   CHECK(message_of([&] { (void)xsoftmax::build_knn_graph(cview(w, n, d), o); }).find("num_lists = 11") !=
         std::string::npos);
+  o.method = knn_build_method::ivf_class_probes;
+  o.ivf.num_lists = 4;
+  CHECK(message_of([&] { (void)xsoftmax::build_knn_graph(cview(w, n, d), o); }).find("nprobe = 5") != std::string::npos);
+  o.nprobe = 2;
+  o.refresh_iterations = -2;
+  CHECK(message_of([&] { xsoftmax::knn_graph_builder b(o); }).find("refresh_iterations = -2") != std::string::npos);
+  o.refresh_iterations = -1;
   CHECK_THROWS_AS(knn_graph::from_lists(n, d, 2, std::vector<index_t>(19, 0)), xsoftmax::shape_error);
   CHECK_THROWS_AS(knn_graph::from_lists(n, d, 2, std::vector<index_t>(20, 10)), xsoftmax::out_of_range);
   CHECK_THROWS_AS(knn_graph::from_lists(n, d, 0, {}), xsoftmax::invalid_argument);

@@ -27,6 +27,10 @@ struct ivf_options {
   index_t train_points = 0;      ///< vectors k-means trains on (a seeded sample); 0: min(N, 64 * num_lists)
   similarity metric = similarity::cosine;  ///< cosine: spherical k-means over unit vectors; inner product: L2 k-means
   unsigned long long seed = 0;
+  /// Start k-means from this index's centroids when it already has `num_lists` lists of the same
+  /// width and metric (a refresh after the vectors moved a little: `iterations` can then be 1-2);
+  /// otherwise, and by default, from seeded rows.
+  bool warm_start = false;
 };
 
 /// An IVF index over N vectors of width d. Holds the centroids (num_lists x d), the lists (ids of

@@ -40,6 +40,11 @@ struct knn_build_options {
                                                    ///< num_lists 0: round(sqrt N) for ivf, 3 sqrt N for ivf_class_probes)
   index_t nprobe = 8;                              ///< methods ivf*: lists searched per list (ivf) or per class
                                                    ///< (ivf_class_probes), in [1, num_lists]
+  /// methods ivf*: rebuilds after the first (a `knn_graph_builder` keeps its index) start k-means
+  /// from the last build's centroids and run this many rounds instead of `ivf.iterations` (-1:
+  /// every build from seeded rows). Weights move little between rebuilds, so 1-2 rounds keep the
+  /// lists good at a fraction of the cost (bench/RESULTS.md, "KNN graph builds").
+  index_t refresh_iterations = -1;
   index_t query_tile = 1024;                       ///< method exact: classes whose neighbours one pass finds
   index_t class_tile = 4096;                       ///< method exact: classes scored per GEMM
 };

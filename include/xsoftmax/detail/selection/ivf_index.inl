@@ -110,8 +110,16 @@ void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const iv
     detail::copy_listed_rows(ex, x, d, thrust::raw_pointer_cast(rows_here.data()), train, detail::raw(sample));
     tx = matrix_view<const float>(detail::raw(sample), train, d);
   }
+  const bool warm = o.warm_start && !empty() && num_lists() == lists && d_ == d && metric_ == o.metric;
+  float_vector previous;
+  if (warm) {  // the last build's centroids, kept through the reset below (which may reallocate)
+    const float* c = centroids_.data(ex);
+    previous.resize(static_cast<std::size_t>(lists * d));
+    thrust::copy(ex.policy(), c, c + lists * d, previous.begin());
+  }
   float* centroids = centroids_.reset(ex, lists * d);
-  detail::kmeans(ex, tx, lists, o.iterations, spherical, o.seed, centroids);
+  if (warm) thrust::copy(ex.policy(), previous.begin(), previous.end(), centroids);
+  detail::kmeans(ex, tx, lists, o.iterations, spherical, o.seed, centroids, warm);
 
   // Every vector into its list; lists in id order (a stable sort by list).
   index_vector assign(static_cast<std::size_t>(n)), sorted, ids, offsets;

@@ -148,20 +148,30 @@ struct seed_centroid {
   }
 };
 
+/// Centroid j's half norm (the L2 assignment's offset) from its current value.
+struct centroid_half_norm {
+  const float* centroids;
+  index_t d;
+  float* half_norm;
+  XSOFTMAX_HD void operator()(index_t j) const { half_norm[j] = minus_half_norm(centroids + j * d, d); }
+};
+
 /// Lloyd's k-means of the rows of `x` (n x d, unit rows when `spherical`; execution memory) into
 /// `k` centroids (k x d, written to `centroids` in the execution's memory), `iterations` rounds,
-/// seeded initialisation from distinct rows; an empty cluster is re-seeded from a random row (a
-/// host decision on the cluster sizes). Deterministic for a given seed, on every backend.
+/// seeded initialisation from distinct rows -- or, when `warm`, from the centroids `centroids`
+/// already holds (a refresh after the data moved a little); an empty cluster is re-seeded from a
+/// random row (a host decision on the cluster sizes). Deterministic for a given seed, on every
+/// backend.
 template <class Ex>
 void kmeans(const Ex& ex_in, matrix_view<const float> x, index_t k, index_t iterations, bool spherical,
-            unsigned long long seed, float* centroids) {
+            unsigned long long seed, float* centroids, bool warm = false) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
   using index_vector = typename execution_type::template vector<index_t>;
   const index_t n = x.rows, d = x.cols;
   std::mt19937_64 rng(mix_seed(seed));
   std::vector<index_t> pick(static_cast<std::size_t>(k));
-  {  // k distinct rows (partial Fisher-Yates over indices)
+  if (!warm) {  // k distinct rows (partial Fisher-Yates over indices)
     std::vector<index_t> idx(static_cast<std::size_t>(n));
     for (index_t i = 0; i < n; ++i) idx[i] = i;
     for (index_t j = 0; j < k; ++j) {
@@ -173,7 +183,8 @@ void kmeans(const Ex& ex_in, matrix_view<const float> x, index_t k, index_t iter
   float* hn = spherical ? nullptr : raw(half_norm);
   index_vector from(pick.begin(), pick.end());
   // The initial rows are copied as they are (x's rows are already unit under spherical).
-  parallel_for(ex, k, seed_centroid{x, raw(from), false, centroids, hn});
+  if (!warm) parallel_for(ex, k, seed_centroid{x, raw(from), false, centroids, hn});
+  else if (hn) parallel_for(ex, k, centroid_half_norm{centroids, d, hn});
   index_vector assign(static_cast<std::size_t>(n)), size(static_cast<std::size_t>(k));
   typename execution_type::template vector<double> sum(static_cast<std::size_t>(k * d));
   std::vector<index_t> size_host(static_cast<std::size_t>(k));

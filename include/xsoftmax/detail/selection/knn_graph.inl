@@ -58,6 +58,8 @@ inline knn_graph_builder::knn_graph_builder(knn_build_options options) : options
   detail::expects(options.method == knn_build_method::exact || options.method == knn_build_method::ivf ||
                       options.method == knn_build_method::ivf_class_probes,
                   where, ": method = ", static_cast<int>(options.method), " is not a knn_build_method");
+  detail::expects(options.refresh_iterations >= -1, where, ": refresh_iterations = ", options.refresh_iterations,
+                  " must be >= 0, or -1 for none");
   detail::expects(options.query_tile >= 1 && options.class_tile >= 1, where, ": query_tile = ", options.query_tile,
                   ", class_tile = ", options.class_tile, " must be >= 1");
 }
@@ -142,6 +144,10 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
   } else {
     ivf_options io = options_.ivf;
     io.metric = options_.metric;
+    if (options_.refresh_iterations >= 0 && !index_.empty()) {  // a refresh: k-means from the last centroids
+      io.warm_start = true;
+      io.iterations = options_.refresh_iterations;
+    }
     // Each class probing its own lists gains from finer lists (a class's neighbours spread over
     // fewer of them): by default 3 sqrt(N) lists instead of the index's sqrt(N) (bench/RESULTS.md,
     // "KNN graph builds": recall 0.88 -> 0.99 at N = 1e5 for about 1.5x the time).

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""FAISS (faiss-cpu) beside bench/knn_graph_builds.cpp (issue 29): the same class vectors and the
+same exact graph (written by `XSOFTMAX_KNN_DUMP=<prefix> knn_graph_builds ...`), then FAISS's
+k-NN graph builds with its recommended settings, each timed whole (training, adding, searching
+every vector as a query) and scored by the same recall (mean over classes of |approx row ∩ exact
+row| / K; a class is its own neighbour under cosine):
+  * IndexIVFFlat (inner product over unit vectors), nlist = 4 sqrt(N) and 1000, nprobe 4 / 8 / 16,
+    trained on 64 x nlist rows (FAISS warns below 39);
+  * IndexHNSWFlat, M = 32, efConstruction 40 (FAISS's default), efSearch 64 / 128 / 256.
+Usage: python3 bench/knn_graph_faiss.py <prefix> N d K [threads]
+"""
+import sys
+import time
+
+import faiss
+import numpy as np
+
+
+def recall(found, exact):
+    hits = 0
+    for a, b in zip(found, exact):
+        hits += len(set(a.tolist()) & set(b.tolist()))
+    return hits / exact.size
+
+
+def main():
+    prefix, n, d, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    faiss.omp_set_num_threads(int(sys.argv[5]) if len(sys.argv) > 5 else 2)
+    x = np.fromfile(prefix + ".vectors.f32", dtype=np.float32).reshape(n, d)
+    exact = np.fromfile(prefix + ".exact.i64", dtype=np.int64).reshape(n, k)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)  # cosine as inner product of unit rows
+    print(f"faiss {faiss.__version__}, {faiss.omp_get_max_threads()} threads, N = {n}, d = {d}, K = {k}")
+    for nlist in (int(round(4 * np.sqrt(n))), 1000):
+        for nprobe in (4, 8, 16):
+            t0 = time.perf_counter()
+            quantizer = faiss.IndexFlatIP(d)
+            index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+            rng = np.random.default_rng(0)
+            index.train(x[rng.choice(n, size=min(n, 64 * nlist), replace=False)])
+            index.add(x)
+            index.nprobe = nprobe
+            _, found = index.search(x, k)
+            s = time.perf_counter() - t0
+            print(f"faiss IVFFlat  nlist {nlist:5d} nprobe {nprobe:3d}   {s:8.3f} s  recall {recall(found, exact):.4f}",
+                  flush=True)
+    for ef in (64, 128, 256):
+        t0 = time.perf_counter()
+        index = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+        index.add(x)
+        index.hnsw.efSearch = ef
+        _, found = index.search(x, k)
+        s = time.perf_counter() - t0
+        print(f"faiss HNSW32   efSearch {ef:4d}            {s:8.3f} s  recall {recall(found, exact):.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
