@@ -138,24 +138,34 @@ TEST_CASE_TEMPLATE("knn graph: exact tiled build equals the brute-force referenc
   }
 }
 
+namespace {
+
+/// An IVF build probing every one of `lists` lists, by inner product on integer weights (every
+/// sum exact): bit-identical to the exact graph.
+template <class B>
+void check_every_list_is_exact(test_rng& rng, index_t n, index_t d, index_t k, knn_build_method method, index_t lists) {
+  const auto w = integer_weights(rng, n, d);
+  knn_build_options o;
+  o.k = k;
+  o.metric = similarity::inner_product;
+  const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+  o.method = method;
+  o.ivf.num_lists = lists;
+  o.nprobe = lists;
+  const knn_graph all = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+  INFO("method ", static_cast<int>(method));
+  CHECK(all.ids() == exact.ids());
+  CHECK(all.similarities() == exact.similarities());
+  CHECK(xsoftmax::knn_graph_recall(all, exact) == 1.0);
+}
+
+}  // namespace
+
 TEST_CASE_TEMPLATE("knn graph: IVF with nprobe = num_lists equals the exact graph; recall falls with fewer probes", B,
                    xsoftmax::serial, xsoftmax::omp) {
   test_rng rng(302);
   const index_t n = 400, d = 8, k = 10;
-  {  // inner product on integer weights: bit-identical
-    const auto w = integer_weights(rng, n, d);
-    knn_build_options o;
-    o.k = k;
-    o.metric = similarity::inner_product;
-    const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
-    o.method = knn_build_method::ivf;
-    o.ivf.num_lists = 9;
-    o.nprobe = 9;
-    const knn_graph all = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
-    CHECK(all.ids() == exact.ids());
-    CHECK(all.similarities() == exact.similarities());
-    CHECK(xsoftmax::knn_graph_recall(all, exact) == 1.0);
-  }
+  check_every_list_is_exact<B>(rng, n, d, k, knn_build_method::ivf, 9);
   // cosine on clustered weights: equal up to near-ties with every list; recall reported otherwise.
   const auto w = clustered_weights(rng, n, d, 12, 0.3);
   knn_build_options o;
@@ -181,19 +191,7 @@ TEST_CASE_TEMPLATE("knn graph: IVF with each class's own probes is exact with ev
                    "and splits its score blocks into any number of batches", B, xsoftmax::serial, xsoftmax::omp) {
   test_rng rng(304);
   const index_t n = 500, d = 8, k = 10;
-  {  // inner product on integer weights, every list probed: bit-identical to the exact graph
-    const auto w = integer_weights(rng, n, d);
-    knn_build_options o;
-    o.k = k;
-    o.metric = similarity::inner_product;
-    const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
-    o.method = knn_build_method::ivf_class_probes;
-    o.ivf.num_lists = 11;
-    o.nprobe = 11;
-    const knn_graph all = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
-    CHECK(all.ids() == exact.ids());
-    CHECK(all.similarities() == exact.similarities());
-  }
+  check_every_list_is_exact<B>(rng, n, d, k, knn_build_method::ivf_class_probes, 11);
   // Cosine on clustered weights: recall rises with nprobe, is at least the list-probe method's at
   // every nprobe, and a class near a list border finds its neighbours in the next list.
   const auto w = clustered_weights(rng, n, d, 25, 1.0);

@@ -15,6 +15,24 @@
 
 namespace xsoftmax::detail {
 
+/// The arguments of one score block of a batch: C (m x n, leading dimension ldc) = A B^T, A being
+/// m rows and B n rows of width k (leading dimensions lda, ldb).
+inline host::gemm_args score_block_gemm(const float* a, index_t lda, index_t m, const float* b, index_t ldb, index_t n,
+                                        index_t k, float* c, index_t ldc) {
+  host::gemm_args g;
+  g.op_b = host::op::transpose;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  return g;
+}
+
 /// The GEMMs g[0 .. count) (`g` on the host; their operands in the execution's memory).
 template <class Ex>
 void gemm_batch(const Ex& ex_in, const host::gemm_args* g, index_t count) {

@@ -117,18 +117,8 @@ void ivf_class_probe_topk(const Ex& ex_in, matrix_view<const float> lv, const in
       block.push_back(offset);
       offset += queries * len;
       if (queries == 0 || len == 0) continue;
-      host::gemm_args g;
-      g.op_b = host::op::transpose;
-      g.m = queries;
-      g.n = len;
-      g.k = d;
-      g.a = gp + (qoff[b] - qoff[b0]) * d;
-      g.lda = d;
-      g.b = lv.row(first);
-      g.ldb = lv.stride;
-      g.c = sp + block.back();
-      g.ldc = len;
-      gemms.push_back(g);
+      gemms.push_back(
+          score_block_gemm(gp + (qoff[b] - qoff[b0]) * d, d, queries, lv.row(first), lv.stride, len, d, sp + block.back(), len));
     }
     block_here.assign(block.begin(), block.end());
     gemm_batch(ex, gemms.data(), static_cast<index_t>(gemms.size()));

@@ -124,18 +124,8 @@ void ivf_list_pair_topk(const Ex& ex_in, matrix_view<const float> lv, const inde
         block.push_back(at);
         at += qa * len;
         if (qa == 0 || len == 0) continue;
-        host::gemm_args g;
-        g.op_b = host::op::transpose;
-        g.m = qa;
-        g.n = len;
-        g.k = d;
-        g.a = lv.row(offsets_host[a]);
-        g.lda = lv.stride;
-        g.b = lv.row(first);
-        g.ldb = lv.stride;
-        g.c = sp + block.back();
-        g.ldc = len;
-        gemms.push_back(g);
+        gemms.push_back(score_block_gemm(lv.row(offsets_host[a]), lv.stride, qa, lv.row(first), lv.stride, len, d,
+                                         sp + block.back(), len));
       }
     }
     gemm_at.push_back(static_cast<index_t>(gemms.size()));

@@ -18,6 +18,7 @@
 /// multiply-adds.
 
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
+#include <xsoftmax/detail/primitives/group_by_key.hpp>
 #include <xsoftmax/detail/primitives/mix_seed.hpp>
 #include <xsoftmax/detail/selection/sampling.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
@@ -97,28 +98,28 @@ void assign_to_centroids(const Ex& ex_in, matrix_view<const float> x, matrix_vie
   nearest_centroids(ex, x, c, spherical ? nullptr : hn, assign);
 }
 
-/// Centroid j (k threads): a non-empty cluster's centroid becomes the mean of its members (the
-/// points i with assign[i] == j), summed in double in ascending i (then unit length when
-/// spherical, and its half norm for the next assignment); an empty one is left for the host's
-/// re-seed. Writes the cluster sizes to `size` (k).
+/// Centroid j (k threads): a non-empty cluster's centroid becomes the mean of its members
+/// (members[offsets[j] .. offsets[j + 1]), the points assigned to j in ascending order, as
+/// `group_by_key` lists them), summed in double in that order (then unit length when spherical,
+/// and its half norm for the next assignment); an empty one is left for the host's re-seed.
+/// Writes the cluster sizes to `size` (k). Work O(n d) in all, not O(n k).
 struct update_centroid {
   matrix_view<const float> x;
-  const index_t* assign;
+  const index_t* members;
+  const index_t* offsets;
   bool spherical;
   double* sum;  ///< k x d
   float* centroids;
   float* half_norm;
   index_t* size;
   XSOFTMAX_HD void operator()(index_t j) const {
-    const index_t n = x.rows, d = x.cols;
+    const index_t d = x.cols;
     double* sj = sum + j * d;
     for (index_t p = 0; p < d; ++p) sj[p] = 0.0;
-    index_t count = 0;
-    for (index_t i = 0; i < n; ++i) {
-      if (assign[i] != j) continue;
-      const float* r = x.row(i);
+    const index_t count = offsets[j + 1] - offsets[j];
+    for (index_t m = offsets[j]; m < offsets[j + 1]; ++m) {
+      const float* r = x.row(members[m]);
       for (index_t p = 0; p < d; ++p) sj[p] += r[p];
-      ++count;
     }
     size[j] = count;
     if (count == 0) return;
@@ -185,12 +186,15 @@ void kmeans(const Ex& ex_in, matrix_view<const float> x, index_t k, index_t iter
   // The initial rows are copied as they are (x's rows are already unit under spherical).
   if (!warm) parallel_for(ex, k, seed_centroid{x, raw(from), false, centroids, hn});
   else if (hn) parallel_for(ex, k, centroid_half_norm{centroids, d, hn});
-  index_vector assign(static_cast<std::size_t>(n)), size(static_cast<std::size_t>(k));
+  index_vector assign(static_cast<std::size_t>(n)), size(static_cast<std::size_t>(k)), sorted_assign, members,
+      member_offsets;
   typename execution_type::template vector<double> sum(static_cast<std::size_t>(k * d));
   std::vector<index_t> size_host(static_cast<std::size_t>(k));
   for (index_t it = 0; it < iterations; ++it) {
     nearest_centroids(ex, x, matrix_view<const float>(centroids, k, d), hn, raw(assign));
-    parallel_for(ex, k, update_centroid{x, raw(assign), spherical, raw(sum), centroids, hn, raw(size)});
+    group_by_key(ex, raw(assign), n, k, sorted_assign, members, member_offsets);
+    parallel_for(ex, k, update_centroid{x, raw(members), raw(member_offsets), spherical, raw(sum), centroids, hn,
+                                        raw(size)});
     // The cluster sizes decide the re-seeds on the host, in centroid order (one draw per empty one).
     execution_type::ops::copy(ex.res, size_host.data(), raw(size), k);
     bool any = false;
