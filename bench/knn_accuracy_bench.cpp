@@ -22,7 +22,7 @@
 // Configuration through the environment (defaults in brackets; the study in bench/RESULTS.md uses
 // the defaults): XSOFTMAX_STUDY_N [100000], _DIM [64], _BATCH [256], _STEPS [150], _LR [2048, for
 // the mean-reduced loss], _ZIPF [1.0], _TEST [5000], _REBUILD [50], _NPROBE [8], _SAMPLED [2048],
-// _THREADS [0: OpenMP default], _SEED [2024: the data], _EPOCHS [1], _KNN_IP [0: cosine graph; 1: inner
+// _WARMUP [30: full-softmax steps before the k-means tree of hs_tree/3], _THREADS [0: OpenMP default], _SEED [2024: the data], _EPOCHS [1], _KNN_IP [0: cosine graph; 1: inner
 // product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph], _KNN_CLASS_PROBES [0: each IVF
 // list's members probe the lists nearest to their list; 1: each class the lists nearest to itself],
 // _LISTS [0: the method's default], _KNN_REFRESH [-1: every rebuild from scratch; r >= 0: rebuilds
@@ -313,6 +313,81 @@ void bm_hs(benchmark::State& state) {
   }
 }
 
+/// The HS accuracy study (issue 29): which label tree. Arg 0: 1 = binary Huffman over the training
+/// counts (+1); 2 = balanced k-means (b = 317, depth 2: the uniform tree's shape) over each class's
+/// mean training feature (zero for classes never seen), node weights from those means; 3 = the same
+/// k-means over the weights of a full softmax trained for XSOFTMAX_STUDY_WARMUP steps [30] of the
+/// stream (its time reported apart), node weights from them. Arg 1: the lr divisor.
+void bm_hs_tree(benchmark::State& state) {
+  const study_config& c = data().cfg;
+  if (c.normalised()) {
+    state.SkipWithError("hierarchical softmax defines no margin / normalised logits");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  const index_t kind = state.range(0);
+  const float lr = c.lr / static_cast<float>(state.range(1));
+  for (auto _ : state) {
+    using tree_type = xsoftmax::runtime_tree<>;
+    std::string name;
+    if (kind == 1) {
+      std::vector<double> counts = data().train_counts;
+      for (auto& x : counts) x += 1;
+      xsoftmax::hierarchical_softmax<tree_type, xsoftmax::fp32, xsoftmax::omp> head(tree_type::huffman(counts, 2),
+                                                                                    c.dim, false, init());
+      name = "hierarchical softmax, binary Huffman tree";
+      report(state, (name + ", lr / " + std::to_string(state.range(1))).c_str(), train(head, lr));
+      continue;
+    }
+    // Class vectors: mean training features, or a warmed-up full softmax's weights.
+    std::vector<float> vectors(static_cast<size_t>(c.n * c.dim), 0.f);
+    double warmup_s = 0;
+    if (kind == 2) {
+      const dataset& ds = data();
+      for (size_t i = 0; i < ds.train_y.size(); ++i)
+        for (index_t p = 0; p < c.dim; ++p) vectors[size_t(ds.train_y[i] * c.dim + p)] += ds.train_x[i * c.dim + p];
+      for (index_t k = 0; k < c.n; ++k)
+        for (index_t p = 0; p < c.dim; ++p)
+          vectors[size_t(k * c.dim + p)] /= static_cast<float>(std::max(1.0, ds.train_counts[k]));
+      name = "hierarchical softmax, k-means tree (b = 317, depth 2) from mean features";
+    } else {
+      const index_t warmup = static_cast<index_t>(env_or("XSOFTMAX_STUDY_WARMUP", 30));
+      const auto t0 = clock_type::now();
+      xsoftmax::full_softmax<xsoftmax::fp32, xsoftmax::omp> full(c.n, c.dim, false, init());
+      std::vector<float> gh(static_cast<size_t>(c.batch * c.dim));
+      typename decltype(full)::gradient_type g;
+      for (index_t s = 0; s < warmup; ++s) {
+        const xsoftmax::matrix_view<const float> h(data().train_x.data() + s * c.batch * c.dim, c.batch, c.dim);
+        const xsoftmax::vector_view<const index_t> y(data().train_y.data() + s * c.batch, c.batch);
+        full.forward_backward(h, y, xsoftmax::matrix_view<float>(gh.data(), c.batch, c.dim), g, c.loss());
+        full.apply_sgd(g, c.lr);
+      }
+      const auto w = full.weights();
+      for (index_t k = 0; k < c.n; ++k)
+        for (index_t p = 0; p < c.dim; ++p) vectors[size_t(k * c.dim + p)] = w(k, p);
+      warmup_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      name = "hierarchical softmax, k-means tree (b = 317, depth 2) from " + std::to_string(warmup) +
+             " full-softmax steps";
+    }
+    const xsoftmax::matrix_view<const float> cv(vectors.data(), c.n, c.dim);
+    xsoftmax::kmeans_tree_options to;
+    to.branching = 317;
+    to.max_depth = 2;
+    const auto t1 = clock_type::now();
+    const tree_type tree = xsoftmax::kmeans_label_tree<xsoftmax::omp>(cv, to);
+    std::vector<float> rows(static_cast<size_t>(tree.num_rows() * c.dim));
+    xsoftmax::init_tree_weights_from_class_vectors<xsoftmax::omp>(
+        tree, cv, xsoftmax::matrix_view<float>(rows.data(), tree.num_rows(), c.dim));
+    const double tree_s = std::chrono::duration<double>(clock_type::now() - t1).count();
+    xsoftmax::hierarchical_softmax<tree_type, xsoftmax::fp32, xsoftmax::omp> head(
+        tree, xsoftmax::matrix_view<float>(rows.data(), tree.num_rows(), c.dim));
+    name += " (tree " + std::to_string(tree_s).substr(0, 5) + " s" +
+            (warmup_s > 0 ? ", warm-up " + std::to_string(warmup_s).substr(0, 5) + " s" : std::string()) + ")";
+    report(state, (name + ", lr / " + std::to_string(state.range(1))).c_str(), train(head, lr));
+  }
+}
+
 void setup() {
   static bool done = false;
   if (done) return;
@@ -342,6 +417,7 @@ const bool registered = [] {
   unit(benchmark::RegisterBenchmark("knn_accuracy/sampled", bm_sampled)->Arg(1)->Arg(4));
   unit(benchmark::RegisterBenchmark("knn_accuracy/uniform", bm_uniform)->Arg(8900));
   unit(benchmark::RegisterBenchmark("knn_accuracy/hs", bm_hs)->Arg(1)->Arg(4));
+  unit(benchmark::RegisterBenchmark("knn_accuracy/hs_tree", bm_hs_tree)->ArgsProduct({{1, 2, 3}, {1, 4}}));
   return true;
 }();
 
