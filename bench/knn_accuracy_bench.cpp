@@ -10,7 +10,8 @@
 // training stream:
 //   full softmax; KNN softmax with K = 50, 200, 1000 (graph over the weights by cosine, IVF-built,
 //   rebuilt every R steps); sampled softmax (unique negatives from the unigram^0.75 distribution
-//   of the training labels, log-Q correction); hierarchical softmax (uniform two-level tree).
+//   of the training labels, log-Q correction); hierarchical softmax (uniform two-level tree; and,
+//   for the HS accuracy study, hs_tree: binary Huffman and k-means label trees).
 //   Controls: KNN with K = 1 (a class is its own nearest neighbour: the batch's targets are the only
 //   negatives) and uniformly drawn negatives as many as KNN-50's active set (same size, no graph).
 // Each method is one Google Benchmark (one iteration: training + evaluation) whose counters are
@@ -22,8 +23,8 @@
 // Configuration through the environment (defaults in brackets; the study in bench/RESULTS.md uses
 // the defaults): XSOFTMAX_STUDY_N [100000], _DIM [64], _BATCH [256], _STEPS [150], _LR [2048, for
 // the mean-reduced loss], _ZIPF [1.0], _TEST [5000], _REBUILD [50], _NPROBE [8], _SAMPLED [2048],
-// _WARMUP [30: full-softmax steps before the k-means tree of hs_tree/3], _THREADS [0: OpenMP default], _SEED [2024: the data], _EPOCHS [1], _KNN_IP [0: cosine graph; 1: inner
-// product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph], _KNN_CLASS_PROBES [0: each IVF
+// _WARMUP [30: full-softmax steps before the k-means tree of hs_tree/3], _THREADS [0: OpenMP
+// default], _SEED [2024: the data], _EPOCHS [1], _KNN_IP [0: cosine graph; 1: inner product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph], _KNN_CLASS_PROBES [0: each IVF
 // list's members probe the lists nearest to their list; 1: each class the lists nearest to itself],
 // _LISTS [0: the method's default], _KNN_REFRESH [-1: every rebuild from scratch; r >= 0: rebuilds
 // warm-start k-means from the last centroids with r rounds]. Sampled softmax and HS also run
