@@ -73,7 +73,8 @@ void run(const std::string& data, index_t n, index_t d, index_t k, const std::ve
   auto t0 = std::chrono::steady_clock::now();
   const xs::knn_graph exact = xs::build_knn_graph<B>(view, exact_options);
   const double exact_s = seconds_since(t0);
-  if (const char* prefix = std::getenv("XSOFTMAX_KNN_DUMP")) {  // for bench/knn_graph_faiss.py
+  const char* prefix = std::getenv("XSOFTMAX_KNN_DUMP");
+  if (prefix && *prefix) {  // for bench/knn_graph_faiss.py
     const std::string p = prefix;
     std::FILE* f = std::fopen((p + ".vectors.f32").c_str(), "wb");
     std::FILE* g = std::fopen((p + ".exact.i64").c_str(), "wb");

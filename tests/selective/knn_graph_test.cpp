@@ -285,6 +285,17 @@ TEST_CASE_TEMPLATE("ivf index and knn graph: a warm start begins k-means at the 
   CHECK(g.builds() == 2);
   CHECK(refreshed_recall >= rebuilt_recall - 0.02);
   CHECK(refreshed_recall >= 0.9);
+  // The builder's refresh does start from its last centroids: with 0 rounds it keeps them.
+  o.method = knn_build_method::ivf_class_probes;
+  o.refresh_iterations = 0;
+  xsoftmax::knn_graph_builder keeping(o);
+  keeping.build<B>(cview(w, n, d), g);
+  const auto c0 = keeping.index().centroids();
+  const std::vector<float> before(c0.data, c0.data + c0.rows * d);
+  for (auto& x : w) x += static_cast<float>(rng.uniform(-0.03, 0.03));
+  keeping.build<B>(cview(w, n, d), g);
+  const auto c1 = keeping.index().centroids();
+  CHECK(std::vector<float>(c1.data, c1.data + c1.rows * d) == before);
 }
 
 TEST_CASE("knn graph: rebuilding reuses the graph's buffers and follows the weights") {

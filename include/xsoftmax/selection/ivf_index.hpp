@@ -74,7 +74,8 @@ class ivf_index {
                  matrix_view<index_t> ids, matrix_view<float> scores, const T* bias = nullptr) const;
 
   /// For each query row, its `nprobe` best lists by inner product with the centroids, best first,
-  /// into `lists` (rows x nprobe, in the execution's memory).
+  /// into `lists` (rows x nprobe, in the execution's memory). Working memory: at most 64 MB of
+  /// centroid scores, whatever the number of queries.
   template <class Ex>
   void probe_on(const Ex& ex, matrix_view<const float> queries, index_t nprobe, index_t* lists) const;
 

@@ -141,14 +141,21 @@ template <class Ex>
 void ivf_index::probe_on(const Ex& ex_in, matrix_view<const float> queries, index_t nprobe, index_t* lists) const {
   const auto& ex = detail::as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
-  const index_t rows = queries.rows, nl = num_lists();
-  typename execution_type::template vector<float> s(static_cast<std::size_t>(rows * nl)), scratch;
-  detail::dense_scores(ex, queries, matrix_view<const float>(centroids_.data(ex), nl, d_),
-                       static_cast<const float*>(nullptr), 0, nl, detail::raw(s), nl, scratch);
-  detail::basic_row_topk_state<typename execution_type::backend> best(rows, nprobe, ex);
-  detail::row_topk_update(ex, detail::raw(s), rows, nl, nl, 0, best);
-  detail::row_topk_finish(ex, rows, best);
-  thrust::copy(ex.policy(), best.index.begin(), best.index.end(), lists);
+  const index_t nl = num_lists();
+  // Queries in chunks, so that a chunk's centroid scores (chunk x num_lists) stay bounded however
+  // many queries there are (a KNN-graph build probes for all N classes).
+  const index_t chunk = std::max<index_t>(1, std::min<index_t>(queries.rows, (index_t(16) << 20) / nl));
+  typename execution_type::template vector<float> s(static_cast<std::size_t>(chunk * nl)), scratch;
+  for (index_t r0 = 0; r0 < queries.rows; r0 += chunk) {
+    const index_t rows = std::min(chunk, queries.rows - r0);
+    detail::dense_scores(ex, matrix_view<const float>(queries.row(r0), rows, queries.cols, queries.stride),
+                         matrix_view<const float>(centroids_.data(ex), nl, d_), static_cast<const float*>(nullptr), 0,
+                         nl, detail::raw(s), nl, scratch);
+    detail::basic_row_topk_state<typename execution_type::backend> best(rows, nprobe, ex);
+    detail::row_topk_update(ex, detail::raw(s), rows, nl, nl, 0, best);
+    detail::row_topk_finish(ex, rows, best);
+    thrust::copy(ex.policy(), best.index.begin(), best.index.end(), lists + r0 * nprobe);
+  }
 }
 
 template <class Ex, class T>

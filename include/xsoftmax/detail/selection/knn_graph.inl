@@ -160,12 +160,9 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
     execution_type::ops::copy(ex.res, offsets_host.data(), index_.list_offsets_.data(ex), nl + 1);
     const matrix_view<const float> lv(index_.vectors_.data(ex), n, d);
     if (options_.method == knn_build_method::ivf_class_probes) {
-      // Each class's own probes, in row chunks (a chunk's rows x num_lists centroid scores are bounded).
+      // Each class's own probes (in the index's list order, as its rows).
       typename execution_type::template vector<index_t> probes(static_cast<std::size_t>(n * np));
-      const index_t chunk = std::max<index_t>(1, (index_t(16) << 20) / nl);
-      for (index_t r = 0; r < n; r += chunk)
-        index_.probe_on(ex, matrix_view<const float>(lv.row(r), std::min(chunk, n - r), d), np,
-                        detail::raw(probes) + r * np);
+      index_.probe_on(ex, lv, np, detail::raw(probes));
       detail::ivf_class_probe_topk(ex, lv, index_.list_offsets_.data(ex), offsets_host, index_.list_ids_.data(ex),
                                    detail::raw(probes), np, k, detail::raw(ids), detail::raw(sims));
     } else {
