@@ -74,8 +74,8 @@ class ivf_index {
                  matrix_view<index_t> ids, matrix_view<float> scores, const T* bias = nullptr) const;
 
   /// For each query row, its `nprobe` best lists by inner product with the centroids, best first,
-  /// into `lists` (rows x nprobe, in the execution's memory). Working memory: at most 64 MB of
-  /// centroid scores, whatever the number of queries.
+  /// into `lists` (rows x nprobe, in the execution's memory). Working memory: the centroid scores
+  /// of a tile of queries (at most 16 MB, whatever the number of queries) and rows x nprobe floats.
   template <class Ex>
   void probe_on(const Ex& ex, matrix_view<const float> queries, index_t nprobe, index_t* lists) const;
 
@@ -86,7 +86,6 @@ class ivf_index {
   [[nodiscard]] similarity metric() const { return metric_; }
   /// Element type of the vectors the index was built from ("fp32", "bf16", ...).
   [[nodiscard]] const char* element() const { return element_; }
-  /// Centroids, num_lists x d.
   /// Centroids, num_lists x d, on the host.
   [[nodiscard]] matrix_view<const float> centroids() const { return {centroids_.host().data(), num_lists(), d_}; }
   /// List l is `list_ids()[list_offsets()[l] .. list_offsets()[l + 1])`, ids ascending (on the host).
@@ -97,6 +96,12 @@ class ivf_index {
 
  private:
   friend class knn_graph_builder;  // its IVF build searches the lists in the index's memory
+  /// `build_on`; with `nprobe` > 0 also every vector's `nprobe` best lists, as `probe_on` finds
+  /// them, into `probes` (N x nprobe in id order, the execution's memory): under cosine from the
+  /// scores that put the vectors into lists (one N x num_lists GEMM less), else by `probe_on`.
+  template <class Ex, class T>
+  void build_probing_on(const Ex& ex, matrix_view<const T> vectors, const ivf_options& o, index_t nprobe,
+                        index_t* probes);
   index_t n_ = 0, d_ = 0;
   similarity metric_ = similarity::cosine;
   const char* element_ = nullptr;

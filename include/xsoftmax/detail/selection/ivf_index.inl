@@ -10,6 +10,7 @@
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/group_by_key.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/primitives/score_row_pass.hpp>
 #include <xsoftmax/detail/selection/kmeans.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
 #include <xsoftmax/detail/validation.hpp>
@@ -72,7 +73,13 @@ void ivf_scan_lists(const Ex& ex, matrix_view<const float> queries, const index_
 }  // namespace detail
 
 template <class Ex, class T>
-void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const ivf_options& o) {
+void ivf_index::build_on(const Ex& ex, matrix_view<const T> vectors, const ivf_options& o) {
+  build_probing_on(ex, vectors, o, 0, nullptr);
+}
+
+template <class Ex, class T>
+void ivf_index::build_probing_on(const Ex& ex_in, matrix_view<const T> vectors, const ivf_options& o, index_t nprobe,
+                                 index_t* probes) {
   const char* where = "ivf_index::build";
   const index_t n = vectors.rows, d = vectors.cols;
   detail::expects(n >= 1 && d >= 1 && vectors.data != nullptr, where, ": vectors are ", n, " x ", d,
@@ -81,6 +88,8 @@ void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const iv
                                         : std::max<index_t>(1, static_cast<index_t>(std::lround(std::sqrt(double(n)))));
   detail::expects(lists >= 1 && lists <= n, where, ": num_lists = ", lists, " must be in [1, N = ", n, "]");
   detail::expects(o.iterations >= 0, where, ": iterations = ", o.iterations, " must be >= 0");
+  detail::expects(nprobe >= 0 && nprobe <= lists, where, ": nprobe = ", nprobe, " must be in [1, num_lists = ", lists,
+                  "]");
   detail::expects(o.metric == similarity::cosine || o.metric == similarity::inner_product, where, ": metric = ",
                   static_cast<int>(o.metric), " is not a similarity");
   detail::expects(o.train_points >= 0 && o.train_points <= n, where, ": train_points = ", o.train_points,
@@ -121,41 +130,38 @@ void ivf_index::build_on(const Ex& ex_in, matrix_view<const T> vectors, const iv
   if (warm) thrust::copy(ex.policy(), previous.begin(), previous.end(), centroids);
   detail::kmeans(ex, tx, lists, o.iterations, spherical, o.seed, centroids, warm);
 
-  // Every vector into its list; lists in id order (a stable sort by list).
+  // Every vector into its list; lists in id order (a stable sort by list). Under cosine a caller's
+  // probes come from the same scores (the assignment is their top-1).
   index_vector assign(static_cast<std::size_t>(n)), sorted, ids, offsets;
-  detail::assign_to_centroids(ex, all, matrix_view<const float>(centroids, lists, d), spherical, detail::raw(assign));
+  const matrix_view<const float> cv(centroids, lists, d);
+  const bool probes_now = nprobe > 0 && spherical;
+  if (probes_now) {
+    float_vector heap_s(static_cast<std::size_t>(n * nprobe));
+    detail::for_each_score_row(ex, all, cv, detail::best_columns{lists, nprobe, detail::raw(heap_s), probes,
+                                                                 detail::raw(assign)});
+  } else {
+    detail::assign_to_centroids(ex, all, cv, spherical, detail::raw(assign));
+  }
   detail::group_by_key(ex, detail::raw(assign), n, lists, sorted, ids, offsets);
   const auto policy = ex.policy();
   thrust::copy(policy, ids.begin(), ids.end(), list_ids_.reset(ex, n));
   thrust::copy(policy, offsets.begin(), offsets.end(), list_offsets_.reset(ex, lists + 1));
   detail::copy_listed_rows(ex, x, d, detail::raw(ids), n, vectors_.reset(ex, n * d));
-  execution_type::ops::synchronize(ex.res);  // a verb: complete on return (host() may read it next)
-
   n_ = n;
   d_ = d;
   metric_ = o.metric;
   element_ = element_name<std::remove_cv_t<T>>();
+  if (nprobe > 0 && !probes_now) probe_on(ex, all, nprobe, probes);
+  execution_type::ops::synchronize(ex.res);  // a verb: complete on return (host() may read it next)
 }
 
 template <class Ex>
 void ivf_index::probe_on(const Ex& ex_in, matrix_view<const float> queries, index_t nprobe, index_t* lists) const {
   const auto& ex = detail::as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
-  const index_t nl = num_lists();
-  // Queries in chunks, so that a chunk's centroid scores (chunk x num_lists) stay bounded however
-  // many queries there are (a KNN-graph build probes for all N classes).
-  const index_t chunk = std::max<index_t>(1, std::min<index_t>(queries.rows, (index_t(16) << 20) / nl));
-  typename execution_type::template vector<float> s(static_cast<std::size_t>(chunk * nl)), scratch;
-  for (index_t r0 = 0; r0 < queries.rows; r0 += chunk) {
-    const index_t rows = std::min(chunk, queries.rows - r0);
-    detail::dense_scores(ex, matrix_view<const float>(queries.row(r0), rows, queries.cols, queries.stride),
-                         matrix_view<const float>(centroids_.data(ex), nl, d_), static_cast<const float*>(nullptr), 0,
-                         nl, detail::raw(s), nl, scratch);
-    detail::basic_row_topk_state<typename execution_type::backend> best(rows, nprobe, ex);
-    detail::row_topk_update(ex, detail::raw(s), rows, nl, nl, 0, best);
-    detail::row_topk_finish(ex, rows, best);
-    thrust::copy(ex.policy(), best.index.begin(), best.index.end(), lists + r0 * nprobe);
-  }
+  typename execution_type::template vector<float> heap_s(static_cast<std::size_t>(queries.rows * nprobe));
+  detail::for_each_score_row(ex, queries, matrix_view<const float>(centroids_.data(ex), num_lists(), d_),
+                             detail::best_columns{num_lists(), nprobe, detail::raw(heap_s), lists, nullptr});
 }
 
 template <class Ex, class T>

@@ -2,8 +2,8 @@
 #pragma once
 /// \file
 /// k-means over class vectors for the IVF index, on an execution: Lloyd iterations whose
-/// assignment step is the dense-scores primitive (points x centroids, one GEMM per tile) followed
-/// by a top-1, and whose update step gives each centroid one thread that sums its members in
+/// assignment step is a top-1 over each point's scores against the centroids
+/// (`for_each_score_row`: one GEMM per tile of points, each point's scores read while cached), and whose update step gives each centroid one thread that sums its members in
 /// ascending point order (a scan of the assignment), so the centroids are the same on every
 /// backend and thread count. Spherical k-means (cosine) keeps centroids on the unit sphere and
 /// assigns by inner product; Euclidean k-means assigns by x . c - |c|^2 / 2. Random draws (initial
@@ -17,9 +17,11 @@
 /// centroid, N * num_lists index reads against the assignment GEMM's N * num_lists * d
 /// multiply-adds.
 
-#include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/group_by_key.hpp>
 #include <xsoftmax/detail/primitives/mix_seed.hpp>
+#include <xsoftmax/detail/primitives/row_argmax.hpp>
+#include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/primitives/score_row_pass.hpp>
 #include <xsoftmax/detail/selection/sampling.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
 
@@ -30,22 +32,29 @@
 
 namespace xsoftmax::detail {
 
-/// Row r's cluster: the column of its highest score s(r, j) + bias[j] (s: rows x k; bias may be
-/// null), ties towards the smaller column (the top-1 of `row_topk`, NaN handled alike).
+/// Row r's cluster from its scores against every centroid: the column of the highest s[j] +
+/// bias[j] (bias may be null), ties towards the smaller column (the top-1 of `row_topk`, NaN
+/// handled alike).
 struct best_column {
-  const float* s;
   const float* bias;
   index_t k;
   index_t* assign;
-  XSOFTMAX_HD void operator()(index_t r) const {
-    const float* row = s + r * k;
-    index_t best = 0;
-    float best_s = bias ? row[0] + bias[0] : row[0];
-    for (index_t j = 1; j < k; ++j) {
-      const float v = bias ? row[j] + bias[j] : row[j];
-      if (v > best_s) best_s = v, best = j;
-    }
-    assign[r] = best;
+  XSOFTMAX_HD void operator()(index_t r, const float* s) const { assign[r] = row_argmax(s, bias, k); }
+};
+
+/// Row r's `m` best columns by s[j] (no bias: the IVF probes' inner products), best first in
+/// `row_topk`'s order (ties: the smaller column), into lists[r * m ..] (their scores in heap_s, rows
+/// x m); with `assign`, also `best_column`'s choice into assign[r] (the same scores' top-1).
+struct best_columns {
+  index_t k, m;
+  float* heap_s;
+  index_t* lists;
+  index_t* assign;
+  XSOFTMAX_HD void operator()(index_t r, const float* s) const {
+    topk_heap heap{heap_s + r * m, lists + r * m, 0};
+    for (index_t j = 0; j < k; ++j) heap.offer(s[j], j, m);
+    heap.sort_best_first();
+    if (assign) assign[r] = row_argmax(s, nullptr, k);
   }
 };
 
@@ -68,19 +77,9 @@ XSOFTMAX_HD inline void unit_length(float* c, index_t d) {
 /// values, -|c_j|^2 / 2) is added to the scores unless spherical (then null). All in the
 /// execution's memory.
 template <class Ex>
-void nearest_centroids(const Ex& ex_in, matrix_view<const float> x, matrix_view<const float> c,
+void nearest_centroids(const Ex& ex, matrix_view<const float> x, matrix_view<const float> c,
                        const float* half_norm, index_t* assign) {
-  const auto& ex = as_execution(ex_in);
-  using execution_type = std::decay_t<decltype(ex)>;
-  const index_t n = x.rows, k = c.rows, d = c.cols;
-  const index_t tile = std::max<index_t>(1, std::min<index_t>(n, (index_t(4) << 20) / std::max<index_t>(k, 1)));
-  typename execution_type::template vector<float> s(static_cast<std::size_t>(tile * k)), scratch;
-  for (index_t r0 = 0; r0 < n; r0 += tile) {
-    const index_t rn = std::min(tile, n - r0);
-    dense_scores(ex, matrix_view<const float>(x.row(r0), rn, d, x.stride), c, static_cast<const float*>(nullptr), 0,
-                 k, raw(s), k, scratch);
-    parallel_for(ex, rn, best_column{raw(s), half_norm, k, assign + r0});
-  }
+  for_each_score_row(ex, x, c, best_column{half_norm, c.rows, assign});
 }
 
 /// For every row of `x`, the centroid (rows of `c`, k x d) with the highest score, into `assign`

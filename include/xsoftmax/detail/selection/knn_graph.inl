@@ -153,16 +153,29 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
     // "KNN graph builds": recall 0.88 -> 0.99 at N = 1e5 for about 1.5x the time).
     if (options_.method == knn_build_method::ivf_class_probes && io.num_lists == 0)
       io.num_lists = std::min<index_t>(n, std::max<index_t>(1, static_cast<index_t>(std::lround(3 * std::sqrt(double(n))))));
-    index_.build_on(ex, weights, io);
-    const index_t nl = index_.num_lists(), np = options_.nprobe;
+    const index_t np = options_.nprobe;
+    const bool class_probes = options_.method == knn_build_method::ivf_class_probes;
+    typename execution_type::template vector<index_t> probes_by_id(static_cast<std::size_t>(class_probes ? n * np : 0));
+    if (class_probes) {  // each class's own probes, from the build's own scores under cosine
+      detail::expects(np <= io.num_lists, where, ": nprobe = ", np, " must be in [1, num_lists = ", io.num_lists, "]");
+      index_.build_probing_on(ex, weights, io, np, detail::raw(probes_by_id));
+    } else {
+      index_.build_on(ex, weights, io);
+    }
+    const index_t nl = index_.num_lists();
     detail::expects(np <= nl, where, ": nprobe = ", np, " must be in [1, num_lists = ", nl, "]");
     std::vector<index_t> offsets_host(static_cast<std::size_t>(nl + 1));
     execution_type::ops::copy(ex.res, offsets_host.data(), index_.list_offsets_.data(ex), nl + 1);
     const matrix_view<const float> lv(index_.vectors_.data(ex), n, d);
-    if (options_.method == knn_build_method::ivf_class_probes) {
-      // Each class's own probes (in the index's list order, as its rows).
+    if (class_probes) {
+      // The probes in the index's list order, as its rows.
       typename execution_type::template vector<index_t> probes(static_cast<std::size_t>(n * np));
-      index_.probe_on(ex, lv, np, detail::raw(probes));
+      index_t* pl = detail::raw(probes);
+      const index_t* pid = detail::raw(probes_by_id);
+      const index_t* list_ids = index_.list_ids_.data(ex);
+      XSOFTMAX_PARALLEL_FOR(ex, n, i, {
+        for (index_t j = 0; j < np; ++j) pl[i * np + j] = pid[list_ids[i] * np + j];
+      });
       detail::ivf_class_probe_topk(ex, lv, index_.list_offsets_.data(ex), offsets_host, index_.list_ids_.data(ex),
                                    detail::raw(probes), np, k, detail::raw(ids), detail::raw(sims));
     } else {
