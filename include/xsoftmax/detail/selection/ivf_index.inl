@@ -130,11 +130,12 @@ void ivf_index::build_probing_on(const Ex& ex_in, matrix_view<const T> vectors, 
   if (warm) thrust::copy(ex.policy(), previous.begin(), previous.end(), centroids);
   detail::kmeans(ex, tx, lists, o.iterations, spherical, o.seed, centroids, warm);
 
-  // Every vector into its list; lists in id order (a stable sort by list). Under cosine a caller's
-  // probes come from the same scores (the assignment is their top-1).
+  // Every vector into its list; lists in id order (a stable sort by list). Under cosine on a host
+  // a caller's probes come from the same scores (the assignment is their top-1); a device takes
+  // them from `probe_on`, whose top-k is the backend's row top-k.
   index_vector assign(static_cast<std::size_t>(n)), sorted, ids, offsets;
   const matrix_view<const float> cv(centroids, lists, d);
-  const bool probes_now = nprobe > 0 && spherical;
+  const bool probes_now = nprobe > 0 && spherical && is_host_backend<typename execution_type::backend>;
   if (probes_now) {
     float_vector heap_s(static_cast<std::size_t>(n * nprobe));
     detail::for_each_score_row(ex, all, cv, detail::best_columns{lists, nprobe, detail::raw(heap_s), probes,
@@ -159,9 +160,27 @@ template <class Ex>
 void ivf_index::probe_on(const Ex& ex_in, matrix_view<const float> queries, index_t nprobe, index_t* lists) const {
   const auto& ex = detail::as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
-  typename execution_type::template vector<float> heap_s(static_cast<std::size_t>(queries.rows * nprobe));
-  detail::for_each_score_row(ex, queries, matrix_view<const float>(centroids_.data(ex), num_lists(), d_),
-                             detail::best_columns{num_lists(), nprobe, detail::raw(heap_s), lists, nullptr});
+  const index_t nl = num_lists();
+  const matrix_view<const float> c(centroids_.data(ex), nl, d_);
+  if constexpr (is_host_backend<typename execution_type::backend>) {
+    // Each query's scores read while cached (score_row_pass.hpp), a heap of nprobe per query.
+    typename execution_type::template vector<float> heap_s(static_cast<std::size_t>(queries.rows * nprobe));
+    detail::for_each_score_row(ex, queries, c, detail::best_columns{nl, nprobe, detail::raw(heap_s), lists, nullptr});
+  } else {
+    // A device: the backend's row top-k (a block per row, not a thread walking a row) over chunks
+    // of queries whose centroid scores stay bounded however many queries there are.
+    const index_t chunk = std::max<index_t>(1, std::min<index_t>(queries.rows, (index_t(16) << 20) / nl));
+    typename execution_type::template vector<float> s(static_cast<std::size_t>(chunk * nl)), scratch;
+    for (index_t r0 = 0; r0 < queries.rows; r0 += chunk) {
+      const index_t rows = std::min(chunk, queries.rows - r0);
+      detail::dense_scores(ex, matrix_view<const float>(queries.row(r0), rows, queries.cols, queries.stride), c,
+                           static_cast<const float*>(nullptr), 0, nl, detail::raw(s), nl, scratch);
+      detail::basic_row_topk_state<typename execution_type::backend> best(rows, nprobe, ex);
+      detail::row_topk_update(ex, detail::raw(s), rows, nl, nl, 0, best);
+      detail::row_topk_finish(ex, rows, best);
+      thrust::copy(ex.policy(), best.index.begin(), best.index.end(), lists + r0 * nprobe);
+    }
+  }
 }
 
 template <class Ex, class T>
