@@ -27,8 +27,9 @@
 // default], _SEED [2024: the data], _EPOCHS [1], _KNN_IP [0: cosine graph; 1: inner product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph], _KNN_CLASS_PROBES [0: each IVF
 // list's members probe the lists nearest to their list; 1: each class the lists nearest to itself],
 // _LISTS [0: the method's default], _KNN_REFRESH [-1: every rebuild from scratch; r >= 0: rebuilds
-// warm-start k-means from the last centroids with r rounds]. Sampled softmax and HS also run
-// at lr / 4.
+// warm-start k-means from the last centroids with r rounds], _DUMP_WEIGHTS [unset; a prefix: the
+// class weights after every _REBUILD-th step, for knn_graph_builds file:<path>]. Sampled softmax
+// and HS also run at lr / 4.
 // The normalised classifier (issue 13; features and class weights L2-normalised, logits
 // s cos theta, as the 100M-class system trains it): _LOGITS [linear | cosine | cosface | arcface],
 // _SCALE [30: s], _MARGIN [0.35 for cosface, 0.5 for arcface]; the default lr is then the one tuned
@@ -50,6 +51,7 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -120,6 +122,30 @@ struct has_next_step : std::false_type {};
 template <class Head>
 struct has_next_step<Head, std::void_t<decltype(std::declval<Head&>().next_step())>> : std::true_type {};
 
+/// XSOFTMAX_STUDY_DUMP_WEIGHTS=<prefix>: after every `rebuild`-th step, the class weights as
+/// <prefix>.step<S>.f32 (N x dim fp32), the weights a graph rebuild sees there, for
+/// `knn_graph_builds file:<path>` (recall and time of every builder on trained weights).
+template <class Head>
+void dump_weights(const Head& head, index_t step) {
+  static const char* prefix = std::getenv("XSOFTMAX_STUDY_DUMP_WEIGHTS");
+  const study_config& c = data().cfg;
+  if (!prefix || !*prefix || step % c.rebuild != 0) return;
+  const std::string path = std::string(prefix) + ".step" + std::to_string(step) + ".f32";
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) {
+    std::fprintf(stderr, "knn_accuracy_bench: cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+  const auto w = head.weights();
+  std::vector<float> row(static_cast<size_t>(c.dim));
+  for (index_t i = 0; i < c.n; ++i) {
+    for (index_t p = 0; p < c.dim; ++p) row[static_cast<size_t>(p)] = w(i, p);
+    std::fwrite(row.data(), sizeof(float), row.size(), f);
+  }
+  std::fclose(f);
+  std::fprintf(stderr, "#   weights of step %ld written to %s\n", long(step), path.c_str());
+}
+
 /// One pass over the training stream: forward_backward, apply_sgd, and (selective heads) next_step.
 template <class Head>
 outcome train(Head& head, float lr) {
@@ -146,6 +172,7 @@ outcome train(Head& head, float lr) {
         o.hook_seconds += std::chrono::duration<double>(clock_type::now() - h0).count();
       }
     }
+    dump_weights(head, s + 1);
     rows += static_cast<double>(g.num_rows());
     if ((s + 1) % 50 == 0)
       std::fprintf(stderr, "#   step %ld / %ld, %.0f s\n", long(s + 1), long(total),

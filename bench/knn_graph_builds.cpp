@@ -4,8 +4,10 @@
 // it with knn_graph_recall, on the same class vectors:
 //  * clustered: the KNN study's class centres (bench/synthetic_classes.hpp: clusters of 50,
 //    spread 0.7, cosine about 0.67 within a cluster), the structure trained class weights take;
-//  * random: independent uniform unit vectors, the hardest case for any index (no structure).
-// Usage: knn_graph_builds <clustered|random> [N=100000] [d=64] [K=50] [backend serial|omp]
+//  * random: independent uniform unit vectors, the hardest case for any index (no structure);
+//  * file:PATH: N x d fp32 rows from a file, e.g. the KNN study's weights during training
+//    (knn_accuracy_bench with XSOFTMAX_STUDY_DUMP_WEIGHTS).
+// Usage: knn_graph_builds <clustered|random|file:PATH> [N=100000] [d=64] [K=50] [backend serial|omp]
 //        [settings "method:lists:nprobe[:train_points],..." where method is ivf or class; lists 0: the
 //        builder's default; train_points 0: k-means on min(N, 64 lists) rows]
 // Prints one line per build and writes a JSON list to stdout's last line (prefix "json ").
@@ -162,6 +164,16 @@ void run(const std::string& data, index_t n, index_t d, index_t k, const std::ve
   if (data == "random") {
     w.resize(static_cast<std::size_t>(n * d));
     for (index_t i = 0; i < n; ++i) synthetic_classes::random_unit(w.data() + i * d, d, rng, gauss);
+  } else if (data.rfind("file:", 0) == 0) {  // N x d fp32 rows, e.g. a training run's weights
+    w.resize(static_cast<std::size_t>(n * d));
+    std::FILE* f = std::fopen(data.c_str() + 5, "rb");
+    const bool read = f && std::fread(w.data(), sizeof(float), w.size(), f) == w.size() && std::fgetc(f) == EOF;
+    if (f) std::fclose(f);
+    if (!read) {
+      std::fprintf(stderr, "knn_graph_builds: %s does not hold %lld x %lld floats\n", data.c_str() + 5,
+                   static_cast<long long>(n), static_cast<long long>(d));
+      std::exit(1);
+    }
   } else {
     w = synthetic_classes::clustered_centres(n, d, 50, 0.7, rng, gauss);
   }
@@ -233,8 +245,8 @@ void run(const std::string& data, index_t n, index_t d, index_t k, const std::ve
 
 int main(int argc, char** argv) {
   const std::string data = argc > 1 ? argv[1] : "clustered";
-  if (data != "clustered" && data != "random") {
-    std::fprintf(stderr, "usage: %s <clustered|random> [N] [d] [K] [serial|omp] [settings]\n", argv[0]);
+  if (data != "clustered" && data != "random" && data.rfind("file:", 0) != 0) {
+    std::fprintf(stderr, "usage: %s <clustered|random|file:PATH> [N] [d] [K] [serial|omp] [settings]\n", argv[0]);
     return 2;
   }
   const index_t n = argc > 2 ? std::atol(argv[2]) : 100000, d = argc > 3 ? std::atol(argv[3]) : 64,
