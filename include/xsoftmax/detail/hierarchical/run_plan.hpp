@@ -60,23 +60,30 @@ struct leaf_rank_of {
 /// Row r's node at every level l < `levels`, entry i = l rows + r (levels x rows, level-major):
 /// key = its block_begin, or -1 - l when r's path ended above (so that one key never spans two
 /// levels: a node sits at one depth, and ended paths differ by level), its block size and the
-/// child r's target takes.
+/// child r's target takes. One task per row walking its path from the root: its target and depth
+/// read once and its path's rows in order (a task per entry divided i by rows and looked the path
+/// up again at every level: 26 % of a serial binary-Huffman step at 50K classes, d = 100, went to
+/// that planning loop, most of it waiting on those loads; bench/RESULTS.md, issue 30).
 template <class View>
 struct all_level_steps_of {
   View tv;
   const index_t* target;
   index_t rows;
+  int levels;
   index_t* key;
   index_t* block_size;
   index_t* child;
-  XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t l = i / rows, t = target[i - l * rows];
-    if (tv.depth(t) > l) {
-      const path_step s = tv.step(t, static_cast<int>(l));
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const index_t t = target[r];
+    const int depth = tv.depth(t) < levels ? tv.depth(t) : levels;
+    index_t i = r;
+    for (int l = 0; l < depth; ++l, i += rows) {
+      const path_step s = tv.step(t, l);
       key[i] = s.block_begin;
       block_size[i] = s.block_size;
       child[i] = s.child;
-    } else {
+    }
+    for (int l = depth; l < levels; ++l, i += rows) {
       key[i] = -1 - l;
       block_size[i] = 0;
       child[i] = 0;
@@ -139,10 +146,20 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
   // Row r of hidden_out = row src_row[order[r]] of `hidden` (row order[r] when src_row is null).
   const index_t* by = raw(order);
   const index_t d = hidden.cols;
-  XSOFTMAX_PARALLEL_FOR_2D(ex, n, d, r, p, {
-    const index_t i = by[r];
-    hidden_out[r * d + p] = to_float(hidden.row(src_row ? src_row[i] : i)[p]);
-  });
+  if constexpr (runs_on_device<execution<B>>) {  // a thread per element: coalesced
+    XSOFTMAX_PARALLEL_FOR_2D(ex, n, d, r, p, {
+      const index_t i = by[r];
+      hidden_out[r * d + p] = to_float(hidden.row(src_row ? src_row[i] : i)[p]);
+    });
+  } else {  // a task per row, its source found once (per element, the copy took 7 % of a serial
+            // binary-Huffman step at d = 100: the compiler cannot hoist it past the stores)
+    XSOFTMAX_PARALLEL_FOR(ex, n, r, {
+      const index_t i = by[r];
+      const H* from = hidden.row(src_row ? src_row[i] : i);
+      float* to = hidden_out + r * d;
+      for (index_t p = 0; p < d; ++p) to[p] = to_float(from[p]);
+    });
+  }
   return out;
 }
 
@@ -218,7 +235,7 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
       run_size_buf(n, ex);
   index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
           *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
-  parallel_for(ex, entries, all_level_steps_of<View>{tv, target, rows, key, block_size, children});
+  parallel_for(ex, rows, all_level_steps_of<View>{tv, target, rows, levels, key, block_size, children});
   // One pass: each run's row count and block size (equal within a run: their maximum).
   const auto ends = thrust::reduce_by_key(
       policy, key, key + entries,
@@ -232,6 +249,7 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   ops::copy(ex.res, counts.get(), run_count, runs);
   ops::copy(ex.res, sizes.get(), run_size, runs);
   index_t position = 0, scratch = 0;  // position: entry of the run's first row (level-major)
+  plan.runs.reserve(static_cast<std::size_t>(runs));
   for (index_t i = 0; i < runs; ++i) {
     const int l = static_cast<int>(position / rows);
     if (keys[i] >= 0) {
