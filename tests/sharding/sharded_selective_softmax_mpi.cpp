@@ -404,6 +404,12 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
     ko.graph.nprobe = 3;
     compare_knn<B, xs::mpi_communicator>(f, ko, false);
   }
+  SUBCASE("ivf_class_probes, ring: each class probing its own lists over the gathered weights") {
+    ko.graph.method = xs::knn_build_method::ivf_class_probes;
+    ko.graph.ivf.num_lists = 8;
+    ko.graph.nprobe = 3;
+    compare_knn<B, xs::mpi_communicator>(f, ko, false);
+  }
 }
 
 TEST_CASE("sharded knn softmax, bf16 weights: the ring's graph rows are the unsharded head's") {
