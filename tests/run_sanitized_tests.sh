@@ -8,7 +8,8 @@
 #   tests/run_sanitized_tests.sh             # the validation, optimizer, checkpoint and tree tests
 #                                            # (one g++ call per source; 3 minutes on 2 cores)
 #   FULL=1 tests/run_sanitized_tests.sh      # every doctest case (xsoftmax_tests through CMake;
-#                                            # far longer: the head tests' objects are heavy under ASan)
+#                                            # about 1.5 hours of 2 cores: the head tests' objects are
+#                                            # heavy under ASan; clean at 03e2189, tests/fuzz/README.md)
 #   tests/run_sanitized_tests.sh -tc='checkpoint*'   # doctest options pass through
 #
 # -fno-sanitize=null: Thrust binds a reference to the null storage of an empty vector whenever it
