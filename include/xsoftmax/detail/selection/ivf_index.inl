@@ -89,7 +89,7 @@ void ivf_index::build_probing_on(const Ex& ex_in, matrix_view<const T> vectors, 
   detail::expects(lists >= 1 && lists <= n, where, ": num_lists = ", lists, " must be in [1, N = ", n, "]");
   detail::expects(o.iterations >= 0, where, ": iterations = ", o.iterations, " must be >= 0");
   detail::expects(nprobe >= 0 && nprobe <= lists, where, ": nprobe = ", nprobe, " must be in [1, num_lists = ", lists,
-                  "]");
+                  "]");  // 0: no probes wanted (build_on)
   detail::expects(o.metric == similarity::cosine || o.metric == similarity::inner_product, where, ": metric = ",
                   static_cast<int>(o.metric), " is not a similarity");
   detail::expects(o.train_points >= 0 && o.train_points <= n, where, ": train_points = ", o.train_points,

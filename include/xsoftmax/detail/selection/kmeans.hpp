@@ -3,8 +3,9 @@
 /// \file
 /// k-means over class vectors for the IVF index, on an execution: Lloyd iterations whose
 /// assignment step is a top-1 over each point's scores against the centroids
-/// (`for_each_score_row`: one GEMM per tile of points, each point's scores read while cached), and whose update step gives each centroid one thread that sums its members in
-/// ascending point order (a scan of the assignment), so the centroids are the same on every
+/// (`for_each_score_row`: one GEMM per tile of points, each point's scores read while cached),
+/// and whose update step gives each centroid one thread that sums its members in ascending point
+/// order (a scan of the assignment), so the centroids are the same on every
 /// backend and thread count. Spherical k-means (cosine) keeps centroids on the unit sphere and
 /// assigns by inner product; Euclidean k-means assigns by x . c - |c|^2 / 2. Random draws (initial
 /// rows, re-seeds of empty clusters) stay on the host, seeded; only row indices and cluster sizes

@@ -156,8 +156,8 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
     const index_t np = options_.nprobe;
     const bool class_probes = options_.method == knn_build_method::ivf_class_probes;
     typename execution_type::template vector<index_t> probes_by_id(static_cast<std::size_t>(class_probes ? n * np : 0));
-    if (class_probes) {  // each class's own probes, from the build's own scores under cosine
-      detail::expects(np <= io.num_lists, where, ": nprobe = ", np, " must be in [1, num_lists = ", io.num_lists, "]");
+    if (class_probes) {  // each class's own probes, from the build's own scores under cosine (the
+                         // index checks nprobe against its list count before building)
       index_.build_probing_on(ex, weights, io, np, detail::raw(probes_by_id));
     } else {
       index_.build_on(ex, weights, io);
@@ -170,12 +170,7 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
     if (class_probes) {
       // The probes in the index's list order, as its rows.
       typename execution_type::template vector<index_t> probes(static_cast<std::size_t>(n * np));
-      index_t* pl = detail::raw(probes);
-      const index_t* pid = detail::raw(probes_by_id);
-      const index_t* list_ids = index_.list_ids_.data(ex);
-      XSOFTMAX_PARALLEL_FOR(ex, n, i, {
-        for (index_t j = 0; j < np; ++j) pl[i * np + j] = pid[list_ids[i] * np + j];
-      });
+      detail::copy_listed_rows(ex, detail::raw(probes_by_id), np, index_.list_ids_.data(ex), n, detail::raw(probes));
       detail::ivf_class_probe_topk(ex, lv, index_.list_offsets_.data(ex), offsets_host, index_.list_ids_.data(ex),
                                    detail::raw(probes), np, k, detail::raw(ids), detail::raw(sims));
     } else {

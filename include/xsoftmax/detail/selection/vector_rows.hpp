@@ -52,11 +52,11 @@ void unit_rows(const Ex& ex, float* x, index_t n, index_t d) {
   });
 }
 
-/// dst row i = src row rows[i] (rows of d floats, dense), for i in [0, count).
-template <class Ex>
-void copy_listed_rows(const Ex& ex, const float* src, index_t d, const index_t* rows, index_t count, float* dst) {
+/// dst row i = src row rows[i] (rows of d values, dense), for i in [0, count).
+template <class Ex, class T>
+void copy_listed_rows(const Ex& ex, const T* src, index_t d, const index_t* rows, index_t count, T* dst) {
   XSOFTMAX_PARALLEL_FOR(ex, count, i, {
-    const float* s = src + rows[i] * d;
+    const T* s = src + rows[i] * d;
     for (index_t p = 0; p < d; ++p) dst[i * d + p] = s[p];
   });
 }
