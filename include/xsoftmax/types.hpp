@@ -126,9 +126,11 @@ struct loss_options {
   /// Sample i's loss (z-loss included) and its gradients are multiplied by class_weight[t_i], and
   /// `reduction::mean` divides by the sum of class_weight[t_i] over the samples not ignored
   /// (PyTorch's weighted mean; 0 when that sum is 0, as the unweighted mean of no sample).
-  /// Every head (the hierarchical softmax too), except the class-sharded ones. With label smoothing
-  /// the verbs throw `invalid_argument`: PyTorch's formula then weighs every class of the smoothing
-  /// term, a per-class sum the heads do not compute (issue 27's note says so).
+  /// With label smoothing, as `F.cross_entropy(weight=w, label_smoothing=eps)`, each class of the
+  /// smoothing term carries its own weight instead: loss_i = w_t ((1 - eps) (lse - s_t) + z lse^2)
+  /// + eps / n sum_c w_c (lse - s_c) over the n classes the row scores (the mean's divisor stays
+  /// the sum of w_t). Every head (the hierarchical softmax too, which has no label smoothing),
+  /// except the class-sharded ones.
   vector_view<const float> class_weight = {};
 };
 

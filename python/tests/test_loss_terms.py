@@ -113,6 +113,34 @@ def test_full_softcap_and_class_weight_match_pytorch(reduction):
     check_against_reference(head, reduction, class_weight=cw, softcap=1.5)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_class_weight_with_label_smoothing_is_pytorchs_formula(reduction):
+    # F.cross_entropy(weight=w, label_smoothing=eps): each class of the smoothing term carries its own
+    # weight; the mean divides by the total weight of the targets. With z-loss, soft-capping, row blocks.
+    cw = class_weights()
+    head = FullSoftmaxLoss(N, D, bias=True, reduction=reduction, class_weight=cw, label_smoothing=0.2)
+    check_against_reference(head, reduction, class_weight=cw, label_smoothing=0.2)
+    head = FullSoftmaxLoss(N, D, reduction=reduction, class_weight=cw, label_smoothing=0.1, z_loss=1e-2, softcap=1.5,
+                           row_block=4)
+    check_against_reference(head, reduction, class_weight=cw, label_smoothing=0.1, z_loss=1e-2, softcap=1.5)
+    # PyTorch's own reduction, not only our reference's.
+    h, t = batch(7)
+    with torch.no_grad():
+        head = FullSoftmaxLoss(N, D, reduction=reduction, class_weight=cw, label_smoothing=0.3)
+        want = F.cross_entropy(F.linear(h, head.weight), t, weight=cw, label_smoothing=0.3, reduction=reduction)
+        torch.testing.assert_close(head(h, t), want, rtol=2e-5, atol=2e-5)
+    # The selective heads: every class active (KNN, k = N) is the full softmax; the sampled head's
+    # exact evaluation loss.
+    check_against_reference(KNNSoftmaxLoss(N, D, k=N, class_weight=cw, label_smoothing=0.2, reduction=reduction),
+                            reduction, class_weight=cw, label_smoothing=0.2)
+    sampled = SampledSoftmaxLoss(N, D, num_sampled=5, class_weight=cw, label_smoothing=0.2,
+                                 reduction=reduction).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(sampled(h, t), F.cross_entropy(F.linear(h, sampled.weight), t, weight=cw,
+                                                                  label_smoothing=0.2, reduction=reduction),
+                                   rtol=2e-5, atol=2e-5)
+
+
 def test_selective_heads_take_softcap_and_class_weight():
     cw = class_weights()
     # k = N: the active set is every class, the full softmax's loss.
@@ -167,8 +195,6 @@ def test_softcap_and_class_weight_are_checked():
         FullSoftmaxLoss(N, D, class_weight=torch.ones(5))
     with pytest.raises(ValueError, match="class_weight must be finite and >= 0"):
         KNNSoftmaxLoss(N, D, k=3, class_weight=-torch.ones(N))
-    with pytest.raises(ValueError, match="class_weight with label_smoothing"):
-        SampledSoftmaxLoss(N, D, class_weight=torch.ones(N), label_smoothing=0.1)
     head = FullSoftmaxLoss(N, D, softcap=2.0, class_weight=torch.ones(N))
     assert "softcap=2.0" in repr(head) and "class_weight" in repr(head)
     assert "class_weight" in head.state_dict()

@@ -44,7 +44,7 @@ def any_terms(terms):
     return terms[0] != 0.0 or terms[1] != 0.0 or terms[2] != 0 or terms[5] != 0.0
 
 
-def check_class_weight(class_weight, num_classes, label_smoothing=0.0):
+def check_class_weight(class_weight, num_classes):
     """``class_weight`` as a module keeps it: None, or a float32 tensor of ``num_classes`` finite
     values >= 0 (any float or integer tensor or sequence is converted). Raises ValueError."""
     import torch
@@ -59,7 +59,4 @@ def check_class_weight(class_weight, num_classes, label_smoothing=0.0):
         raise ValueError(f"class_weight has shape {tuple(w.shape)}; expected ({num_classes},), one weight per class")
     if w.device.type != "meta" and not bool(((w >= 0) & torch.isfinite(w)).all()):
         raise ValueError("class_weight must be finite and >= 0")
-    if float(label_smoothing) != 0.0:
-        raise ValueError(f"class_weight with label_smoothing = {label_smoothing} is not supported (PyTorch weights "
-                         f"each class of the smoothing term); use one of them")
     return w

@@ -108,7 +108,7 @@ class _SoftmaxHead(nn.Module):
     """Shared parts: parameters, input checks, flattening of leading dimensions."""
 
     def __init__(self, num_classes, dim, weight_rows, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                 init_scale=None, class_weight=None, label_smoothing=0.0):
+                 init_scale=None, class_weight=None):
         super().__init__()
         if int(num_classes) < 1:
             raise ValueError(f"num_classes = {num_classes} must be >= 1")
@@ -132,7 +132,7 @@ class _SoftmaxHead(nn.Module):
         self.reset_parameters()
         # Per-class weights (F.cross_entropy's `weight`): a buffer, so that .to() / .cuda() and
         # state_dict carry it; None when not given.
-        cw = check_class_weight(class_weight, self.num_classes, label_smoothing)
+        cw = check_class_weight(class_weight, self.num_classes)
         self.register_buffer("class_weight", None if cw is None else cw.to(self.weight.device))
 
     @property
@@ -282,8 +282,9 @@ class FullSoftmaxLoss(_SoftmaxHead):
             Cross-Entropy's and Liger's ``softcap``); 0: none. Not with a margin.
         class_weight: per-class weights (num_classes values >= 0), ``F.cross_entropy``'s ``weight``:
             each sample's loss is multiplied by its class's weight, and 'mean' divides by the sum of
-            the weights of the samples not ignored. Not with ``label_smoothing``. A buffer
-            (``self.class_weight``).
+            the weights of the samples not ignored. With ``label_smoothing``, PyTorch's formula: each
+            class of the smoothing term carries its own weight (``F.cross_entropy(weight=w,
+            label_smoothing=eps)``'s loss). A buffer (``self.class_weight``).
             The loss terms (all but ``class_weight``) change the training loss only: ``log_prob``
             and ``predict`` are those of the plain softmax over ``hidden @ weight.T + bias``.
     """
@@ -294,7 +295,7 @@ class FullSoftmaxLoss(_SoftmaxHead):
                  class_weight=None):
         terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap)
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale, class_weight, label_smoothing)
+                         init_scale, class_weight)
         self._set_loss_terms(terms, margin)
         self.score_cache_bytes = None if score_cache_bytes is None else int(score_cache_bytes)
         self.row_block = None if row_block is None else int(row_block)
@@ -390,7 +391,7 @@ class _SelectiveHead(_SoftmaxHead):
     def __init__(self, factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
                  init_scale, exact_eval, terms, margin, class_weight):
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
-                         init_scale, class_weight, terms[0])
+                         init_scale, class_weight)
         self._set_loss_terms(terms, margin)
         self._handle = _Handle(_recipe(factory, terms))
         # The exact evaluation loss keeps the loss terms: a full softmax handle that carries them.

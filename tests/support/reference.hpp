@@ -194,30 +194,42 @@ inline sample_loss_fn full_reference() { return full_sample_loss; }
 
 /// The loss with logit soft-capping `cap` (every score c becomes cap tanh(c / cap); 0: none), label
 /// smoothing `eps` and z-loss `z`: lse - (1 - eps) s_t - eps mean(s) + z lse^2 over the classes
-/// `classes(t)` (all when empty).
+/// `classes(t)` (all when empty). With `class_weight` (one per class) and eps > 0, PyTorch's
+/// `F.cross_entropy(weight=w, label_smoothing=eps)` written out:
+///   w_t ((1 - eps) (lse - s_t) + z lse^2) + eps / n sum_c w_c (lse - s_c)
+/// (`reference_objective` then does not weigh the sample again).
 inline sample_loss_fn softcapped_reference(double cap, double eps = 0, double z = 0,
-                                           std::function<std::vector<index_t>(index_t)> classes = {}) {
+                                           std::function<std::vector<index_t>(index_t)> classes = {},
+                                           std::vector<double> class_weight = {}) {
   return [=](const ref_params& p, const double* h, index_t t) {
     std::vector<index_t> set;
     if (classes) set = classes(t);
     else
       for (index_t c = 0; c < p.rows; ++c) set.push_back(c);
     test_vector<double> s;
-    double target = 0, sum = 0;
+    double target = 0, sum = 0, weighted_sum = 0, weight = 0;
     for (index_t c : set) {
       const double score = p.score(c, h);
       s.push_back(cap > 0 ? cap * std::tanh(score / cap) : score);
       sum += s.back();
+      if (!class_weight.empty()) {
+        weighted_sum += class_weight[static_cast<size_t>(c)] * s.back();
+        weight += class_weight[static_cast<size_t>(c)];
+      }
       if (c == t) target = s.back();
     }
-    const double lse = logsumexp(s);
-    return lse - (1 - eps) * target - eps * sum / static_cast<double>(set.size()) + z * lse * lse;
+    const double lse = logsumexp(s), n = static_cast<double>(set.size());
+    if (!class_weight.empty() && eps > 0)
+      return class_weight[static_cast<size_t>(t)] * ((1 - eps) * (lse - target) + z * lse * lse) +
+             eps / n * (weight * lse - weighted_sum);
+    return lse - (1 - eps) * target - eps * sum / n + z * lse * lse;
   };
 }
 
-/// The loss with label smoothing `eps` and z-loss `z` (no cap).
-inline sample_loss_fn smoothed_reference(double eps, double z, std::function<std::vector<index_t>(index_t)> classes = {}) {
-  return softcapped_reference(0, eps, z, std::move(classes));
+/// The loss with label smoothing `eps` and z-loss `z` (no cap); `class_weight` as `softcapped_reference`.
+inline sample_loss_fn smoothed_reference(double eps, double z, std::function<std::vector<index_t>(index_t)> classes = {},
+                                         std::vector<double> class_weight = {}) {
+  return softcapped_reference(0, eps, z, std::move(classes), std::move(class_weight));
 }
 
 template <class TreeView>
@@ -248,9 +260,11 @@ inline double reference_objective(const sample_loss_fn& loss, const ref_params& 
   for (index_t i = 0; i < b.rows; ++i) {
     const index_t t = b.targets[static_cast<size_t>(i)];
     if (t == opt.ignore_index) continue;
-    // Class weights (host-readable memory in the tests): the sample's loss times its class's weight.
+    // Class weights (host-readable memory in the tests): the sample's loss times its class's weight;
+    // with label smoothing PyTorch weighs each class of the loss instead, which the reference
+    // loss does itself (`softcapped_reference` with class weights). The mean divides by the sum of w_t.
     const double cw = opt.class_weight.size ? static_cast<double>(opt.class_weight.data[t]) : 1.0;
-    const double l = cw * loss(p, b.h.data() + i * b.dim, t);
+    const double l = (opt.label_smoothing > 0 ? 1.0 : cw) * loss(p, b.h.data() + i * b.dim, t);
     if (per_sample) (*per_sample)[static_cast<size_t>(i)] = l;
     total += l;
     count += cw;

@@ -160,7 +160,7 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   const index_t n_cls = local_classes(), d = dim();
 
   detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
-  detail::weigh_rows(ex, batch, options.class_weight);
+  detail::weigh_rows(ex, batch, options);
   detail::scratch_vector<B, float> upstream;
   if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
   const index_t rows = batch.rows;
@@ -187,6 +187,10 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   a.z_loss = options.z_loss;
   a.margin = options.margin;  // head_verbs checked: no bias with a margin
   a.softcap = options.softcap;
+  if (batch.weights_in_pass) {  // class weights with label smoothing: the pass weighs the losses
+    a.class_weight = options.class_weight.data;
+    a.row_weight = batch.weight.data();
+  }
   if (grad_weights) {
     gradient_type& g = *grad_weights;
     g.dim = d;
@@ -202,7 +206,7 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   }
   detail::dense_softmax(ex, matrix_view<const storage_type>(weights()), bias, a);
   if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
-  detail::weigh_losses(ex, batch, options.class_weight, detail::raw(losses));
+  detail::weigh_losses(ex, batch, options, detail::raw(losses));
   if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);
   if (loss) detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss, batch.mean_divisor());
 }

@@ -105,7 +105,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   //    into an uninitialised buffer: one copy of the rows, no zero-fill) and sort.
   detail::scratch_vector<B, float> upstream;
   detail::batch_rows<B> packed = detail::pack_rows(ex, hidden, targets, options.ignore_index, false);
-  detail::weigh_rows(ex, packed, options.class_weight);
+  detail::weigh_rows(ex, packed, options);
   if (want_grad) upstream = detail::upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
   const index_t rows = packed.rows;
   detail::scratch_buffer<B, float> sorted_hidden(static_cast<std::size_t>(rows * d), ex);
@@ -176,7 +176,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
 
   // 5. Back to batch order.
   if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
-  detail::weigh_losses(ex, batch, options.class_weight, detail::raw(losses));  // batch: sorted, as the losses
+  detail::weigh_losses(ex, batch, options, detail::raw(losses));  // batch: sorted, as the losses
   if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);
   if (loss)  // null: backward, log_prob
     detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss, packed.mean_divisor());

@@ -205,7 +205,7 @@ void selective_softmax<S, P, B, Sh>::run_into_(const char* where, matrix_view<co
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t d = dim();
   detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
-  detail::weigh_rows(ex, batch, options.class_weight);
+  detail::weigh_rows(ex, batch, options);
   detail::scratch_vector<B, float> upstream;
   if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
   const index_t rows = batch.rows;
@@ -233,7 +233,7 @@ void selective_softmax<S, P, B, Sh>::run_into_(const char* where, matrix_view<co
     grad_weights->bias_values.clear();
   }
   if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
-  detail::weigh_losses(ex, batch, options.class_weight, detail::raw(losses));
+  detail::weigh_losses(ex, batch, options, detail::raw(losses));
   if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);
   if (loss) detail::reduce_losses_into(ex, detail::raw(losses), rows, options.reduce, loss, batch.mean_divisor());
 }

@@ -57,7 +57,7 @@ inline void check_softcap(const char* where, const loss_options& o, bool support
 }
 
 /// class_weight: empty, or one value per class (`num_classes`), with a data pointer; not for a head
-/// that does not take it (`supported` false: the class-sharded heads) nor with label smoothing.
+/// that does not take it (`supported` false: the class-sharded heads).
 /// Its values are checked where they live (check_class_weight_values).
 inline void check_class_weight_shape(const char* where, const loss_options& o, index_t num_classes, bool supported,
                                      const char* head) {
@@ -67,8 +67,6 @@ inline void check_class_weight_shape(const char* where, const loss_options& o, i
                        " values but the head has ", num_classes, " classes");
   expects(o.class_weight.data != nullptr, where, ": options.class_weight has ", o.class_weight.size,
           " values and a null data pointer");
-  expects(o.label_smoothing == 0.f, where, ": options.class_weight with options.label_smoothing = ", o.label_smoothing,
-          " is not supported (PyTorch weights each class of the smoothing term; set one of them)");
 }
 
 /// A margin (see `margin_options`) is a known kind with a finite scale > 0 and a margin in

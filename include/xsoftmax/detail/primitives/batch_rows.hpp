@@ -34,6 +34,9 @@ struct batch_rows {
   scratch_vector<Backend, float> hidden;  ///< rows x dim
   /// With class weights (`weigh_rows`): each row's weight, and their sum (one value); else empty.
   scratch_vector<Backend, float> weight, weight_total;
+  /// Whether the softmax pass applies the class weights itself (`class_weights_in_pass`): then
+  /// `upstream_gradients` leaves the rows' weights out (the mean still divides by their total).
+  bool weights_in_pass = false;
   [[nodiscard]] matrix_view<const float> hidden_view() const { return {thrust::raw_pointer_cast(hidden.data()), rows, dim}; }
   [[nodiscard]] const index_t* sample_data() const { return thrust::raw_pointer_cast(sample.data()); }
   [[nodiscard]] const index_t* target_data() const { return thrust::raw_pointer_cast(target.data()); }
@@ -151,7 +154,8 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
 
 /// dLoss/dloss_r for each packed row, in the execution's memory: `grad_output` is empty (1), a
 /// scalar (mean/sum), or one value per *original* sample (reduction none); times the row's class
-/// weight, when the batch has them (`weigh_rows`), and for the mean divided by their total.
+/// weight, when the batch has them (`weigh_rows`) and the pass does not apply them itself
+/// (`batch_rows::weights_in_pass`), and for the mean divided by their total.
 template <class Backend>
 scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, const char* where,
                                                   const batch_rows<Backend>& b, index_t batch_rows_count,
@@ -162,7 +166,7 @@ scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
   if (reduce == reduction::none && grad_output.size != 0) {
     const float* g = grad_output.data;
     const index_t* sample = b.sample_data();
-    const float* w = b.weight.empty() ? nullptr : b.weight.data();
+    const float* w = b.weight.empty() || b.weights_in_pass ? nullptr : b.weight.data();
     XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = w ? g[sample[r]] * w[r] : g[sample[r]]; });
     const index_t i = first_non_finite(ex, static_cast<const float*>(up), b.rows);
     if (i != b.rows)
@@ -179,10 +183,14 @@ scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
     XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = scale; });
     return u;
   }
-  // Class weights: scale w_r, divided by the rows' total weight for the mean (all w_r are 0 when
-  // that total is).
+  // Class weights: scale w_r (scale alone when the pass weighs), divided by the rows' total weight
+  // for the mean; a mean of total weight 0 is 0 (as `reduce_losses_into`), its gradients too.
   const float* total = reduce == reduction::mean ? b.weight_total.data() : nullptr;
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = total ? scale * w[r] / (total[0] > 0.f ? total[0] : 1.f) : scale * w[r]; });
+  const bool in_pass = b.weights_in_pass;
+  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, {
+    const float wr = in_pass ? scale : scale * w[r];
+    up[r] = !total ? wr : total[0] > 0.f ? wr / total[0] : 0.f;
+  });
   return u;
 }
 
@@ -249,11 +257,20 @@ void reduce_losses_into(const execution<Backend>& ex, const float* losses, index
   });
 }
 
-/// With class weights (`class_weight` non-empty): each packed row's weight class_weight[target] and
+/// Whether the softmax pass applies `o.class_weight` itself: with label smoothing PyTorch weighs every
+/// class of the smoothing term (`dense_softmax_args::class_weight`), not the sample's whole loss; the
+/// pass then weighs the losses and the upstream gradients carry no row weight.
+[[nodiscard]] inline bool class_weights_in_pass(const loss_options& o) {
+  return o.class_weight.size != 0 && o.label_smoothing > 0.f;
+}
+
+/// With class weights (`o.class_weight` non-empty): each packed row's weight class_weight[target] and
 /// their total, which `upstream_gradients` and the mean (`mean_divisor`) then use. No-op otherwise.
 template <class Backend>
-void weigh_rows(const execution<Backend>& ex, batch_rows<Backend>& b, vector_view<const float> class_weight) {
+void weigh_rows(const execution<Backend>& ex, batch_rows<Backend>& b, const loss_options& o) {
+  const vector_view<const float> class_weight = o.class_weight;
   if (class_weight.size == 0) return;
+  b.weights_in_pass = class_weights_in_pass(o);
   b.weight = scratch_vector<Backend, float>(static_cast<std::size_t>(b.rows), ex);
   float* w = b.weight.data();
   const float* cw = class_weight.data;
@@ -263,12 +280,12 @@ void weigh_rows(const execution<Backend>& ex, batch_rows<Backend>& b, vector_vie
   reduce_losses_into(ex, static_cast<const float*>(w), b.rows, reduction::sum, b.weight_total.data());
 }
 
-/// losses[r] *= class_weight[target of packed row r], when class weights are given.
+/// losses[r] *= class_weight[target of packed row r], when class weights are given and the softmax
+/// pass did not apply them (`class_weights_in_pass`).
 template <class Backend>
-void weigh_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, vector_view<const float> class_weight,
-                  float* losses) {
-  if (class_weight.size == 0) return;
-  const float* cw = class_weight.data;
+void weigh_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, const loss_options& o, float* losses) {
+  if (o.class_weight.size == 0 || class_weights_in_pass(o)) return;
+  const float* cw = o.class_weight.data;
   const index_t* t = b.target_data();
   XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { losses[r] *= cw[t[r]]; });
 }

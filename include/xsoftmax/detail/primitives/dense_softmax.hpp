@@ -69,6 +69,14 @@ struct dense_softmax_args {
   /// Loss terms (see `loss_options`): label smoothing over the row's finite-score columns, z-loss.
   float label_smoothing = 0.f;
   float z_loss = 0.f;
+  /// Optional, class weights with label smoothing (PyTorch's formula, see `loss_options::class_weight`):
+  /// `class_weight[c]` for every weight row c (column j's is that of its weight row, `first + j` or
+  /// `columns[j]`) and `row_weight[r]`, row r's target's weight. Row r's loss is then
+  ///   rho_r ((1 - eps) (lse - s_t) + z lse^2) + eps / n_r sum_j w_j (lse - s_j)
+  /// over its n_r finite-score columns, and `upstream` must not include rho_r. Both null: rho = w = 1
+  /// (the caller weighs the losses and upstream gradients, if at all).
+  const float* class_weight = nullptr;
+  const float* row_weight = nullptr;
   /// Bytes of pass-1 scores that may be kept for pass 2 (backward only; 0: none). Chunks are kept in
   /// order while each fits what is left of the budget (rows x chunk x 4 bytes each); pass 2 takes a
   /// kept chunk's scores instead of recomputing them, with the same GEMM and chunking, so the results
@@ -80,7 +88,9 @@ struct dense_softmax_args {
   /// Logit soft-capping (see `loss_options::softcap`): c > 0 makes every score c tanh(s / c) before
   /// the offsets are added; 0: none.
   float softcap = 0.f;
-  [[nodiscard]] bool plain_loss() const { return label_smoothing == 0.f && z_loss == 0.f && softcap == 0.f; }
+  [[nodiscard]] bool plain_loss() const {
+    return label_smoothing == 0.f && z_loss == 0.f && softcap == 0.f && class_weight == nullptr;
+  }
   /// Optional additive margin on normalised rows and weights (see `margin_options`); the bias must
   /// be null with one. The loss terms and offsets then apply to the margin logits.
   margin_options margin = {};
@@ -177,6 +187,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     b.target = a.target + r0;
     b.loss = a.loss + r0;
     b.upstream = a.upstream + r0;
+    b.row_weight = a.row_weight ? a.row_weight + r0 : nullptr;
     b.grad_h = a.grad_h ? a.grad_h + r0 * a.h.cols : nullptr;
     b.accumulate_weight_gradient = a.accumulate_weight_gradient || r0 > 0;
     b.row_block = 0;
@@ -296,18 +307,22 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   };
 
   basic_online_lse_state<typename execution_type::backend> lse(rows, ex);
-  // Label smoothing needs each row's sum and count of finite scores (masked columns are -inf).
+  // Label smoothing needs each row's sum and count of finite scores (masked columns are -inf); with
+  // class weights, the weighted sum and the total weight of those columns too.
   const float eps = a.label_smoothing, z = a.z_loss;
-  fvector finite_sum(eps > 0.f ? static_cast<std::size_t>(rows) : 0, 0.f);
+  const float* cw = a.class_weight;
+  const float* rw = a.row_weight;
+  fvector finite_sum(eps > 0.f ? static_cast<std::size_t>(rows) : 0, 0.f), finite_weight(cw ? finite_sum.size() : 0, 0.f);
   typename execution_type::template vector<index_t> finite_count(finite_sum.size(), 0);
   float* fs = raw(finite_sum);
+  float* fw = raw(finite_weight);
   index_t* fc = raw(finite_count);
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
     float* s = chunk_scores(c0);
     score_chunk(c0, cn, s);
     online_lse_update(ex, s, rows, cn, cn, c0, a.target, lse);
-    if (eps > 0.f)
+    if (eps > 0.f && !cw) {
       XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         const float* sr = s + r * cn;
         float sum = 0.f;
@@ -317,6 +332,22 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
         fs[r] += sum;
         fc[r] += count;
       });
+    } else if (eps > 0.f) {  // column j's weight is its weight row's
+      const index_t first = a.first;
+      XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
+        const float* sr = s + r * cn;
+        float sum = 0.f, weight = 0.f;
+        index_t count = 0;
+        for (index_t j = 0; j < cn; ++j)
+          if (sr[j] > -INFINITY) {
+            const float wj = cw[col ? col[c0 + j] : first + c0 + j];
+            sum += wj * sr[j], weight += wj, ++count;
+          }
+        fs[r] += sum;
+        fw[r] += weight;
+        fc[r] += count;
+      });
+    }
   }
   if (a.combine_rows)
     a.combine_rows(dense_row_statistics{raw(lse.max), raw(lse.sum), raw(lse.target_logit), eps > 0.f ? fs : nullptr,
@@ -332,7 +363,13 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     } else {
       XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         const float smooth = eps > 0.f ? eps * (fs[r] / static_cast<float>(fc[r])) : 0.f;
-        loss[r] += l[r] - (1.f - eps) * tl[r] - smooth + z * l[r] * l[r];
+        if (cw) {  // rho ((1 - eps) (lse - s_t) + z lse^2) + eps / n (W lse - sum_j w_j s_j)
+          const float rho = rw[r], lr = l[r];
+          const float weighted_lse = eps > 0.f ? eps * (fw[r] / static_cast<float>(fc[r])) * lr : 0.f;
+          loss[r] += rho * ((1.f - eps) * (lr - tl[r]) + z * lr * lr) + weighted_lse - smooth;
+        } else {
+          loss[r] += l[r] - (1.f - eps) * tl[r] - smooth + z * l[r] * l[r];
+        }
       });
     }
   }
@@ -361,14 +398,20 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
         });
       }
     } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite], and with a
-              // cap c, times dcapped/draw = 1 - (capped / c)^2 (capped: the score less its offset)
+              // cap c, times dcapped/draw = 1 - (capped / c)^2 (capped: the score less its offset).
+              // With class weights: p_j (rho (1 - eps + 2 z lse) + eps W / count) - rho (1 - eps) [j = t]
+              // - eps w_j / count [s_j finite].
       const float cap = a.softcap;
       const float* no = a.negative_offset;
       const float* to = a.target_offset;
+      const index_t first = a.first;
       XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
         float* e = s + r * cn + j;
-        const float v = *e, lr = l[r], ur = u[r], scale = ur * (1.f + 2.f * z * lr);
-        const float uniform = eps > 0.f ? eps * ur / static_cast<float>(fc[r]) : 0.f;
+        const float v = *e, lr = l[r], rho = cw ? rw[r] : 1.f, ur = u[r] * rho;
+        const float per_column = eps > 0.f ? eps * u[r] / static_cast<float>(fc[r]) : 0.f;
+        const float scale = !cw ? ur * (1.f + 2.f * z * lr)
+                                : ur * (1.f - eps + 2.f * z * lr) + (eps > 0.f ? per_column * fw[r] : 0.f);
+        const float uniform = cw && eps > 0.f ? per_column * cw[col ? col[c0 + j] : first + c0 + j] : per_column;
         const bool target = j == t[r] - c0;
         float g = v > -INFINITY ? fast_exp(v - lr) * scale - uniform : 0.f;
         if (target) g -= (1.f - eps) * ur;

@@ -44,7 +44,11 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   backend_vector<Backend, float> scores(static_cast<std::size_t>(nnz));
   float* s = raw(scores);
   const float eps = terms.label_smoothing, z = terms.z_loss, cap = terms.softcap;
-  const bool plain = eps == 0.f && z == 0.f && cap == 0.f;
+  // Class weights with label smoothing (`batch.weights_in_pass`): each entry's smoothing term weighed
+  // by its class's weight, the rest of the row's loss by its target's (`dense_softmax_args::class_weight`).
+  const float* cw = batch.weights_in_pass ? terms.class_weight.data : nullptr;
+  const float* rw = cw ? batch.weight.data() : nullptr;
+  const bool plain = eps == 0.f && z == 0.f && cap == 0.f && !cw;
   // Margin: per row 1 / |h_r|, per entry 1 / |w_id| and the entry's cosine (for the backward).
   const bool margin = terms.margin.enabled();
   const margin_logits ml = make_margin_logits(terms.margin);
@@ -58,8 +62,10 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   // (max, sum of exp) that `combine` replaces by every rank's before the log-sum-exp is taken.
   const bool smooth_sums = !plain;
   backend_vector<Backend, float> row_lse(static_cast<std::size_t>(rows)), row_sum(combine ? static_cast<std::size_t>(rows) : 0),
-      target_logit(static_cast<std::size_t>(rows), 0.f), finite_sum(smooth_sums ? static_cast<std::size_t>(rows) : 0, 0.f);
+      target_logit(static_cast<std::size_t>(rows), 0.f), finite_sum(smooth_sums ? static_cast<std::size_t>(rows) : 0, 0.f),
+      finite_weight(cw ? finite_sum.size() : 0, 0.f);
   backend_vector<Backend, index_t> finite_count(finite_sum.size(), 0);
+  float* fw = raw(finite_weight);
   float* lse_r = raw(row_lse);
   float* sum_r = raw(row_sum);
   float* tl = raw(target_logit);
@@ -89,12 +95,16 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
       lse_r[r] = row_logsumexp(s + off[r], off[r + 1] - off[r]);
     }
     if (tpos[r] >= 0) tl[r] = s[tpos[r]];  // sharded: 0 where another rank holds the target
-    if (smooth_sums) {
-      float sum = 0.f;
+    if (smooth_sums) {  // with class weights: sum_e w_e s_e and sum_e w_e
+      float sum = 0.f, weight = 0.f;
       index_t count = 0;
       for (index_t e = off[r]; e < off[r + 1]; ++e)
-        if (s[e] > -INFINITY) sum += s[e], ++count;
+        if (s[e] > -INFINITY) {
+          const float we = cw ? cw[ids[e]] : 1.f;
+          sum += we * s[e], weight += we, ++count;
+        }
       fs[r] = sum, fc[r] = count;
+      if (cw) fw[r] = weight;
     }
   });
   if (partial) {
@@ -107,21 +117,29 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
     const float* hr = h + r * d;
     const float lse = lse_r[r];
     float uniform = 0.f;  // label smoothing: eps / (finite scores of the row), and their mean
+    const float rho = cw ? rw[r] : 1.f;  // the row's target's weight when the pass weighs
     if (plain) {
       loss[r] = lse - tl[r];
     } else {
       uniform = eps > 0.f ? eps / static_cast<float>(fc[r]) : 0.f;
-      loss[r] = lse - (1.f - eps) * tl[r] - uniform * fs[r] + z * lse * lse;
+      if (cw)  // rho ((1 - eps) (lse - s_t) + z lse^2) + eps / n sum_e w_e (lse - s_e)
+        loss[r] = rho * ((1.f - eps) * (lse - tl[r]) + z * lse * lse) + uniform * fw[r] * lse - uniform * fs[r];
+      else
+        loss[r] = lse - (1.f - eps) * tl[r] - uniform * fs[r] + z * lse * lse;
     }
     if (!upstream) return;
     float* ghr = gh + r * d;
-    const float u = upstream[r], scale = u * (1.f + 2.f * z * lse);
+    // dloss/ds_e = p_e (rho (1 - eps + 2 z lse) + eps W / n) - rho (1 - eps) [e = t] - eps w_e / n
+    // (W = n and w_e = rho = 1 without class weights).
+    const float u = upstream[r], ur = u * rho;
+    const float scale = cw ? ur * (1.f - eps + 2.f * z * lse) + uniform * fw[r] * u : u * (1.f + 2.f * z * lse);
     for (index_t e = off[r]; e < off[r + 1]; ++e) {
       if (plain) {
         s[e] = ::expf(s[e] - lse) * u - (e == tpos[r] ? u : 0.f);
       } else {
-        const float v = s[e];
-        float g = (v > -INFINITY ? ::expf(v - lse) * scale - uniform * u : 0.f) - (e == tpos[r] ? (1.f - eps) * u : 0.f);
+        const float v = s[e], we = cw ? cw[ids[e]] : 1.f;
+        float g = (v > -INFINITY ? ::expf(v - lse) * scale - uniform * we * u : 0.f) -
+                  (e == tpos[r] ? (1.f - eps) * ur : 0.f);
         if (cap > 0.f && v > -INFINITY) {  // dcapped/draw = 1 - (capped / cap)^2, capped = the score less its offset
           const float q = (eoff ? v - eoff[e] : v) / cap;
           g *= 1.f - q * q;

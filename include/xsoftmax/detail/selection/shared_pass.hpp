@@ -37,6 +37,10 @@ void shared_pass(const execution<Backend>& ex, const batch_rows<Backend>& batch,
   a.z_loss = terms.z_loss;
   a.margin = terms.margin;  // margin logits first, then the set's offsets
   a.softcap = terms.softcap;  // capped logits, then the set's offsets
+  if (batch.weights_in_pass) {  // class weights with label smoothing: the pass weighs the losses
+    a.class_weight = terms.class_weight.data;
+    a.row_weight = batch.weight.data();
+  }
   a.columns = thrust::raw_pointer_cast(set.classes.data());
   a.negative_offset = set.negative_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.negative_offset.data());
   a.target_offset = set.target_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.target_offset.data());
