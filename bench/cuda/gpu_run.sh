@@ -416,6 +416,24 @@ rowblocks() {
   peer
 }
 
+# The wide HS gather levels a node at a time (gather_run_wide_kernel, the default) against a block
+# per sample (XSOFTMAX_CUDA_HS_GATHER=per_sample), alternated in $HSAB_ROUNDS rounds (default 2) on
+# $HSAB_HEADS (default: the 2- and 3-level uniform trees at 1M classes, full size).
+hsab() {
+  local bench heads round mode
+  bench=$(bench_binary)
+  heads=${HSAB_HEADS:-hs_uniform2_1m hs_uniform3_1m}
+  log "hsab $(date -u +%FT%TZ)"
+  for round in $(seq "${HSAB_ROUNDS:-2}"); do
+    for mode in per_sample by_node; do
+      for head in $heads; do
+        echo "round $round, $mode:"
+        XSOFTMAX_CUDA_HS_GATHER=$mode "$bench" --filter "$head" --only forward_backward --reps "${HSAB_REPS:-5}" 2>&1
+      done
+    done
+  done | tee "$out/hsab.txt" | grep -E '^round|^hs_' | tee -a "$out/phases.txt"
+}
+
 # The PyTorch package for the GPU machine, built here: in a copy of python/ and include/, against the
 # torch of $PY_FOR_GPU (default /tmp/py312/bin/python: `python3.12 -m venv /tmp/py312 &&
 # /tmp/py312/bin/pip install torch==2.11.0 numpy pytest`, the GPU image's Python and torch), for sm_90,
@@ -587,6 +605,7 @@ case "${1:-all}" in
   sweep) sweep ;;
   scale) scale ;;
   rowblocks) rowblocks ;;
+  hsab) hsab ;;
   session) session ;;
   profiles) profiles ;;
   carry_python) carry_python ;;

@@ -119,10 +119,20 @@ TEST_CASE("cuda hierarchical_softmax: the warp-per-sample gather path equals the
   tuned_equals_generic<xs::uniform_tree<3, 8>, __nv_bfloat16, false>(path::gather, 200, 33, false, 2);
   tuned_equals_generic<xs::uniform_tree<9, 2>, float, true>(path::gather, 700, 24, true, 3);  // long root run
   tuned_equals_generic<xs::uniform_tree<9, 2>, __half, true>(path::gather, 90, 130, false, 4);
-  // Blocks of at least gather_wide_block children: the block-per-sample kernel.
+  // Blocks of at least gather_wide_block children: a node at a time, 16 samples a block (runs of 8
+  // or more on average, rows of up to 640 values), 4 (runs of 2 or more, rows of up to 2944), else a
+  // block per sample. The skewed targets give node 0 runs of several pieces.
   static_assert(100 >= xs::detail::gpu::gather_wide_block);
-  tuned_equals_generic<xs::uniform_tree<2, 100>, float, false>(path::gather, 300, 40, true, 9);
-  tuned_equals_generic<xs::uniform_tree<2, 100>, __nv_bfloat16, false>(path::gather, 250, 72, false, 10);
+  static_assert(xs::detail::gpu::run_wide_shared_bytes<16>(640) <= 48 * 1024 &&
+                xs::detail::gpu::run_wide_shared_bytes<16>(641) > 48 * 1024);
+  static_assert(xs::detail::gpu::run_wide_shared_bytes<4>(2944) <= 48 * 1024 &&
+                xs::detail::gpu::run_wide_shared_bytes<4>(2945) > 48 * 1024);
+  tuned_equals_generic<xs::uniform_tree<2, 100>, float, false>(path::gather, 300, 40, true, 9);            // 4
+  tuned_equals_generic<xs::uniform_tree<2, 100>, __nv_bfloat16, false>(path::gather, 1600, 72, false, 10);  // 16
+  tuned_equals_generic<xs::uniform_tree<2, 100>, __nv_bfloat16, false>(path::gather, 1600, 640, true, 11);  // 16
+  tuned_equals_generic<xs::uniform_tree<2, 70>, float, false>(path::gather, 300, 700, true, 12);            // 4
+  tuned_equals_generic<xs::uniform_tree<2, 64>, __half, false>(path::gather, 40, 3000, false, 13);  // a sample
+  tuned_equals_generic<xs::uniform_tree<2, 100>, float, false>(path::gather, 60, 48, true, 14);     // a sample
 }
 
 TEST_CASE("cuda hierarchical_softmax: the grouped GEMM path equals the generic dense runs (its oracle)") {

@@ -3,8 +3,10 @@
 /// \file
 /// The tuned CUDA specialisation of the hierarchical softmax's gather path
 /// (detail/hierarchical/gather_runs.hpp): one warp per sample instead of one thread per run, so a
-/// level's many short runs fill the GPU (one block per sample when the level's blocks are wide:
-/// `gather_level_wide_kernel`). The warp reads the node's rows in place, writes the
+/// level's many short runs fill the GPU; when the level's blocks are wide, one block per node and
+/// up to 16 of its samples (`gather_run_wide_kernel`: the node's rows read once for all of them), or
+/// one block per sample (`gather_level_wide_kernel`) for rows too long for its shared memory. The
+/// warp reads the node's rows in place, writes the
 /// sample's dLoss/dscore values to the level's scratch and adds into its own grad_hidden row; then
 /// one block per (run, child row) sums G_ij * h_i over the run's samples in order. Same results as
 /// the generic version up to summation order inside a dot product (the lanes' partial sums); no
@@ -14,9 +16,12 @@
 #include <xsoftmax/detail/cuda/launch.cuh>
 #include <xsoftmax/detail/cuda/warp.cuh>
 #include <xsoftmax/detail/hierarchical/gather_runs.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -134,6 +139,170 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
+/// A piece of a wide gather run for `gather_run_wide_kernel`: `samples` rows from the run's row
+/// `first` (relative to its begin), at most the kernel's sample group.
+struct run_piece {
+  index_t run = 0, first = 0, samples = 0;
+};
+
+/// Columns of dLoss/dscore staged in shared memory at a time by `gather_run_wide_kernel`.
+inline constexpr index_t run_wide_tile = 128;
+
+/// Shared memory of `gather_run_wide_kernel` for groups of S samples of dimension d: the group's
+/// hidden rows and one tile of its dLoss/dscore values.
+template <int S>
+[[nodiscard]] constexpr std::size_t run_wide_shared_bytes(index_t d) {
+  return static_cast<std::size_t>(S) * static_cast<std::size_t>(d + run_wide_tile) * sizeof(float);
+}
+
+/// The wide softmax-node gather runs scored a node at a time: block k takes piece k (up to S
+/// samples of one run) and reads the node's child rows once for all of them, where
+/// `gather_level_wide_kernel` reads them once per sample (a 1024-child node of bf16 rows of 512 is
+/// 1 MB: a level of 8192 samples moved 8.6 GB through L2 for 1 GB of rows, 48 % of the 2-level HS
+/// step on an H200, bench/RESULTS.md). The samples' hidden rows wait in shared memory; a warp scores
+/// one child row against all of them (each lane's partial sums in the order of `warp_dot`, so the
+/// scores are bitwise those of the per-sample kernels); a warp per sample then takes its
+/// log-sum-exp, loss and dLoss/dscore; and the threads, split over the columns of grad_h, add
+/// G_ij w_j[p] over the children j in order for every sample at once, G staged in shared memory by
+/// tiles. The weight gradient stays `gather_weight_grad_kernel`'s.
+template <int Threads, int S, class T>
+__global__ void __launch_bounds__(Threads, 2)  // two blocks an SM: registers for S sums without spilling
+    gather_run_wide_kernel(const node_run* runs, const run_piece* pieces, index_t n_pieces, node_run_data<T> a) {
+  extern __shared__ float4 shared_words[];  // float4: the G tile is read 16 bytes at a time
+  static_assert(S % 4 == 0 && Threads % warp_size == 0);
+  constexpr int warps = Threads / warp_size;
+  constexpr index_t tile = run_wide_tile;
+  constexpr int unroll = 8;
+  float* const g_tile = reinterpret_cast<float*>(shared_words);  // tile x S, sample fastest
+  float* const hs = g_tile + tile * S;                             // S x d, hidden rows
+  const int lane = static_cast<int>(threadIdx.x) % warp_size, warp = static_cast<int>(threadIdx.x) / warp_size;
+  const index_t d = a.dim;
+  for (index_t k = blockIdx.x; k < n_pieces; k += gridDim.x) {
+    const run_piece piece = pieces[k];
+    const node_run run = runs[piece.run];
+    const index_t bs = run.block_size, n = piece.samples, r0 = run.begin + piece.first;
+    float* const g = a.scratch + run.scratch_offset + piece.first * bs;  // n x bs: scores, then G
+    __syncthreads();  // the previous piece is done with the shared memory
+    for (index_t e = threadIdx.x; e < S * d; e += Threads) {
+      const index_t i = e / d;
+      hs[e] = i < n ? a.h[(r0 + i) * d + e % d] : 0.f;
+    }
+    __syncthreads();
+    // Scores: a warp per child row, its S dot products side by side.
+    for (index_t j = warp; j < bs; j += warps) {
+      const index_t row = run.block_begin + j;
+      const T* wr = a.w.row(row);
+      float acc[S];
+#pragma unroll
+      for (int i = 0; i < S; ++i) acc[i] = 0.f;
+      // Eight of the row's loads in flight before their products (a sample's sum still runs over
+      // p = lane, lane + 32, ... in order).
+      index_t p = lane;
+      for (; p + (unroll - 1) * warp_size < d; p += unroll * warp_size) {
+        float wv[unroll];
+#pragma unroll
+        for (int u = 0; u < unroll; ++u) wv[u] = to_float(wr[p + u * warp_size]);
+#pragma unroll
+        for (int u = 0; u < unroll; ++u)
+#pragma unroll
+          for (int i = 0; i < S; ++i) acc[i] += hs[i * d + p + u * warp_size] * wv[u];
+      }
+      for (; p < d; p += warp_size) {
+        const float wv = to_float(wr[p]);
+#pragma unroll
+        for (int i = 0; i < S; ++i) acc[i] += hs[i * d + p] * wv;
+      }
+      const float b = a.bias ? to_float(a.bias[row]) : 0.f;
+#pragma unroll
+      for (int i = 0; i < S; ++i) {
+        const float s = warp_sum(acc[i]) + b;
+        if (lane == 0 && i < n) g[i * bs + j] = s;
+      }
+    }
+    __syncthreads();  // every score written before any warp reads a sample's row
+    // A warp per sample: log-sum-exp, loss, and with gradients G = (softmax - onehot) u in place.
+    for (index_t i = warp; i < n; i += warps) {
+      float* gi = g + i * bs;
+      const index_t r = r0 + i, c = a.child[r];
+      float m = -INFINITY;
+      for (index_t j = lane; j < bs; j += warp_size) m = gi[j] > m ? gi[j] : m;
+      for (int o = warp_size / 2; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(full_mask, m, o);
+        m = other > m ? other : m;
+      }
+      float part = 0.f;
+      if (m != -INFINITY)
+        for (index_t j = lane; j < bs; j += warp_size) part += expf(gi[j] - m);
+      const float sum = warp_sum(part), lse = m != -INFINITY ? m + logf(sum) : -INFINITY;
+      // The lane that owns entry c reads it before overwriting it below.
+      if (lane == c % warp_size) a.loss[r] += lse - gi[c];
+      if (!a.backward()) continue;
+      const float u = a.upstream[r];
+      for (index_t j = lane; j < bs; j += warp_size) {
+        float gj = expf(gi[j] - lse) * u;
+        if (j == c) gj -= u;
+        gi[j] = gj;
+      }
+    }
+    if (!a.backward()) continue;  // block-uniform
+    // grad_h[r_i][p] += sum_j G_ij w_j[p], j in order (the per-sample kernels' order), every sample
+    // of the piece at once: a thread per column, G by tiles of children in shared memory.
+    for (index_t p0 = 0; p0 < d; p0 += Threads) {
+      const index_t p = p0 + threadIdx.x;
+      const bool column = p < d;
+      float acc[S];
+#pragma unroll
+      for (int i = 0; i < S; ++i) acc[i] = column && i < n ? a.grad_h[(r0 + i) * d + p] : 0.f;
+      for (index_t j0 = 0; j0 < bs; j0 += tile) {
+        const index_t jn = bs - j0 < tile ? bs - j0 : tile;
+        __syncthreads();  // G written (first tile) or the previous tile consumed
+        for (index_t e = threadIdx.x; e < jn * S; e += Threads) {
+          const index_t i = e % S, jj = e / S;
+          g_tile[e] = i < n ? g[i * bs + j0 + jj] : 0.f;
+        }
+        __syncthreads();
+        if (!column) continue;
+        const auto add = [&](index_t jj, float wv) {
+          const float4* gj = shared_words + jj * (S / 4);
+#pragma unroll
+          for (int q = 0; q < S / 4; ++q) {
+            const float4 v = gj[q];
+            acc[4 * q] += v.x * wv;
+            acc[4 * q + 1] += v.y * wv;
+            acc[4 * q + 2] += v.z * wv;
+            acc[4 * q + 3] += v.w * wv;
+          }
+        };
+        const T* w0 = a.w.row(run.block_begin + j0) + p;
+        const index_t stride = a.w.stride;
+        index_t jj = 0;
+        for (; jj + unroll <= jn; jj += unroll) {  // eight rows' loads in flight, then their products in order
+          float wv[unroll];
+#pragma unroll
+          for (int u = 0; u < unroll; ++u) wv[u] = to_float(w0[(jj + u) * stride]);
+#pragma unroll
+          for (int u = 0; u < unroll; ++u) add(jj + u, wv[u]);
+        }
+        for (; jj < jn; ++jj) add(jj, to_float(w0[jj * stride]));
+      }
+      if (column)
+#pragma unroll
+        for (int i = 0; i < S; ++i)
+          if (i < n) a.grad_h[(r0 + i) * d + p] = acc[i];
+    }
+  }
+}
+
+/// Cuts the runs into pieces of at most S samples, in run order (the wide kernel's grid).
+template <int S>
+[[nodiscard]] inline std::vector<run_piece> run_pieces(const std::vector<node_run>& runs) {
+  std::vector<run_piece> out;
+  for (std::size_t k = 0; k < runs.size(); ++k)
+    for (index_t i = 0; i < runs[k].end - runs[k].begin; i += S)
+      out.push_back({static_cast<index_t>(k), i, std::min<index_t>(S, runs[k].end - runs[k].begin - i)});
+  return out;
+}
+
 /// Weight (and bias) gradient of the gather runs: block (run, y) handles the run's child rows
 /// j = y, y + gridDim.y, ...; thread p sums G_ij * h_i[p] over the run's rows i in order.
 template <bool Sigmoid, class T>
@@ -172,7 +341,18 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
     index_t max_width = 1;
     for (const node_run& run : runs) max_width = std::max(max_width, Sigmoid ? index_t(1) : run.block_size);
     constexpr int warps_per_block = gpu::block_threads / gpu::warp_size;
-    if (!Sigmoid && max_width >= gpu::gather_wide_block)
+    const bool wide = !Sigmoid && max_width >= gpu::gather_wide_block;
+    // Wide blocks a node at a time: 16 samples a block where runs average 8 or more, 4 where they
+    // average 2 or more (a group's unused sums cost arithmetic, not reads), within the default 48 KB
+    // of shared memory (rows of up to 640 / 2944 values). Otherwise, or with
+    // XSOFTMAX_CUDA_HS_GATHER=per_sample, a block per sample.
+    const index_t per_run = rows / n_runs;
+    const bool by_node = wide && !per_sample_forced();
+    if (by_node && per_run >= 8 && gpu::run_wide_shared_bytes<16>(a.dim) <= 48 * 1024)
+      run_wide<16>(ex, a, runs, raw(device_runs));
+    else if (by_node && per_run >= 2 && gpu::run_wide_shared_bytes<4>(a.dim) <= 48 * 1024)
+      run_wide<4>(ex, a, runs, raw(device_runs));
+    else if (wide)
       gpu::gather_level_wide_kernel<gpu::block_threads, T><<<gpu::grid_rows(rows), gpu::block_threads, 0, stream>>>(
           raw(device_runs), n_runs, row0, rows, a);
     else
@@ -185,6 +365,30 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
     const dim3 grid(static_cast<unsigned>(n_runs), static_cast<unsigned>(std::min<index_t>(max_width, 64)));
     gpu::gather_weight_grad_kernel<Sigmoid, T><<<grid, 128, 0, stream>>>(raw(device_runs), a);
     XSOFTMAX_CUDA_CHECK_LAUNCH();
+  }
+
+  /// Whether the environment variable XSOFTMAX_CUDA_HS_GATHER=per_sample asks for the block-per-sample
+  /// kernel on wide blocks (the node-at-a-time kernel's predecessor, kept for A/B benchmarks). Read once.
+  [[nodiscard]] static bool per_sample_forced() {
+    static const bool on = [] {
+      const char* v = std::getenv("XSOFTMAX_CUDA_HS_GATHER");
+      return v != nullptr && std::string_view(v) == "per_sample";
+    }();
+    return on;
+  }
+
+  /// The level's wide runs by `gpu::gather_run_wide_kernel`, in pieces of S samples.
+  template <int S>
+  static void run_wide(const execution<::xsoftmax::cuda>& ex, const node_run_data<T>& a,
+                       const std::vector<node_run>& runs, const node_run* device_runs) {
+    const std::vector<gpu::run_piece> pieces = gpu::run_pieces<S>(runs);
+    const index_t n = static_cast<index_t>(pieces.size());
+    if (n == 0) return;
+    scratch_vector<::xsoftmax::cuda, gpu::run_piece> device_pieces(pieces.size(), ex);
+    backend_ops<::xsoftmax::cuda>::copy(ex.res, device_pieces.data(), pieces.data(), n);
+    gpu::gather_run_wide_kernel<gpu::block_threads, S, T>
+        <<<gpu::grid_rows(n), gpu::block_threads, gpu::run_wide_shared_bytes<S>(a.dim), ex.res.stream()>>>(
+            device_runs, device_pieces.data(), n, a);
   }
 };
 
