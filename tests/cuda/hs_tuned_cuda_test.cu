@@ -23,7 +23,7 @@ enum class path { gather, dense };
 
 /// Plans a random batch over `Tree` as the head does, then solves every level both ways.
 template <class Tree, class T, bool Sigmoid>
-void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, unsigned seed) {
+void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, unsigned seed, bool skewed = true) {
   // Every class of the shape (a default-constructed uniform_tree has none: `g() % n_cls` below was
   // a division by zero, which the compiler turned into a trap, SIGILL on the first GPU run).
   index_t capacity = 1;
@@ -40,8 +40,8 @@ void tuned_equals_generic(path which, index_t rows, index_t d, bool with_bias, u
   for (auto& x : b) x = xs::from_float<T>(0.1f * nd(g));
   for (auto& x : up) x = 1.f + 0.5f * nd(g);
   for (index_t r = 0; r < rows; ++r) {
-    // A skewed target mix: long runs at the top levels, short ones below.
-    t[r] = r % 3 == 0 ? index_t(g() % 4) : static_cast<index_t>(g() % n_cls);
+    // A skewed target mix: long runs at the top levels, short ones below (else uniform targets).
+    t[r] = skewed && r % 3 == 0 ? index_t(g() % 4) : static_cast<index_t>(g() % n_cls);
     sample[r] = r;
   }
   const xs::cuda_resources res;
@@ -133,6 +133,11 @@ TEST_CASE("cuda hierarchical_softmax: the warp-per-sample gather path equals the
   tuned_equals_generic<xs::uniform_tree<2, 70>, float, false>(path::gather, 300, 700, true, 12);            // 4
   tuned_equals_generic<xs::uniform_tree<2, 64>, __half, false>(path::gather, 40, 3000, false, 13);  // a sample
   tuned_equals_generic<xs::uniform_tree<2, 100>, float, false>(path::gather, 60, 48, true, 14);     // a sample
+  // Uniform targets: every level-2 run (5 samples on average) is one piece, so the node-at-a-time
+  // kernel writes the weight gradient itself (the root's run of many pieces leaves it to
+  // gather_weight_grad_kernel).
+  tuned_equals_generic<xs::uniform_tree<2, 100>, __nv_bfloat16, false>(path::gather, 500, 72, true, 15, false);
+  tuned_equals_generic<xs::uniform_tree<2, 100>, float, false>(path::gather, 500, 600, false, 16, false);
 }
 
 TEST_CASE("cuda hierarchical_softmax: the grouped GEMM path equals the generic dense runs (its oracle)") {

@@ -164,10 +164,13 @@ template <int S>
 /// scores are bitwise those of the per-sample kernels); a warp per sample then takes its
 /// log-sum-exp, loss and dLoss/dscore; and the threads, split over the columns of grad_h, add
 /// G_ij w_j[p] over the children j in order for every sample at once, G staged in shared memory by
-/// tiles. The weight gradient stays `gather_weight_grad_kernel`'s.
+/// tiles. With `weight_grad` (every run one piece) the same loop writes the node's weight-gradient
+/// rows, grad_w_j[p] = sum_i G_ij h_i[p] (and the bias's), in `gather_weight_grad_kernel`'s order:
+/// bitwise its values, without reading the rows' G and hidden values back from memory.
 template <int Threads, int S, class T>
 __global__ void __launch_bounds__(Threads, 2)  // two blocks an SM: registers for S sums without spilling
-    gather_run_wide_kernel(const node_run* runs, const run_piece* pieces, index_t n_pieces, node_run_data<T> a) {
+    gather_run_wide_kernel(const node_run* runs, const run_piece* pieces, index_t n_pieces, node_run_data<T> a,
+                           bool weight_grad) {
   extern __shared__ float4 shared_words[];  // float4: the G tile is read 16 bytes at a time
   static_assert(S % 4 == 0 && Threads % warp_size == 0);
   constexpr int warps = Threads / warp_size;
@@ -205,12 +208,14 @@ __global__ void __launch_bounds__(Threads, 2)  // two blocks an SM: registers fo
 #pragma unroll
         for (int u = 0; u < unroll; ++u)
 #pragma unroll
-          for (int i = 0; i < S; ++i) acc[i] += hs[i * d + p + u * warp_size] * wv[u];
+          for (int i = 0; i < S; ++i)
+            if (i < n) acc[i] += hs[i * d + p + u * warp_size] * wv[u];  // a group's unused sums read nothing
       }
       for (; p < d; p += warp_size) {
         const float wv = to_float(wr[p]);
 #pragma unroll
-        for (int i = 0; i < S; ++i) acc[i] += hs[i * d + p] * wv;
+        for (int i = 0; i < S; ++i)
+          if (i < n) acc[i] += hs[i * d + p] * wv;
       }
       const float b = a.bias ? to_float(a.bias[row]) : 0.f;
 #pragma unroll
@@ -250,9 +255,13 @@ __global__ void __launch_bounds__(Threads, 2)  // two blocks an SM: registers fo
     for (index_t p0 = 0; p0 < d; p0 += Threads) {
       const index_t p = p0 + threadIdx.x;
       const bool column = p < d;
-      float acc[S];
+      float acc[S], hp[S];  // grad_h[r_i][p] so far; h_i[p] for the weight gradient
 #pragma unroll
-      for (int i = 0; i < S; ++i) acc[i] = column && i < n ? a.grad_h[(r0 + i) * d + p] : 0.f;
+      for (int i = 0; i < S; ++i) {
+        acc[i] = column && i < n ? a.grad_h[(r0 + i) * d + p] : 0.f;
+        hp[i] = column ? hs[i * d + p] : 0.f;
+      }
+      float* const gw = a.grad_w + run.grad_offset * d + p;  // with weight_grad: row j at gw[j * d]
       for (index_t j0 = 0; j0 < bs; j0 += tile) {
         const index_t jn = bs - j0 < tile ? bs - j0 : tile;
         __syncthreads();  // G written (first tile) or the previous tile consumed
@@ -261,17 +270,32 @@ __global__ void __launch_bounds__(Threads, 2)  // two blocks an SM: registers fo
           g_tile[e] = i < n ? g[i * bs + j0 + jj] : 0.f;
         }
         __syncthreads();
+        if (weight_grad && a.grad_b && p0 == 0)  // the bias gradient: sum_i G_ij, i in order
+          for (index_t jj = threadIdx.x; jj < jn; jj += Threads) {
+            float sum = 0.f;
+            for (index_t i = 0; i < n; ++i) sum += g_tile[jj * S + i];
+            a.grad_b[run.grad_offset + j0 + jj] = sum;
+          }
         if (!column) continue;
         const auto add = [&](index_t jj, float wv) {
           const float4* gj = shared_words + jj * (S / 4);
+          float gsum = 0.f;  // sum_i G_ij h_i[p], i in order
 #pragma unroll
           for (int q = 0; q < S / 4; ++q) {
+            if (4 * q >= n) break;  // the group's unused samples
             const float4 v = gj[q];
             acc[4 * q] += v.x * wv;
             acc[4 * q + 1] += v.y * wv;
             acc[4 * q + 2] += v.z * wv;
             acc[4 * q + 3] += v.w * wv;
+            if (weight_grad) {
+              if (4 * q < n) gsum += v.x * hp[4 * q];
+              if (4 * q + 1 < n) gsum += v.y * hp[4 * q + 1];
+              if (4 * q + 2 < n) gsum += v.z * hp[4 * q + 2];
+              if (4 * q + 3 < n) gsum += v.w * hp[4 * q + 3];
+            }
           }
+          if (weight_grad) gw[(j0 + jj) * d] = gsum;
         };
         const T* w0 = a.w.row(run.block_begin + j0) + p;
         const index_t stride = a.w.stride;
@@ -338,20 +362,25 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
     backend_vector<::xsoftmax::cuda, node_run> device_runs(runs.size());
     backend_ops<::xsoftmax::cuda>::copy(ex.res, raw(device_runs), runs.data(), n_runs);
     const index_t row0 = runs.front().begin, rows = runs.back().end - row0;
-    index_t max_width = 1;
-    for (const node_run& run : runs) max_width = std::max(max_width, Sigmoid ? index_t(1) : run.block_size);
+    index_t max_width = 1, samples = 0;
+    for (const node_run& run : runs) {
+      max_width = std::max(max_width, Sigmoid ? index_t(1) : run.block_size);
+      samples += run.end - run.begin;
+    }
     constexpr int warps_per_block = gpu::block_threads / gpu::warp_size;
     const bool wide = !Sigmoid && max_width >= gpu::gather_wide_block;
-    // Wide blocks a node at a time: 16 samples a block where runs average 8 or more, 4 where they
+    // Wide blocks a node at a time: 16 samples a block where runs average 4 or more (on a GPU the
+    // gather runs are those under `gemm_min_run`, 16 by default: one piece each), 4 where they
     // average 2 or more (a group's unused sums cost arithmetic, not reads), within the default 48 KB
     // of shared memory (rows of up to 640 / 2944 values). Otherwise, or with
     // XSOFTMAX_CUDA_HS_GATHER=per_sample, a block per sample.
-    const index_t per_run = rows / n_runs;
+    const index_t per_run = samples / n_runs;
     const bool by_node = wide && !per_sample_forced();
-    if (by_node && per_run >= 8 && gpu::run_wide_shared_bytes<16>(a.dim) <= 48 * 1024)
-      run_wide<16>(ex, a, runs, raw(device_runs));
+    bool weight_grad_done = false;
+    if (by_node && per_run >= 4 && gpu::run_wide_shared_bytes<16>(a.dim) <= 48 * 1024)
+      weight_grad_done = run_wide<16>(ex, a, runs, raw(device_runs));
     else if (by_node && per_run >= 2 && gpu::run_wide_shared_bytes<4>(a.dim) <= 48 * 1024)
-      run_wide<4>(ex, a, runs, raw(device_runs));
+      weight_grad_done = run_wide<4>(ex, a, runs, raw(device_runs));
     else if (wide)
       gpu::gather_level_wide_kernel<gpu::block_threads, T><<<gpu::grid_rows(rows), gpu::block_threads, 0, stream>>>(
           raw(device_runs), n_runs, row0, rows, a);
@@ -359,7 +388,7 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
       gpu::gather_level_kernel<Sigmoid, T><<<gpu::grid_for(rows, warps_per_block), gpu::block_threads, 0, stream>>>(
           raw(device_runs), n_runs, row0, rows, a);
     XSOFTMAX_CUDA_CHECK_LAUNCH();
-    if (!a.backward()) return;
+    if (!a.backward() || weight_grad_done) return;
     expects(n_runs <= static_cast<index_t>(INT_MAX), "hierarchical_softmax: ", n_runs,
             " gather runs in one level exceed the CUDA grid limit");
     const dim3 grid(static_cast<unsigned>(n_runs), static_cast<unsigned>(std::min<index_t>(max_width, 64)));
@@ -377,18 +406,20 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
     return on;
   }
 
-  /// The level's wide runs by `gpu::gather_run_wide_kernel`, in pieces of S samples.
+  /// The level's wide runs by `gpu::gather_run_wide_kernel`, in pieces of S samples; returns whether
+  /// it wrote their weight gradient too (with gradients, when every run is one piece).
   template <int S>
-  static void run_wide(const execution<::xsoftmax::cuda>& ex, const node_run_data<T>& a,
+  static bool run_wide(const execution<::xsoftmax::cuda>& ex, const node_run_data<T>& a,
                        const std::vector<node_run>& runs, const node_run* device_runs) {
     const std::vector<gpu::run_piece> pieces = gpu::run_pieces<S>(runs);
     const index_t n = static_cast<index_t>(pieces.size());
-    if (n == 0) return;
+    const bool weight_grad = a.backward() && pieces.size() == runs.size();
     scratch_vector<::xsoftmax::cuda, gpu::run_piece> device_pieces(pieces.size(), ex);
     backend_ops<::xsoftmax::cuda>::copy(ex.res, device_pieces.data(), pieces.data(), n);
     gpu::gather_run_wide_kernel<gpu::block_threads, S, T>
         <<<gpu::grid_rows(n), gpu::block_threads, gpu::run_wide_shared_bytes<S>(a.dim), ex.res.stream()>>>(
-            device_runs, device_pieces.data(), n, a);
+            device_runs, device_pieces.data(), n, a, weight_grad);
+    return weight_grad;
   }
 };
 
