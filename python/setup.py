@@ -172,7 +172,8 @@ def _extensions():
     nvcc = ["-O3", "-DNDEBUG", "-DXSOFTMAX_TORCH_WITH_CUDA=1", "--extended-lambda",
             "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
             "-U__CUDA_NO_HALF2_OPERATORS__"]
-    return [CUDAExtension(name="xsoftmax._C", sources=sources + [os.path.join("csrc", "ops_cuda.cu")],
+    cuda_sources = [os.path.join("csrc", "ops_cuda.cu"), os.path.join("csrc", "sharded_ops_cuda.cu")]
+    return [CUDAExtension(name="xsoftmax._C", sources=sources + cuda_sources,
                           include_dirs=include_dirs, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
                           extra_link_args=link, libraries=libraries + ["cublas"])]
 

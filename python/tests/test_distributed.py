@@ -3,7 +3,8 @@
 F.cross_entropy over the whole layer in float64: losses, hidden gradients of each rank's rows,
 and each rank's weight and bias gradient rows, for uneven class and batch splits, every reduction,
 label smoothing, ignored targets, upstream gradients that differ between ranks, the replicated
-layout, log_prob and predict."""
+layout, log_prob and predict. The same on CUDA tensors (where a GPU and the CUDA operators are
+there): 2 gloo ranks sharing one GPU (the device buffers staged through the host) and one NCCL rank."""
 import os
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from conftest import requires_cuda
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available in this torch build")
@@ -32,12 +34,12 @@ def _batch(world, seed=11):
     h = torch.randn(sum(sizes), D, generator=g, dtype=torch.float64)
     t = torch.randint(0, N, (sum(sizes),), generator=g)
     t[1] = -100                      # an ignored row (rank 0's)
-    t[sizes[0]] = N - 1              # the last class, on the last rank's shard
+    t[min(sizes[0], len(t) - 1)] = N - 1   # the last class, on the last rank's shard
     return h, t, sizes
 
 
 def _close(a, b, what, rtol=2e-5, atol=2e-6):
-    a, b = a.double(), b.double()
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
     if not torch.allclose(a, b, rtol=rtol, atol=atol):
         raise AssertionError(f"{what}: max abs difference {(a - b).abs().max().item():.3g}")
 
@@ -56,7 +58,7 @@ def _reference(w, b, h, t, sizes, reduction, smoothing, upstream):
     return losses, w.grad, b.grad, h.grad
 
 
-def _check_step(head, w, b, h, t, sizes, rank, reduction, smoothing, upstream):
+def _check_step(head, w, b, h, t, sizes, rank, reduction, smoothing, upstream, device):
     start = sum(sizes[:rank])
     rows = slice(start, start + sizes[rank])
     with torch.no_grad():
@@ -65,9 +67,9 @@ def _check_step(head, w, b, h, t, sizes, rank, reduction, smoothing, upstream):
     head.weight.grad = head.bias.grad = None
     head.reduction = reduction
     head.label_smoothing = smoothing
-    mine = h[rows].float().clone().requires_grad_()
-    loss = head(mine, t[rows])
-    (loss * upstream[rank].float()).sum().backward()
+    mine = h[rows].float().to(device).requires_grad_()
+    loss = head(mine, t[rows].to(device))
+    (loss * upstream[rank].float().to(device)).sum().backward()
     losses, gw, gb, gh = _reference(w, b, h, t, sizes, reduction, smoothing, upstream)
     what = f"rank {rank}, reduction {reduction}, smoothing {smoothing}"
     _close(loss, losses[rank], f"{what}: loss")
@@ -76,55 +78,61 @@ def _check_step(head, w, b, h, t, sizes, rank, reduction, smoothing, upstream):
     _close(head.bias.grad, head.shard_of(gb), f"{what}: bias grad")
 
 
-def _worker(rank, world, init_file):
+def _worker(rank, world, init_file, device="cpu", backend="gloo"):
     from xsoftmax.distributed import ShardedFullSoftmaxLoss, class_range
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(0)  # every rank on the one GPU
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         w, b = _layer()
         h, t, sizes = _batch(world)
-        head = ShardedFullSoftmaxLoss(N, D, bias=True)
+        head = ShardedFullSoftmaxLoss(N, D, bias=True, device=device)
+        assert head.weight.device.type == device
         assert (head.class_begin, head.class_end) == class_range(N, world, rank)
         assert head.weight.shape == (head.class_end - head.class_begin, D)
         same = [torch.tensor(1.0, dtype=torch.float64)] * world
         twice = [torch.tensor(2.0, dtype=torch.float64)] * world
         differ = [torch.tensor(0.5 + q, dtype=torch.float64) for q in range(world)]
-        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, same)
-        _check_step(head, w, b, h, t, sizes, rank, "sum", 0.1, same)
-        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, twice)    # the saved gradients, scaled
-        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, differ)   # the recomputing backward
+        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, same, device)
+        _check_step(head, w, b, h, t, sizes, rank, "sum", 0.1, same, device)
+        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, twice, device)    # the saved gradients, scaled
+        _check_step(head, w, b, h, t, sizes, rank, "mean", 0.0, differ, device)   # the recomputing backward
         g = torch.Generator().manual_seed(5)
         per_row = [torch.randn(n, generator=g, dtype=torch.float64) for n in sizes]
-        _check_step(head, w, b, h, t, sizes, rank, "none", 0.0, per_row)
+        _check_step(head, w, b, h, t, sizes, rank, "none", 0.0, per_row, device)
 
         # log_prob and predict of this rank's rows against the whole layer's log-softmax.
         start = sum(sizes[:rank])
         rows = slice(start, start + sizes[rank])
         logp = torch.log_softmax(h[rows] @ w.T + b, dim=1)
         safe = t[rows].clamp(min=0)
-        _close(head.log_prob(h[rows].float(), safe), logp.gather(1, safe[:, None])[:, 0], "log_prob")
-        values, classes = head.predict(h[rows].float(), k=3)
+        _close(head.log_prob(h[rows].float().to(device), safe.to(device)), logp.gather(1, safe[:, None])[:, 0],
+               "log_prob")
+        values, classes = head.predict(h[rows].float().to(device), k=3)
+        assert values.device.type == device and classes.device.type == device
         ref_values, ref_classes = logp.topk(3, dim=1)
+        classes = classes.cpu()
         assert torch.equal(classes, ref_classes), f"rank {rank}: predict classes {classes} != {ref_classes}"
         _close(values, ref_values, "predict log-probabilities")
 
         # Replicated rows: every rank passes the whole batch and gets the whole loss and gradient.
-        rep = ShardedFullSoftmaxLoss(N, D, bias=True, layout="replicated")
+        rep = ShardedFullSoftmaxLoss(N, D, bias=True, layout="replicated", device=device)
         with torch.no_grad():
             rep.weight.copy_(rep.shard_of(w).float())
             rep.bias.copy_(rep.shard_of(b).float())
-        all_rows = h.float().clone().requires_grad_()
-        rep(all_rows, t).backward()
+        all_rows = h.float().to(device).requires_grad_()
+        rep(all_rows, t.to(device)).backward()
         losses, gw, _, gh = _reference(w, b, h, t, [h.shape[0]], "mean", 0.0, [torch.tensor(1.0)])
         _close(all_rows.grad, gh, "replicated grad_hidden")
         _close(rep.weight.grad, rep.shard_of(gw), "replicated weight grad")
 
         # ArcFace under sharding (no bias): normalised rows and weights, s cos(theta_t + m) on the target.
-        arc = ShardedFullSoftmaxLoss(N, D, margin="arcface", margin_scale=16.0, margin_m=0.3)
+        arc = ShardedFullSoftmaxLoss(N, D, margin="arcface", margin_scale=16.0, margin_m=0.3, device=device)
         with torch.no_grad():
             arc.weight.copy_(arc.shard_of(w).float())
-        mine = h[rows].float().clone().requires_grad_()
-        arc(mine, t[rows]).backward()
+        mine = h[rows].float().to(device).requires_grad_()
+        arc(mine, t[rows].to(device)).backward()
         wr, hr = w.clone().requires_grad_(), h[rows].clone().requires_grad_()
         cos = F.normalize(hr, dim=1) @ F.normalize(wr, dim=1).T
         keep = t[rows] != -100
@@ -145,7 +153,7 @@ def _worker(rank, world, init_file):
             total = total + F.cross_entropy(lq, t[rq][kq])
             start_q += n
         total.backward()
-        _close(arc(h[rows].float(), t[rows]), ref, "arcface loss")
+        _close(arc(h[rows].float().to(device), t[rows].to(device)), ref, "arcface loss")
         _close(mine.grad, hr.grad, "arcface grad_hidden")
         _close(arc.weight.grad, arc.shard_of(wr.grad), "arcface weight grad")
         with pytest.raises(ValueError, match="bias=False"):
@@ -155,7 +163,9 @@ def _worker(rank, world, init_file):
         # q + 1 copies of 100 p + q to rank q.
         from xsoftmax import _C
         send = torch.cat([torch.full((q + 1,), 100 * rank + q, dtype=torch.int64) for q in range(world)])
-        got = _C.communicator_all_to_all(dist.group.WORLD, send, [q + 1 for q in range(world)])
+        got = _C.communicator_all_to_all(dist.group.WORLD, send.to(device), [q + 1 for q in range(world)])
+        assert got.device.type == device
+        got = got.cpu()
         want = torch.cat([torch.full((rank + 1,), 100 * p + rank, dtype=torch.int64) for p in range(world)])
         assert torch.equal(got, want), f"rank {rank}: all_to_all gave {got.tolist()}, expected {want.tolist()}"
 
@@ -171,6 +181,17 @@ def _worker(rank, world, init_file):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_full_softmax_equals_whole_layer(world, tmp_path):
     mp.spawn(_worker, args=(world, str(tmp_path / "init")), nprocs=world, join=True)
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("world, backend", [(2, "gloo"), (1, "nccl")])
+def test_sharded_full_softmax_on_cuda_equals_whole_layer(world, backend, tmp_path):
+    # gloo: two ranks on the one GPU, device buffers through host copies (NCCL refuses two ranks on
+    # one device); NCCL: one rank, device buffers as they are.
+    if backend == "nccl" and not dist.is_nccl_available():
+        pytest.skip("torch.distributed has no NCCL in this build")
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), "cuda", backend), nprocs=world, join=True)
 
 
 def test_class_range_split():

@@ -6,16 +6,18 @@ Each rank holds the weight rows of a contiguous block of classes
 (``class_range(num_classes, world_size, rank)``). A step needs one max and one sum all-reduce of
 per-row statistics, an all-gather of the hidden rows (``layout='data_parallel'``: each rank passes
 its own batch) and the return of each row's hidden gradient to its owner; the weight gradients
-never leave their rank. The collectives run on the group given (gloo or MPI; CPU tensors, like the
-rest of this build), through the C++ library's ``class_sharding`` over a communicator that wraps
-the group.
+never leave their rank. The collectives run on the group given, through the C++ library's
+``class_sharding`` over a communicator that wraps the group: CPU tensors over gloo or MPI; CUDA
+tensors (a build with the CUDA operators) over the group's NCCL backend, on torch's current
+stream, or through host copies over a group without NCCL (gloo: slower, for tests and several
+ranks sharing one GPU, which NCCL refuses).
 
 Example (every rank)::
 
     import torch.distributed as dist
     from xsoftmax.distributed import ShardedFullSoftmaxLoss
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo")     # "nccl" with device="cuda" (one GPU per rank)
     head = ShardedFullSoftmaxLoss(num_classes=1_000_000, dim=256)   # this rank's rows only
     loss = head(hidden, targets)        # hidden, targets: this rank's batch
     loss.backward()                     # head.weight.grad: this rank's rows; hidden.grad: its rows
@@ -107,6 +109,8 @@ class ShardedFullSoftmaxLoss(nn.Module):
             margin-free (plain logits), as in the C++ library.
         init_scale: weights uniform in +-init_scale (default 1 / sqrt(dim)), drawn from ``seed``
             with the rank mixed in, so ranks differ.
+        device: where the parameters live (default the CPU; ``.to()`` / ``.cuda()`` move them
+            later). Every tensor of a call must be on the weight's device.
 
     Targets are global class ids. ``loss.backward()`` gives ``weight.grad`` for this rank's classes
     from every rank's rows; the upstream gradient of the loss may differ between ranks (then the
@@ -115,7 +119,7 @@ class ShardedFullSoftmaxLoss(nn.Module):
 
     def __init__(self, num_classes, dim, group=None, layout="data_parallel", bias=False, dtype=torch.float32,
                  reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0, margin=None,
-                 margin_scale=64.0, margin_m=None, init_scale=None, seed=0):
+                 margin_scale=64.0, margin_m=None, init_scale=None, seed=0, device=None):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ShardedFullSoftmaxLoss: torch.distributed is not initialised "
@@ -141,8 +145,8 @@ class ShardedFullSoftmaxLoss(nn.Module):
         scale = init_scale if init_scale is not None else 1.0 / math.sqrt(self.dim)
         gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + self.rank)
         w = (torch.rand(rows, self.dim, generator=gen) * 2 - 1) * scale
-        self.weight = nn.Parameter(w.to(dtype))
-        self.bias = nn.Parameter(torch.zeros(rows, dtype=dtype)) if bias else None
+        self.weight = nn.Parameter(w.to(device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(rows, dtype=dtype, device=device)) if bias else None
 
     def extra_repr(self):
         return (f"num_classes={self.num_classes}, dim={self.dim}, rank={self.rank}/{self.world_size}, "
