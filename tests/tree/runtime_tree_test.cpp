@@ -386,6 +386,48 @@ TEST_CASE("runtime_tree: view_over rebinds the same scalars to other copies of t
   check_tree_contract(raw);
 }
 
+TEST_CASE("runtime_tree: a binary tree's blocks are row pairs, the view's shortcut equals the tables") {
+  // Every internal node with two children (binary Huffman trees, forests of them): node k's block
+  // is rows [2k, 2k + 2), which the view uses instead of row_parent / block_offset. Its steps and
+  // children must equal those the tables give (a view built without the flag reads them).
+  std::mt19937_64 rng(31);
+  std::vector<double> counts(777);
+  for (auto& c : counts) c = std::uniform_real_distribution<double>(0.1, 1e4)(rng);
+  const auto a = tree64::huffman(counts, 2);
+  const auto b = tree64::huffman(std::vector<double>{3, 1, 4, 1, 5}, 2);
+  const auto forest = tree64::forest({&a, &b});
+  const auto ternary = tree64::huffman(counts, 3);
+  CHECK(a.is_binary());
+  CHECK(forest.is_binary());
+  CHECK_FALSE(ternary.is_binary());
+  for (const tree64* t : {&a, &forest, &ternary}) {
+    const auto fast = t->view();
+    const xsoftmax::runtime_tree_view<> tables(t->num_classes(), t->num_rows(), t->num_internal_nodes(),
+                                               t->root_block_size(), t->height(), t->path_offsets().data(),
+                                               t->path_rows().data(), t->leaf_ranks().data(),
+                                               t->row_parents().data(), t->row_children().data(),
+                                               t->block_offsets().data(), /*binary=*/false);
+    for (index_t c = 0; c < t->num_classes(); ++c)
+      for (int l = 0; l < fast.depth(c); ++l) {
+        const auto x = fast.step(c, l), y = tables.step(c, l);
+        CHECK(x.block_begin == y.block_begin);
+        CHECK(x.block_size == y.block_size);
+        CHECK(x.child == y.child);
+      }
+    for (index_t r = 0; r < t->num_rows(); ++r) {
+      const auto x = fast.child(r), y = tables.child(r);
+      CHECK(x.is_leaf == y.is_leaf);
+      if (x.is_leaf) {
+        CHECK(x.leaf_class == y.leaf_class);
+      } else {
+        CHECK(x.block_begin == y.block_begin);
+        CHECK(x.block_size == y.block_size);
+      }
+    }
+    if (t != &forest) check_tree_contract(fast);  // the contract is a single tree's (one root block)
+  }
+}
+
 TEST_CASE("runtime_tree::from_parents: bad sizes") {
   using xsoftmax::invalid_argument;
   using xsoftmax::shape_error;

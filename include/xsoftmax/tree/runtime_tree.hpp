@@ -52,13 +52,16 @@ class runtime_tree_view {
   runtime_tree_view() = default;
 
   /// A view over raw arrays with the layout of the file comment, e.g. device copies of a
-  /// `runtime_tree`'s arrays (`runtime_tree::view_over` fills in the scalars). Checks nothing.
+  /// `runtime_tree`'s arrays (`runtime_tree::view_over` fills in the scalars). `binary`: every
+  /// internal node has exactly two children (`runtime_tree::is_binary`), so that node k's block is
+  /// rows [2k, 2k + 2) and a row's block needs no lookup. Checks nothing.
   XSOFTMAX_HD runtime_tree_view(index_t num_classes, index_t num_rows, index_t num_internal_nodes,
                                 index_t root_block_size, int height, const index_t* path_offset,
                                 const index_t* path_row, const index_t* leaf_rank,
                                 const index_t* row_parent, const index_t* row_child,
-                                const index_t* block_offset)
-      : num_classes_(num_classes),
+                                const index_t* block_offset, bool binary = false)
+      : binary_(binary),
+        num_classes_(num_classes),
         num_rows_(num_rows),
         num_internal_nodes_(num_internal_nodes),
         root_block_size_(root_block_size),
@@ -94,10 +97,19 @@ class runtime_tree_view {
   }
 
   /// The internal node at `level` on class `c`'s path: its block of child rows and the child taken.
+  /// A binary tree's blocks are the row pairs (one load: the path's row; else three, the last two
+  /// depending on the first: a third of a binary Huffman training step's planning went to waiting
+  /// on them, bench/RESULTS.md).
   [[nodiscard]] XSOFTMAX_HD path_step step(index_t c, int level) const {
     const index_t row = path_row(c, level);
-    const index_t node = row_parent_[row];
     path_step s;
+    if (binary_) {
+      s.block_begin = row & ~index_t(1);
+      s.block_size = 2;
+      s.child = row & 1;
+      return s;
+    }
+    const index_t node = row_parent_[row];
     s.block_begin = block_offset_[node];
     s.block_size = block_offset_[node + 1] - s.block_begin;
     s.child = row - s.block_begin;
@@ -116,13 +128,14 @@ class runtime_tree_view {
       r.is_leaf = true;
       r.leaf_class = detail::decode_leaf(code);
     } else {
-      r.block_begin = block_offset_[code];
-      r.block_size = block_offset_[code + 1] - r.block_begin;
+      r.block_begin = binary_ ? 2 * code : block_offset_[code];
+      r.block_size = binary_ ? 2 : block_offset_[code + 1] - r.block_begin;
     }
     return r;
   }
 
  private:
+  bool binary_ = false;
   index_t num_classes_ = 0;
   index_t num_rows_ = 0;
   index_t num_internal_nodes_ = 0;
@@ -244,7 +257,7 @@ class runtime_tree {
                                     const index_t* leaf_rank, const index_t* row_parent,
                                     const index_t* row_child, const index_t* block_offset) const {
     return view_type(num_classes(), num_rows(), num_internal_nodes(), root_block_size(), height(),
-                     path_offset, path_row, leaf_rank, row_parent, row_child, block_offset);
+                     path_offset, path_row, leaf_rank, row_parent, row_child, block_offset, is_binary());
   }
 
   /// Number of classes N.
