@@ -40,6 +40,8 @@
 #   bench/cuda/gpu_run.sh rowblocks  the full softmax at the PyTorch peer's shape in row blocks that keep
 #                                    every score ($ROW_BLOCKS) at several chunk sizes ($CHUNKS), then the
 #                                    peer (PyTorch, Cut Cross-Entropy, Liger) on the same machine
+#   bench/cuda/gpu_run.sh hsab       the HS's wide gather levels a node at a time (the default) against a
+#                                    block per sample (XSOFTMAX_CUDA_HS_GATHER=per_sample), alternated
 #   bench/cuda/gpu_run.sh session    a whole session's plan in one call of about 9 minutes on carried
 #                                    binaries (carry .gpu-bin .whl): prebuilt, rowblocks, sweep at 1M,
 #                                    scale at $SCALE_N (default 60M: an H100), pack; each under a limit
