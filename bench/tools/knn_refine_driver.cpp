@@ -7,9 +7,12 @@
 //   g++ -std=c++17 -O2 -DNDEBUG -fopenmp -DXSOFTMAX_HAS_CBLAS=1 -I include -I /usr/local/cuda/include/cccl \
 //     -isystem /usr/local/cuda/include -isystem /usr/include/x86_64-linux-gnu/openblas-openmp \
 //     bench/tools/knn_refine_driver.cpp -lopenblas -o /tmp/knn_refine_driver
-//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive /tmp/knn_refine_driver <prefix> N d K lists nprobe fanout sample passes [old]
+//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive /tmp/knn_refine_driver <prefix> N d K lists nprobe fanout sample passes [old|-] [reverse]
 // With [old] (N x d fp32, e.g. the KNN study's weights 50 steps earlier): the IVF graph is built from
-// those, and the passes refresh it with the prefix's vectors -- a refresh against a rebuild.
+// those, and the passes refresh it with the prefix's vectors -- a refresh against a rebuild. With
+// [reverse] R > 0: each pass also takes up to R reverse neighbours per class (classes that have it
+// among their first `fanout`) and their first `sample` neighbours as candidates (NN-descent's
+// reverse half; the lists are built serially, in id order, before each pass).
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
@@ -19,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -33,6 +37,11 @@ struct refine_knn_row {
   index_t k, fanout, sample;
   index_t* new_ids;
   float* new_sims;
+  /// Optional reverse neighbours (NN-descent's other half): row c lists up to `rev_width` classes
+  /// that have c among their first `fanout` neighbours (-1 past them); each is a candidate, and so
+  /// are the first `sample` neighbours of each.
+  const index_t* rev = nullptr;
+  index_t rev_width = 0;
 
   /// Whether id m is among the heap's entries (a linear scan: K is small, and the scan runs only
   /// for a candidate that would enter).
@@ -58,6 +67,16 @@ struct refine_knn_row {
         heap.offer(v, m, k);
       }
     }
+    for (index_t a = 0; a < rev_width; ++a) {
+      const index_t r = rev[c * rev_width + a];
+      if (r < 0) break;
+      if (!holds(heap.hi, heap.n, r)) heap.offer(dot_row8(q, x.row(r), x.cols), r, k);
+      for (index_t b = 0; b < sample && b < k; ++b) {
+        const index_t m = old_ids[r * k + b];
+        if (m < 0 || m == c || holds(heap.hi, heap.n, m)) continue;
+        heap.offer(dot_row8(q, x.row(m), x.cols), m, k);
+      }
+    }
     heap.sort_best_first();
     for (index_t j = heap.n; j < k; ++j) new_ids[c * k + j] = -1, new_sims[c * k + j] = -INFINITY;
   }
@@ -67,9 +86,24 @@ struct refine_knn_row {
 /// place; `scratch_ids` / `scratch_sims` hold the other copy, N x k each).
 template <class Ex>
 void refine_knn_graph(const Ex& ex, matrix_view<const float> x, index_t* ids, float* sims, index_t k, index_t fanout,
-                      index_t sample, index_t passes, index_t* scratch_ids, float* scratch_sims) {
+                      index_t sample, index_t passes, index_t* scratch_ids, float* scratch_sims,
+                      index_t rev_width = 0) {
+  const index_t n = x.rows;
+  std::vector<index_t> rev(static_cast<std::size_t>(n * rev_width), -1), count(static_cast<std::size_t>(n), 0);
   for (index_t p = 0; p < passes; ++p) {
-    parallel_for(ex, x.rows, refine_knn_row{x, ids, k, fanout, sample, scratch_ids, scratch_sims});
+    if (rev_width > 0) {  // reverse lists of the current graph, classes in id order
+      std::fill(rev.begin(), rev.end(), -1);
+      std::fill(count.begin(), count.end(), 0);
+      for (index_t c = 0; c < n; ++c)
+        for (index_t j = 0; j < fanout && j < k; ++j) {
+          const index_t r = ids[c * k + j];
+          if (r >= 0 && count[r] < rev_width) rev[r * rev_width + count[r]++] = c;
+        }
+    }
+    refine_knn_row step{x, ids, k, fanout, sample, scratch_ids, scratch_sims};
+    step.rev = rev.data();
+    step.rev_width = rev_width;
+    parallel_for(ex, x.rows, step);
     thrust::copy(as_execution(ex).policy(), scratch_ids, scratch_ids + x.rows * k, ids);
     thrust::copy(as_execution(ex).policy(), scratch_sims, scratch_sims + x.rows * k, sims);
   }
@@ -109,7 +143,9 @@ int main(int argc, char** argv) {
   o.method = xs::knn_build_method::ivf_class_probes;
   o.ivf.num_lists = lists;
   o.nprobe = nprobe;
-  const std::vector<float> old = argc > 10 ? read_all<float>(argv[10], static_cast<std::size_t>(n * d)) : w;
+  const std::vector<float> old =
+      argc > 10 && std::string(argv[10]) != "-" ? read_all<float>(argv[10], static_cast<std::size_t>(n * d)) : w;
+  const index_t reverse = argc > 11 ? std::atol(argv[11]) : 0;  // reverse neighbours per class (0: none)
   const xs::knn_graph g = xs::build_knn_graph<xs::omp>(xs::matrix_view<const float>(old.data(), n, d), o);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("ivf_class_probes %lld x %lld: %.3f s, recall %.4f\n", static_cast<long long>(lists),
@@ -126,7 +162,7 @@ int main(int argc, char** argv) {
   for (index_t p = 1; p <= passes; ++p) {
     const auto t1 = std::chrono::steady_clock::now();
     xs::detail::refine_knn_graph(ex, xs::matrix_view<const float>(w.data(), n, d), ids.data(), sims.data(), k, fanout,
-                                 sample, 1, sid.data(), ssim.data());
+                                 sample, 1, sid.data(), ssim.data(), reverse);
     const double ps = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     s += ps;
     std::printf("pass %lld (fanout %lld, sample %lld): %.3f s, total %.3f s, recall %.4f\n", static_cast<long long>(p),
