@@ -20,6 +20,10 @@ Environment variables:
   TORCH_CUDA_ARCH_LIST  the GPU architectures of the CUDA operators, as torch reads it ("9.0",
                         "8.0;9.0+PTX"); default: the visible GPUs' (torch's rule), or "8.0;9.0+PTX"
                         when no GPU is visible (A100, H100/H200; newer GPUs JIT-compile the PTX)
+  XSOFTMAX_CUDA_PTX_ONLY 1: the CUDA operators as PTX only (for TORCH_CUDA_ARCH_LIST's architectures, no
+                        ptxas) with unoptimised host code: a compile-and-link check, about a third
+                        faster to build (python/ci.sh sets it when no GPU is visible); a GPU then
+                        JIT-compiles the PTX when the library loads. Default 0
   MAX_JOBS              parallel compile jobs (three translation units with CUDA, two without)
 """
 import glob
@@ -126,11 +130,36 @@ def _cuda_archs():
     return archs
 
 
-def _write_build_config(cuda, archs, cblas, why_no_cuda):
+def _ptx_only():
+    """XSOFTMAX_CUDA_PTX_ONLY: 1 or 0 (default), else a clear error."""
+    value = os.environ.get("XSOFTMAX_CUDA_PTX_ONLY", "0")
+    if value not in ("0", "1"):
+        sys.exit("xsoftmax: XSOFTMAX_CUDA_PTX_ONLY must be 0 or 1, got %r" % value)
+    return value == "1"
+
+
+def _ptx_gencode(archs):
+    """nvcc's -gencode flags for PTX only of TORCH_CUDA_ARCH_LIST's architectures ("8.0;9.0+PTX" ->
+    compute_80, compute_90): passing any arch flag makes torch add none of its own."""
+    flags = []
+    for arch in archs.replace(",", ";").replace(" ", ";").split(";"):
+        arch = arch.strip().replace("+PTX", "")
+        if not arch:
+            continue
+        digits = arch.replace(".", "")
+        if not digits.isdigit():
+            sys.exit("xsoftmax: XSOFTMAX_CUDA_PTX_ONLY=1 needs numeric TORCH_CUDA_ARCH_LIST entries "
+                     "(\"9.0\", \"8.0;9.0\"), got %r" % archs)
+        flags.append("-gencode=arch=compute_%s,code=compute_%s" % (digits, digits))
+    return flags
+
+
+def _write_build_config(cuda, archs, cblas, why_no_cuda, ptx_only):
     """xsoftmax/_build_config.py: what this build holds, for xsoftmax.build_info()."""
     with open(os.path.join(HERE, "xsoftmax", "_build_config.py"), "w") as f:
         f.write("# Written by setup.py when the extension is built: what this build holds.\n")
-        f.write("CUDA = %r\nCUDA_ARCHS = %r\nCBLAS = %r\nWHY_NO_CUDA = %r\n" % (cuda, archs, cblas, why_no_cuda))
+        f.write("CUDA = %r\nCUDA_ARCHS = %r\nCUDA_PTX_ONLY = %r\nCBLAS = %r\nWHY_NO_CUDA = %r\n"
+                % (cuda, archs, ptx_only, cblas, why_no_cuda))
 
 
 def _extensions():
@@ -158,20 +187,23 @@ def _extensions():
         libraries.append(cblas)
     cuda, why_no_cuda = _want_cuda()
     archs = _cuda_archs() if cuda else ""
-    _write_build_config(cuda, archs, cblas or "", why_no_cuda)
+    ptx_only = cuda and _ptx_only()
+    _write_build_config(cuda, archs, cblas or "", why_no_cuda, ptx_only)
     print("xsoftmax: include directories: %s" % include_dirs, file=sys.stderr)
     sources = [os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "sharded_ops.cpp")]
     if not cuda:
         print("xsoftmax: building the CPU operators only (%s)" % why_no_cuda, file=sys.stderr)
         return [CppExtension(name="xsoftmax._C", sources=sources, include_dirs=include_dirs,
                              extra_compile_args={"cxx": cxx}, extra_link_args=link, libraries=libraries)]
-    print("xsoftmax: building the CPU and CUDA operators (CUDA architectures %s)" % archs, file=sys.stderr)
+    print("xsoftmax: building the CPU and CUDA operators (CUDA architectures %s%s)"
+          % (archs, ", PTX only, host code unoptimised" if ptx_only else ""), file=sys.stderr)
     cxx.append("-DXSOFTMAX_TORCH_WITH_CUDA=1")
     # torch adds -D__CUDA_NO_HALF_OPERATORS__ and friends to every nvcc command; the library's
     # bf16/fp16 kernels use CUDA's own half and bfloat16 operators and conversions: undefine them.
-    nvcc = ["-O3", "-DNDEBUG", "-DXSOFTMAX_TORCH_WITH_CUDA=1", "--extended-lambda",
-            "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-            "-U__CUDA_NO_HALF2_OPERATORS__"]
+    nvcc = (_ptx_gencode(archs) if ptx_only else ["-O3"]) + [
+        "-DNDEBUG", "-DXSOFTMAX_TORCH_WITH_CUDA=1", "--extended-lambda",
+        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__"]
     cuda_sources = [os.path.join("csrc", "ops_cuda.cu"), os.path.join("csrc", "sharded_ops_cuda.cu")]
     return [CUDAExtension(name="xsoftmax._C", sources=sources + cuda_sources,
                           include_dirs=include_dirs, extra_compile_args={"cxx": cxx, "nvcc": nvcc},

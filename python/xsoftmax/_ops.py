@@ -55,7 +55,8 @@ _ops = torch.ops.xsoftmax
 def build_info():
     """What this installation was built with, as a dict: ``cpu`` (always True), ``cuda`` (whether the
     CUDA operators were built), ``cuda_archs`` (their GPU architectures, TORCH_CUDA_ARCH_LIST's form),
-    ``why_no_cuda`` (None, or why they were not built), ``blas`` (the CPU operators' dense GEMM),
+    ``cuda_ptx_only`` (whether they were built as PTX only, which the GPU JIT-compiles on load:
+    XSOFTMAX_CUDA_PTX_ONLY=1), ``why_no_cuda`` (None, or why they were not built), ``blas`` (the CPU operators' dense GEMM),
     ``torch`` and ``torch_cuda`` (the torch it was built against and its CUDA version)."""
     info = dict(_C.build_info())
     try:
@@ -63,6 +64,7 @@ def build_info():
     except ImportError:  # built by other means than setup.py
         config = None
     info["cuda_archs"] = config.CUDA_ARCHS if config is not None and info["cuda"] else ""
+    info["cuda_ptx_only"] = bool(getattr(config, "CUDA_PTX_ONLY", False)) and info["cuda"]
     info["why_no_cuda"] = None if info["cuda"] else getattr(config, "WHY_NO_CUDA", None)
     info["torch"] = torch.__version__
     info["torch_cuda"] = torch.version.cuda

@@ -91,6 +91,41 @@ struct all_level_steps_of {
   }
 };
 
+/// The same for a host task: rows [tile_rows t, tile_rows t + tile_rows) level by level, so that a
+/// level's stores fill one cache line of each array. A task per row wrote a column of the
+/// level-major arrays, a line per store, the lines `rows` entries apart -- 8 KiB at 1024 rows, so
+/// that every level's line fell in one L1 set and each store missed (a third of the planning's time
+/// in a serial binary-Huffman step at 50K classes, d = 100; bench/RESULTS.md, issue 30).
+template <class View>
+struct all_level_steps_of_tile {
+  static constexpr index_t tile_rows = 8;  // one 64-byte line of index_t
+  all_level_steps_of<View> row;
+  void operator()(index_t tile) const {
+    const index_t r0 = tile * tile_rows, rest = row.rows - r0, n = rest < tile_rows ? rest : tile_rows;
+    index_t target[tile_rows];
+    int depth[tile_rows];
+    for (index_t j = 0; j < n; ++j) {
+      target[j] = row.target[r0 + j];
+      depth[j] = row.tv.depth(target[j]) < row.levels ? row.tv.depth(target[j]) : row.levels;
+    }
+    for (int l = 0; l < row.levels; ++l) {
+      const index_t i = l * row.rows + r0;
+      for (index_t j = 0; j < n; ++j) {
+        if (l < depth[j]) {
+          const path_step s = row.tv.step(target[j], l);
+          row.key[i + j] = s.block_begin;
+          row.block_size[i + j] = s.block_size;
+          row.child[i + j] = s.child;
+        } else {
+          row.key[i + j] = -1 - l;
+          row.block_size[i + j] = 0;
+          row.child[i + j] = 0;
+        }
+      }
+    }
+  }
+};
+
 /// Row r's node at `level`: key = its block_begin (-1 when r's path ended above), its block size
 /// and the child r's target takes.
 template <class View>
@@ -235,7 +270,13 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
       run_size_buf(n, ex);
   index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
           *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
-  parallel_for(ex, rows, all_level_steps_of<View>{tv, target, rows, levels, key, block_size, children});
+  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, children};
+  if constexpr (is_host_backend<B>) {
+    constexpr index_t tile = all_level_steps_of_tile<View>::tile_rows;
+    parallel_for(ex, (rows + tile - 1) / tile, all_level_steps_of_tile<View>{steps});
+  } else {  // a thread per row: a warp's stores at one level are consecutive
+    parallel_for(ex, rows, steps);
+  }
   // One pass: each run's row count and block size (equal within a run: their maximum).
   const auto ends = thrust::reduce_by_key(
       policy, key, key + entries,
