@@ -14,7 +14,7 @@
 # setup.py), TORCH_CUDA_ARCH_LIST (default here: the visible GPUs', else 9.0 -- one architecture
 # keeps a CI build without a GPU to a compile-and-link check), XSOFTMAX_CUDA_PTX_ONLY (default here:
 # 1 when no GPU is visible -- nothing runs the CUDA operators then, so they are built as PTX only
-# with unoptimised host code, a third less nvcc time; 0 with a GPU).
+# with unoptimised host code, 30 % less nvcc time; 0 with a GPU).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -21,10 +21,10 @@ Environment variables:
                         "8.0;9.0+PTX"); default: the visible GPUs' (torch's rule), or "8.0;9.0+PTX"
                         when no GPU is visible (A100, H100/H200; newer GPUs JIT-compile the PTX)
   XSOFTMAX_CUDA_PTX_ONLY 1: the CUDA operators as PTX only (for TORCH_CUDA_ARCH_LIST's architectures, no
-                        ptxas) with unoptimised host code: a compile-and-link check, about a third
-                        faster to build (python/ci.sh sets it when no GPU is visible); a GPU then
+                        ptxas) with unoptimised host code: a compile-and-link check, 30 % less nvcc
+                        time (python/ci.sh sets it when no GPU is visible); a GPU then
                         JIT-compiles the PTX when the library loads. Default 0
-  MAX_JOBS              parallel compile jobs (three translation units with CUDA, two without)
+  MAX_JOBS              parallel compile jobs (four translation units with CUDA, two without)
 """
 import glob
 import os
