@@ -129,7 +129,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
                           return takes_gemm(run) ? 0 : sigmoid_form ? 1 : run.block_size;
                         },
                         children.data(), all_levels ? node_keys.data() : nullptr);
-  const detail::level_entries at{rows, 0, levels, node_keys.data()};
+  const detail::level_entries at{rows, 0, levels, node_keys.data(), true};
 
   // 3. The sparse gradient's rows.
   if (want_grad) {
@@ -144,7 +144,8 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
 
   // 4. Every level at once, or level by level.
   const std::size_t n = static_cast<std::size_t>(rows);
-  detail::scratch_vector<B, float> losses(n, ex, 0.f), grad_packed(want_grad ? n * static_cast<std::size_t>(d) : 0, ex, 0.f),
+  // The all-level step writes each row's first hidden-gradient term (no zero-fill of B x d floats).
+  detail::scratch_vector<B, float> losses(n, ex, 0.f), grad_packed(want_grad ? n * static_cast<std::size_t>(d) : 0, ex),
       scratch(static_cast<std::size_t>(all_levels ? detail::sigmoid_levels_scratch(at, want_grad) : plan.gather_values), ex);
   detail::node_run_data<storage_type> a;
   a.h = sorted_hidden.data();
@@ -163,6 +164,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
     a.child = children.data();
     detail::sigmoid_levels_generic(ex, a, plan.runs, at);
   } else {
+    grad_packed.fill(0.f);  // the level-by-level step adds every term
     for (std::size_t lv = 0; lv < plan.levels(); ++lv) {
       std::vector<detail::node_run> gemm_runs, gather_runs;
       gather_runs.reserve(plan.level_first[lv + 1] - plan.level_first[lv]);

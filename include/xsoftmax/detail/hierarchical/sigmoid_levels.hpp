@@ -33,6 +33,9 @@ struct level_entries {
   int level0 = 0;
   int levels = 0;
   const index_t* node_key = nullptr;  ///< per entry: the row's node's block_begin; < 0: path ended above
+  /// The hidden gradients hold no values yet (not even zeros): each row's first level (level0)
+  /// writes its term, deeper levels add theirs. Every row's path has a level0 entry when level0 = 0.
+  bool grad_h_unset = false;
   [[nodiscard]] XSOFTMAX_HD index_t entry(int level, index_t row) const { return (level - level0) * rows + row; }
   [[nodiscard]] index_t count() const { return rows * levels; }
 };
@@ -63,6 +66,13 @@ struct sigmoid_pair_pass {
   const sigmoid_task* tasks;
   float* pair_loss;  ///< per entry
   float* gs;         ///< per entry; null without gradients
+  /// The tasks run one at a time in plan order (the serial backend): each pair's loss and hidden-
+  /// gradient row are added to its row here, while the node row is in cache, in level order as
+  /// pass 2 would add them (bitwise its values); pass 2 then has only the long runs' node rows.
+  /// Pass 2 read every node row a second time, most of them from beyond L2 (a binary-Huffman step
+  /// at 50K classes, d = 100, in callgrind's cache model with a 1 MiB L2: 1.7 of its 8.7 MB of L2
+  /// read misses; bench/RESULTS.md, issue 30).
+  bool in_order;
 
   XSOFTMAX_HD void score(const index_t* row, const index_t* entry, const T* const* wr, const float* bias,
                          index_t m) const {
@@ -75,7 +85,17 @@ struct sigmoid_pair_pass {
     sigmoid_node_losses<G>(sc, first, loss, ds);
     for (index_t j = 0; j < m; ++j) {
       pair_loss[entry[j]] = loss[j];
-      if (gs) gs[entry[j]] = ds[j] * a.upstream[row[j]];
+      const float g = gs ? ds[j] * a.upstream[row[j]] : 0.f;
+      if (gs) gs[entry[j]] = g;
+      if (in_order) {
+        a.loss[row[j]] += loss[j];
+        float* gh = a.grad_h + row[j] * a.dim;
+        if (!gs) continue;
+        if (at.grad_h_unset && entry[j] < at.rows)  // the row's first level
+          scale_row(g, wr[j], gh, a.dim);
+        else
+          axpy_row(g, wr[j], gh, a.dim);
+      }
     }
   }
 
@@ -142,7 +162,11 @@ struct sigmoid_row_pass {
           const index_t e = at.entry(l, r), key = at.node_key[e];
           if (key < 0) break;  // the path ended above: no deeper level either
           loss += pair_loss[e];
-          if (gs) axpy_row(gs[e], a.w.row(key / 2), a.grad_h + r * d, d);
+          if (!gs) continue;
+          if (at.grad_h_unset && l == at.level0)
+            scale_row(gs[e], a.w.row(key / 2), a.grad_h + r * d, d);
+          else
+            axpy_row(gs[e], a.w.row(key / 2), a.grad_h + r * d, d);
         }
         a.loss[r] = loss;
       }
@@ -219,9 +243,10 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
     long_list = raw(device_long);
     task_list = raw(device_tasks);
   }
+  constexpr bool in_order = std::is_same_v<B, serial>;
   parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
-                      sigmoid_pair_pass<T, G>{a, at, run_list, task_list, pair_loss, gs});
-  const index_t rows_per_task = host ? 16 : 1, row_tasks = (at.rows + rows_per_task - 1) / rows_per_task;
+                      sigmoid_pair_pass<T, G>{a, at, run_list, task_list, pair_loss, gs, in_order});
+  const index_t rows_per_task = host ? 16 : 1, row_tasks = in_order ? 0 : (at.rows + rows_per_task - 1) / rows_per_task;
   const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
   parallel_for_uneven(ex, row_tasks + column_tasks,

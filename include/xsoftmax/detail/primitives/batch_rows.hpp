@@ -209,7 +209,8 @@ template <class Backend>
 void scatter_rows(const execution<Backend>& ex, const batch_rows<Backend>& b, const float* packed,
                   matrix_view<float> out) {
   const index_t d = out.cols;
-  XSOFTMAX_PARALLEL_FOR_2D(ex, out.rows, d, i, j, { out.row(i)[j] = 0.f; });
+  // Every packed row is a distinct sample: with none ignored, every output row is written below.
+  if (b.rows != out.rows) XSOFTMAX_PARALLEL_FOR_2D(ex, out.rows, d, i, j, { out.row(i)[j] = 0.f; });
   const index_t* sample = b.sample_data();
   XSOFTMAX_PARALLEL_FOR_2D(ex, b.rows, d, r, j, { out.row(sample[r])[j] = packed[r * d + j]; });
 }

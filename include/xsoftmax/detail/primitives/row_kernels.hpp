@@ -255,6 +255,12 @@ XSOFTMAX_HD inline void scale_row(float g, const float* x, float* y, index_t d) 
   for (index_t p = 0; p < d; ++p) y[p] = g * x[p];
 }
 
+/// y[p] = g * x[p] for a row of another storage type (bf16, fp16), widened to float.
+template <class T>
+XSOFTMAX_HD inline void scale_row(float g, const T* x, float* y, index_t d) {
+  for (index_t p = 0; p < d; ++p) y[p] = g * to_float(x[p]);
+}
+
 /// h . w in `dot_row8_portable`'s order; AVX2 when the host CPU has it (bitwise the same).
 template <class T>
 XSOFTMAX_HD inline float dot_row8(const float* h, const T* w, index_t d) {
