@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #if XSOFTMAX_TEST_HOST_BUILD
@@ -103,9 +104,12 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
         keys.data());
     REQUIRE(plan.levels() == static_cast<std::size_t>(levels));
     for (const bool backward : {true, false}) {
-      const auto solve = [&](bool all_levels) {
+      // unset_grad_h: every level at once into hidden gradients holding NaN, flagged unset (the
+      // head's layout: each row's first level writes its term, no zero-fill).
+      const auto solve = [&](bool all_levels, bool unset_grad_h = false) {
         step_outputs out{std::vector<float>(static_cast<std::size_t>(rows), 0.f),
-                         std::vector<float>(static_cast<std::size_t>(rows * d), 0.f),
+                         std::vector<float>(static_cast<std::size_t>(rows * d),
+                                            unset_grad_h ? std::numeric_limits<float>::quiet_NaN() : 0.f),
                          std::vector<float>(static_cast<std::size_t>(plan.grad_rows * d), -1.f),
                          std::vector<float>(static_cast<std::size_t>(plan.grad_rows), -1.f)};
         xd::node_run_data<float> a;
@@ -122,7 +126,7 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
         }
         std::vector<float> scratch;
         if (all_levels) {
-          const xd::level_entries at{rows, 0, levels, keys.data()};
+          const xd::level_entries at{rows, 0, levels, keys.data(), unset_grad_h};
           scratch.resize(static_cast<std::size_t>(xd::sigmoid_levels_scratch(at, backward)));
           a.child = children.data();
           a.scratch = scratch.data();
@@ -140,8 +144,11 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
         }
         return out;
       };
-      const step_outputs all = solve(true), one_by_one = solve(false);
+      const step_outputs all = solve(true), one_by_one = solve(false), unset = solve(true, true);
       INFO("rows " << rows << ", backward " << backward);
+      CHECK(all_bits(unset.loss) == all_bits(all.loss));
+      if (backward) CHECK(all_bits(unset.grad_h) == all_bits(all.grad_h));
+      CHECK(all_bits(unset.grad_w) == all_bits(all.grad_w));
       CHECK(all_bits(all.loss) == all_bits(one_by_one.loss));
       CHECK(all_bits(all.grad_h) == all_bits(one_by_one.grad_h));
       CHECK(all_bits(all.grad_w) == all_bits(one_by_one.grad_w));
