@@ -19,10 +19,15 @@
 /// RESULTS.md, issue 30). Every value is summed in the order the level-by-level step used (each
 /// row's terms by level, each node's by sample), so the results are bitwise that step's, and the
 /// same for every thread count and task size.
+///
+/// On the serial backend the tasks run one at a time in plan order, so pass 1 does it all: no run
+/// is sliced, and each pair's loss and hidden-gradient row are added while its node row is in cache
+/// (`sigmoid_pair_pass::in_order`) -- the same sums in the same order, with each node row read once.
 
 #include <xsoftmax/detail/hierarchical/gather_runs.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 
+#include <limits>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -74,27 +79,37 @@ struct sigmoid_pair_pass {
   /// read misses; bench/RESULTS.md, issue 30).
   bool in_order;
 
-  XSOFTMAX_HD void score(const index_t* row, const index_t* entry, const T* const* wr, const float* bias,
-                         index_t m) const {
-    float sc[G] = {}, first[G] = {}, loss[G], ds[G];
-    for (index_t j = 0; j < m; ++j) {
-      const float dot = dot_row8(a.h + row[j] * a.dim, wr[j], a.dim);
-      sc[j] = a.bias ? dot + bias[j] : dot;
-      first[j] = a.child[entry[j]] == 0 ? 1.f : 0.f;
+  /// Up to G pairs scored together: filled, then their dot products, their losses, their effects.
+  struct group {
+    index_t row[G] = {}, entry[G] = {};
+    const T* wr[G] = {};
+    float bias[G] = {}, sc[G] = {}, first[G] = {}, loss[G] = {}, ds[G] = {};
+    index_t m = 0;
+  };
+
+  XSOFTMAX_HD void dots(group& q) const {
+    for (index_t j = 0; j < q.m; ++j) {
+      const float dot = dot_row8(a.h + q.row[j] * a.dim, q.wr[j], a.dim);
+      q.sc[j] = a.bias ? dot + q.bias[j] : dot;
+      q.first[j] = a.child[q.entry[j]] == 0 ? 1.f : 0.f;
     }
-    sigmoid_node_losses<G>(sc, first, loss, ds);
-    for (index_t j = 0; j < m; ++j) {
-      pair_loss[entry[j]] = loss[j];
-      const float g = gs ? ds[j] * a.upstream[row[j]] : 0.f;
-      if (gs) gs[entry[j]] = g;
+  }
+
+  XSOFTMAX_HD void losses(group& q) const { sigmoid_node_losses<G>(q.sc, q.first, q.loss, q.ds); }
+
+  XSOFTMAX_HD void effects(const group& q) const {
+    for (index_t j = 0; j < q.m; ++j) {
+      pair_loss[q.entry[j]] = q.loss[j];
+      const float g = gs ? q.ds[j] * a.upstream[q.row[j]] : 0.f;
+      if (gs) gs[q.entry[j]] = g;
       if (in_order) {
-        a.loss[row[j]] += loss[j];
-        float* gh = a.grad_h + row[j] * a.dim;
+        a.loss[q.row[j]] += q.loss[j];
+        float* gh = a.grad_h + q.row[j] * a.dim;
         if (!gs) continue;
-        if (at.grad_h_unset && entry[j] < at.rows)  // the row's first level
-          scale_row(g, wr[j], gh, a.dim);
+        if (at.grad_h_unset && q.entry[j] < at.rows)  // the row's first level
+          scale_row(g, q.wr[j], gh, a.dim);
         else
-          axpy_row(g, wr[j], gh, a.dim);
+          axpy_row(g, q.wr[j], gh, a.dim);
       }
     }
   }
@@ -102,25 +117,41 @@ struct sigmoid_pair_pass {
   XSOFTMAX_HD void operator()(index_t t) const {
     const sigmoid_task task = tasks[t];
     const bool slice = task.row_end > task.row_begin;
-    index_t row[G] = {}, entry[G] = {};
-    const T* wr[G] = {};
-    float bias[G] = {};
-    index_t m = 0;
+    // Two groups in flight: a full group's losses (a ~50-cycle chain of exp and log1p) are started
+    // before the next group's dot products and its effects (which wait on them) come after, so the
+    // core runs the chain beside the dots; scored one group at a time the chain sat between its
+    // dots and its effects (7.5 % of a serial binary-Huffman step, bench/RESULTS.md, issue 30).
+    // Each group's effects still come in group order: the same values, bitwise.
+    group q[2];
+    int filling = 0;
+    bool pending = false;  // q[1 - filling] holds a group whose losses and effects are still to do
+    const auto flush = [&] {
+      group& next = q[filling];
+      group& prev = q[1 - filling];
+      if (pending) losses(prev);
+      dots(next);
+      if (pending) effects(prev);
+      pending = true;
+      filling = 1 - filling;
+      q[filling].m = 0;
+    };
     for (index_t k = task.run_begin; k < task.run_end; ++k) {
       const node_run run = runs[k];
       const index_t node = run.block_begin / 2, r1 = slice ? task.row_end : run.end;
       for (index_t r = slice ? task.row_begin : run.begin; r < r1; ++r) {
-        row[m] = r;
-        entry[m] = at.entry(run.level, r);
-        wr[m] = a.w.row(node);
-        bias[m] = a.bias ? to_float(a.bias[node]) : 0.f;
-        if (++m == G) {
-          score(row, entry, wr, bias, m);
-          m = 0;
-        }
+        group& f = q[filling];
+        f.row[f.m] = r;
+        f.entry[f.m] = at.entry(run.level, r);
+        f.wr[f.m] = a.w.row(node);
+        f.bias[f.m] = a.bias ? to_float(a.bias[node]) : 0.f;
+        if (++f.m == G) flush();
       }
     }
-    if (m > 0) score(row, entry, wr, bias, m);
+    if (q[filling].m > 0) flush();
+    if (pending) {
+      losses(q[1 - filling]);
+      effects(q[1 - filling]);
+    }
     if (!gs || slice) return;
     const index_t d = a.dim;
     for (index_t k = task.run_begin; k < task.run_end; ++k) {  // each node's row, its samples in order
@@ -181,9 +212,10 @@ struct sigmoid_row_pass {
 };
 
 /// The pass-1 tasks over `runs` (in plan order): short runs grouped up to `pairs` pairs, long runs
-/// (`run_parallel_inside` or more rows) cut into slices of `pairs` rows, listed in `long_runs`.
+/// (`long_from` or more rows) cut into slices of `pairs` rows, listed in `long_runs`.
 inline std::vector<sigmoid_task> sigmoid_tasks(const std::vector<node_run>& runs, index_t pairs,
-                                               std::vector<node_run>& long_runs) {
+                                               std::vector<node_run>& long_runs,
+                                               index_t long_from = run_parallel_inside) {
   std::vector<sigmoid_task> tasks;
   sigmoid_task open{0, 0, 0, 0};
   index_t open_pairs = 0;
@@ -194,7 +226,7 @@ inline std::vector<sigmoid_task> sigmoid_tasks(const std::vector<node_run>& runs
   for (index_t k = 0; k < static_cast<index_t>(runs.size()); ++k) {
     const node_run& run = runs[static_cast<std::size_t>(k)];
     const index_t len = run.end - run.begin;
-    if (len >= run_parallel_inside) {
+    if (len >= long_from) {
       close();
       long_runs.push_back(run);
       for (index_t r = run.begin; r < run.end; r += pairs)
@@ -224,8 +256,14 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   if (runs.empty() || at.rows == 0) return;
   constexpr bool host = is_host_backend<B>;
   constexpr index_t G = host ? sigmoid_group : 1;
+  // One task at a time in plan order (see `sigmoid_pair_pass::in_order`): no run is long, each
+  // node row is summed in pass 1 with the row kernels (the column blocks are for sharing a long
+  // run's row among threads).
+  constexpr bool in_order = std::is_same_v<B, serial>;
   std::vector<node_run> long_runs;
-  const std::vector<sigmoid_task> tasks = sigmoid_tasks(runs, host ? sigmoid_task_pairs : 1, long_runs);
+  const std::vector<sigmoid_task> tasks =
+      sigmoid_tasks(runs, host ? sigmoid_task_pairs : 1, long_runs,
+                    in_order ? std::numeric_limits<index_t>::max() : run_parallel_inside);
   float* pair_loss = a.scratch;
   float* gs = a.backward() ? a.scratch + at.count() : nullptr;
   // A host backend reads the lists where they are; a device gets copies.
@@ -243,12 +281,12 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
     long_list = raw(device_long);
     task_list = raw(device_tasks);
   }
-  constexpr bool in_order = std::is_same_v<B, serial>;
   parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
                       sigmoid_pair_pass<T, G>{a, at, run_list, task_list, pair_loss, gs, in_order});
   const index_t rows_per_task = host ? 16 : 1, row_tasks = in_order ? 0 : (at.rows + rows_per_task - 1) / rows_per_task;
   const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
+  if (row_tasks + column_tasks == 0) return;
   parallel_for_uneven(ex, row_tasks + column_tasks,
                       sigmoid_row_pass<T>{a, at, pair_loss, gs, long_list, rows_per_task, row_tasks, blocks});
 }
