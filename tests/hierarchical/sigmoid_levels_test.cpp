@@ -17,7 +17,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #if XSOFTMAX_TEST_HOST_BUILD
 
@@ -149,6 +154,19 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
       CHECK(all_bits(unset.loss) == all_bits(all.loss));
       if (backward) CHECK(all_bits(unset.grad_h) == all_bits(all.grad_h));
       CHECK(all_bits(unset.grad_w) == all_bits(all.grad_w));
+#if defined(_OPENMP)
+      if constexpr (std::is_same_v<B, xsoftmax::omp>) {  // one thread: the tasks in order, one pass
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        REQUIRE(xd::runs_tasks_in_order(ex));
+        const step_outputs in_order = solve(true, true);
+        omp_set_num_threads(threads);
+        CHECK(all_bits(in_order.loss) == all_bits(all.loss));
+        if (backward) CHECK(all_bits(in_order.grad_h) == all_bits(all.grad_h));
+        CHECK(all_bits(in_order.grad_w) == all_bits(all.grad_w));
+        CHECK(all_bits(in_order.grad_b) == all_bits(all.grad_b));
+      }
+#endif
       CHECK(all_bits(all.loss) == all_bits(one_by_one.loss));
       CHECK(all_bits(all.grad_h) == all_bits(one_by_one.grad_h));
       CHECK(all_bits(all.grad_w) == all_bits(one_by_one.grad_w));

@@ -22,6 +22,10 @@
 
 #include <type_traits>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 /// `XSOFTMAX_PARALLEL_FOR(ex, n, i, { body })` runs `body` for every `index_t i` in [0, n) on the
 /// execution `ex` (or a Thrust host policy): a lambda capturing by value, handed to `parallel_for`.
 ///
@@ -175,6 +179,24 @@ void parallel_for_uneven(const execution<B>& ex, index_t n, F f) {
   }
 #endif
   parallel_for(ex, n, f);
+}
+
+/// Whether `parallel_for_uneven` on `ex` runs its tasks one at a time in index order: on the serial
+/// backend, and on the omp backend when its next parallel region has one thread (OMP_NUM_THREADS=1,
+/// or a build without OpenMP). A step can then do in one pass what threads need two for.
+template <class B>
+bool runs_tasks_in_order(const execution<B>&) {
+  if constexpr (std::is_same_v<B, serial>) {
+    return true;
+  } else if constexpr (std::is_same_v<B, omp>) {
+#if defined(_OPENMP)
+    return omp_get_max_threads() == 1;
+#else
+    return true;
+#endif
+  } else {
+    return false;
+  }
 }
 
 /// The first i in [begin, end) with pred(i), or `end` (a check's first bad element):

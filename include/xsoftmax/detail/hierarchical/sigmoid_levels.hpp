@@ -20,9 +20,10 @@
 /// row's terms by level, each node's by sample), so the results are bitwise that step's, and the
 /// same for every thread count and task size.
 ///
-/// On the serial backend the tasks run one at a time in plan order, so pass 1 does it all: no run
-/// is sliced, and each pair's loss and hidden-gradient row are added while its node row is in cache
-/// (`sigmoid_pair_pass::in_order`) -- the same sums in the same order, with each node row read once.
+/// On the serial backend (and omp with one thread) the tasks run one at a time in plan order, so
+/// pass 1 does it all: no run is sliced, and each pair's loss and hidden-gradient row are added
+/// while its node row is in cache (`sigmoid_pair_pass::in_order`) -- the same sums in the same
+/// order, with each node row read once.
 
 #include <xsoftmax/detail/hierarchical/gather_runs.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
@@ -71,7 +72,7 @@ struct sigmoid_pair_pass {
   const sigmoid_task* tasks;
   float* pair_loss;  ///< per entry
   float* gs;         ///< per entry; null without gradients
-  /// The tasks run one at a time in plan order (the serial backend): each pair's loss and hidden-
+  /// The tasks run one at a time in plan order (`runs_tasks_in_order`): each pair's loss and hidden-
   /// gradient row are added to its row here, while the node row is in cache, in level order as
   /// pass 2 would add them (bitwise its values); pass 2 then has only the long runs' node rows.
   /// Pass 2 read every node row a second time, most of them from beyond L2 (a binary-Huffman step
@@ -259,7 +260,7 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   // One task at a time in plan order (see `sigmoid_pair_pass::in_order`): no run is long, each
   // node row is summed in pass 1 with the row kernels (the column blocks are for sharing a long
   // run's row among threads).
-  constexpr bool in_order = std::is_same_v<B, serial>;
+  const bool in_order = runs_tasks_in_order(ex);
   std::vector<node_run> long_runs;
   const std::vector<sigmoid_task> tasks =
       sigmoid_tasks(runs, host ? sigmoid_task_pairs : 1, long_runs,
