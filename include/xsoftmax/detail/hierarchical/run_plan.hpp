@@ -76,14 +76,16 @@ struct all_level_steps_of {
   XSOFTMAX_HD void operator()(index_t r) const {
     const index_t t = target[r];
     const int depth = tv.depth(t) < levels ? tv.depth(t) : levels;
-    index_t i = r;
-    for (int l = 0; l < depth; ++l, i += rows) {
+    for (int l = 0; l < levels; ++l) put(l * rows + r, t, l, l < depth);
+  }
+  /// Entry i (level l of a row whose target is t): its step, or the ended-path key when !on_path.
+  XSOFTMAX_HD void put(index_t i, index_t t, int l, bool on_path) const {
+    if (on_path) {
       const path_step s = tv.step(t, l);
       key[i] = s.block_begin;
       block_size[i] = s.block_size;
       child[i] = s.child;
-    }
-    for (int l = depth; l < levels; ++l, i += rows) {
+    } else {
       key[i] = -1 - l;
       block_size[i] = 0;
       child[i] = 0;
@@ -108,21 +110,8 @@ struct all_level_steps_of_tile {
       target[j] = row.target[r0 + j];
       depth[j] = row.tv.depth(target[j]) < row.levels ? row.tv.depth(target[j]) : row.levels;
     }
-    for (int l = 0; l < row.levels; ++l) {
-      const index_t i = l * row.rows + r0;
-      for (index_t j = 0; j < n; ++j) {
-        if (l < depth[j]) {
-          const path_step s = row.tv.step(target[j], l);
-          row.key[i + j] = s.block_begin;
-          row.block_size[i + j] = s.block_size;
-          row.child[i + j] = s.child;
-        } else {
-          row.key[i + j] = -1 - l;
-          row.block_size[i + j] = 0;
-          row.child[i + j] = 0;
-        }
-      }
-    }
+    for (int l = 0; l < row.levels; ++l)
+      for (index_t j = 0; j < n; ++j) row.put(l * row.rows + r0 + j, target[j], l, l < depth[j]);
   }
 };
 

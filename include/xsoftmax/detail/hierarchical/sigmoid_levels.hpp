@@ -46,6 +46,15 @@ struct level_entries {
   [[nodiscard]] index_t count() const { return rows * levels; }
 };
 
+/// y = g x (first: the row's first term, into a row holding no values yet) or y += g x.
+template <class T>
+XSOFTMAX_HD inline void put_row_term(bool first, float g, const T* x, float* y, index_t d) {
+  if (first)
+    scale_row(g, x, y, d);
+  else
+    axpy_row(g, x, y, d);
+}
+
 /// Scratch floats `sigmoid_levels_generic` needs in `node_run_data::scratch`: a loss per entry and,
 /// with gradients, a dLoss/dscore * upstream per entry.
 inline index_t sigmoid_levels_scratch(const level_entries& at, bool backward) {
@@ -100,18 +109,15 @@ struct sigmoid_pair_pass {
 
   XSOFTMAX_HD void effects(const group& q) const {
     for (index_t j = 0; j < q.m; ++j) {
-      pair_loss[q.entry[j]] = q.loss[j];
       const float g = gs ? q.ds[j] * a.upstream[q.row[j]] : 0.f;
-      if (gs) gs[q.entry[j]] = g;
-      if (in_order) {
-        a.loss[q.row[j]] += q.loss[j];
-        float* gh = a.grad_h + q.row[j] * a.dim;
-        if (!gs) continue;
-        if (at.grad_h_unset && q.entry[j] < at.rows)  // the row's first level
-          scale_row(g, q.wr[j], gh, a.dim);
-        else
-          axpy_row(g, q.wr[j], gh, a.dim);
+      if (gs) gs[q.entry[j]] = g;  // the node rows' sums read it
+      if (!in_order) {  // pass 2 adds the losses and hidden gradients
+        pair_loss[q.entry[j]] = q.loss[j];
+        continue;
       }
+      a.loss[q.row[j]] += q.loss[j];
+      if (gs)  // entry < rows: the row's first level
+        put_row_term(at.grad_h_unset && q.entry[j] < at.rows, g, q.wr[j], a.grad_h + q.row[j] * a.dim, a.dim);
     }
   }
 
@@ -194,11 +200,7 @@ struct sigmoid_row_pass {
           const index_t e = at.entry(l, r), key = at.node_key[e];
           if (key < 0) break;  // the path ended above: no deeper level either
           loss += pair_loss[e];
-          if (!gs) continue;
-          if (at.grad_h_unset && l == at.level0)
-            scale_row(gs[e], a.w.row(key / 2), a.grad_h + r * d, d);
-          else
-            axpy_row(gs[e], a.w.row(key / 2), a.grad_h + r * d, d);
+          if (gs) put_row_term(at.grad_h_unset && l == at.level0, gs[e], a.w.row(key / 2), a.grad_h + r * d, d);
         }
         a.loss[r] = loss;
       }
@@ -287,7 +289,6 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   const index_t rows_per_task = host ? 16 : 1, row_tasks = in_order ? 0 : (at.rows + rows_per_task - 1) / rows_per_task;
   const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
-  if (row_tasks + column_tasks == 0) return;
   parallel_for_uneven(ex, row_tasks + column_tasks,
                       sigmoid_row_pass<T>{a, at, pair_loss, gs, long_list, rows_per_task, row_tasks, blocks});
 }
