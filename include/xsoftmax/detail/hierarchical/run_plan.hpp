@@ -232,40 +232,86 @@ int planned_levels(const execution<B>& ex, const View& tv, const index_t* target
   return deepest < max_depth ? static_cast<int>(deepest) : max_depth;
 }
 
-/// The runs of sorted rows sharing a node, level by level down to `levels` (see `planned_levels`),
-/// and the gradient rows of each run's block (one per child row; one per node for sigmoid nodes),
-/// laid out run by run, level by level. `gather_width(run)` says how many scratch values per row a
-/// run needs on the gather path (0 when it takes another path); offsets restart at every level.
-/// `children` (levels x rows, in the execution's memory) receives each row's child at every level
-/// (level l: entries [l rows, (l + 1) rows)), which the step then reads instead of walking the
-/// paths a second time; `node_keys`, when not null, alike each row's node there (its block_begin;
-/// negative where the row's path ended above: `all_level_steps_of`).
-///
-/// Every level at once: one pass writes each (level, row)'s node, one `reduce_by_key` over the
-/// levels x rows keys finds every run of every level (keys never repeat across a level boundary,
-/// see `all_level_steps_of`). Level by level this was six parallel regions per level on a host
-/// backend (a third of a binary tree's 2-thread step at d = 100 went to starting them).
-template <class B, class View, class GatherWidth>
-run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int levels,
-                   bool sigmoid, GatherWidth gather_width, index_t* children, index_t* node_keys = nullptr) {
-  run_plan plan;
-  if (rows == 0 || levels == 0) return plan;
+/// One level's runs from its entries' keys (`all_level_steps_of`), for a host task: a run starts
+/// where the key changes; entries with a negative key (paths ended above) belong to no run.
+/// `on_run(begin, end, first_entry)` is called for every run in row order.
+template <class OnRun>
+void scan_level_runs(const index_t* key, index_t rows, OnRun on_run) {
+  for (index_t begin = 0; begin < rows;) {
+    const index_t k = key[begin];
+    index_t end = begin + 1;
+    while (end < rows && key[end] == k) ++end;
+    if (k >= 0) on_run(begin, end);
+    begin = end;
+  }
+}
+
+/// The plan's runs from the entries' keys and block sizes (level-major, `levels` x `rows`), on a host
+/// backend: levels in parallel, each scanned twice -- its runs, gradient rows and scratch values
+/// counted, then, at the offsets the counts give, its runs written in place. The generic form
+/// (`plan_runs_by_reduce`: one `reduce_by_key` over every entry, the runs copied back and laid out by
+/// one loop on the calling thread) kept the other threads waiting: 18 % of the calling thread's time
+/// in a 2-thread binary-Huffman step at 50K classes, d = 100 (bench/RESULTS.md, issue 30). The same
+/// plan, run for run (`sigmoid_levels_test` compares them).
+template <class B, class GatherWidth>
+void plan_host_runs(const execution<B>& ex, const index_t* key, const index_t* block_size, index_t rows, int levels,
+                    bool sigmoid, GatherWidth gather_width, run_plan& plan) {
+  struct level_totals {
+    index_t runs = 0, grad_rows = 0, scratch = 0;
+  };
+  std::vector<level_totals> totals(static_cast<std::size_t>(levels));
+  const auto run_at = [&](int l, index_t begin, index_t end) {
+    const index_t e = l * rows + begin;
+    return node_run{l, begin, end, key[e], block_size[e], 0, 0};
+  };
+  parallel_for_uneven(ex, levels, [&](index_t l) {
+    level_totals t;
+    scan_level_runs(key + l * rows, rows, [&](index_t begin, index_t end) {
+      const node_run run = run_at(static_cast<int>(l), begin, end);
+      ++t.runs;
+      t.grad_rows += sigmoid ? 1 : run.block_size;
+      t.scratch += (end - begin) * gather_width(run);
+    });
+    totals[static_cast<std::size_t>(l)] = t;
+  });
+  std::vector<level_totals> first(static_cast<std::size_t>(levels));  // each level's offsets
+  level_totals sum;
+  for (int l = 0; l < levels; ++l) {
+    first[static_cast<std::size_t>(l)] = sum;
+    const level_totals& t = totals[static_cast<std::size_t>(l)];
+    sum.runs += t.runs;
+    sum.grad_rows += t.grad_rows;
+    plan.gather_values = t.scratch > plan.gather_values ? t.scratch : plan.gather_values;
+    plan.level_first.push_back(static_cast<std::size_t>(sum.runs));
+  }
+  plan.grad_rows = sum.grad_rows;
+  plan.runs.resize(static_cast<std::size_t>(sum.runs));
+  node_run* out = plan.runs.data();
+  parallel_for_uneven(ex, levels, [&](index_t l) {
+    const level_totals& at = first[static_cast<std::size_t>(l)];
+    index_t i = at.runs, grad = at.grad_rows, scratch = 0;  // scratch offsets restart at every level
+    scan_level_runs(key + l * rows, rows, [&](index_t begin, index_t end) {
+      node_run run = run_at(static_cast<int>(l), begin, end);
+      run.grad_offset = grad;
+      run.scratch_offset = scratch;
+      grad += sigmoid ? 1 : run.block_size;
+      scratch += (end - begin) * gather_width(run);
+      out[i++] = run;
+    });
+  });
+}
+
+/// `plan_runs`'s run list by one `reduce_by_key` over every level's entries (keys never repeat across
+/// a level boundary, see `all_level_steps_of`): the runs' keys, row counts and block sizes come back
+/// to the host, which lays them out. The device form, and the host form's oracle.
+template <class B, class GatherWidth>
+void plan_runs_by_reduce(const execution<B>& ex, const index_t* key, const index_t* block_size, index_t rows,
+                         int levels, bool sigmoid, GatherWidth gather_width, run_plan& plan) {
   const auto policy = ex.policy();
   const index_t entries = rows * levels;
   const std::size_t n = static_cast<std::size_t>(entries);
-  // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
-  // places in the backend's memory.
-  scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(n, ex), run_key_buf(n, ex), run_count_buf(n, ex),
-      run_size_buf(n, ex);
-  index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = size_buf.data(), *run_key = run_key_buf.data(),
-          *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
-  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, children};
-  if constexpr (is_host_backend<B>) {
-    constexpr index_t tile = all_level_steps_of_tile<View>::tile_rows;
-    parallel_for(ex, (rows + tile - 1) / tile, all_level_steps_of_tile<View>{steps});
-  } else {  // a thread per row: a warp's stores at one level are consecutive
-    parallel_for(ex, rows, steps);
-  }
+  scratch_buffer<B, index_t> run_key_buf(n, ex), run_count_buf(n, ex), run_size_buf(n, ex);
+  index_t *run_key = run_key_buf.data(), *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
   // One pass: each run's row count and block size (equal within a run: their maximum).
   const auto ends = thrust::reduce_by_key(
       policy, key, key + entries,
@@ -300,6 +346,45 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
       scratch = 0;
     }
   }
+}
+
+/// The runs of sorted rows sharing a node, level by level down to `levels` (see `planned_levels`),
+/// and the gradient rows of each run's block (one per child row; one per node for sigmoid nodes),
+/// laid out run by run, level by level. `gather_width(run)` says how many scratch values per row a
+/// run needs on the gather path (0 when it takes another path); offsets restart at every level.
+/// `children` (levels x rows, in the execution's memory) receives each row's child at every level
+/// (level l: entries [l rows, (l + 1) rows)), which the step then reads instead of walking the
+/// paths a second time; `node_keys`, when not null, alike each row's node there (its block_begin;
+/// negative where the row's path ended above: `all_level_steps_of`).
+///
+/// Every level at once: one pass writes each (level, row)'s node; then the runs of every level, by
+/// a scan of each level's entries on a host backend (`plan_host_runs`) and by one `reduce_by_key`
+/// over all entries on a device (`plan_runs_by_reduce`). Level by level this was six parallel
+/// regions per level on a host backend (a third of a binary tree's 2-thread step at d = 100 went
+/// to starting them). `by_reduce` asks for the reduce form on a host backend too (its oracle).
+template <class B, class View, class GatherWidth>
+run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int levels,
+                   bool sigmoid, GatherWidth gather_width, index_t* children, index_t* node_keys = nullptr,
+                   bool by_reduce = false) {
+  run_plan plan;
+  if (rows == 0 || levels == 0) return plan;
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
+  // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
+  // places in the backend's memory.
+  scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(n, ex);
+  index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = size_buf.data();
+  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, children};
+  if constexpr (is_host_backend<B>) {
+    constexpr index_t tile = all_level_steps_of_tile<View>::tile_rows;
+    parallel_for(ex, (rows + tile - 1) / tile, all_level_steps_of_tile<View>{steps});
+    if (!by_reduce) {
+      plan_host_runs(ex, key, block_size, rows, levels, sigmoid, gather_width, plan);
+      return plan;
+    }
+  } else {  // a thread per row: a warp's stores at one level are consecutive
+    parallel_for(ex, rows, steps);
+  }
+  plan_runs_by_reduce(ex, key, block_size, rows, levels, sigmoid, gather_width, plan);
   return plan;
 }
 
