@@ -77,6 +77,41 @@ TEST_CASE("sigmoid levels: the task list covers every run's rows once and slices
   }
 }
 
+TEST_CASE("sigmoid levels: row ranges cover the rows in order, and the runs across their bounds are found once each") {
+  xsoftmax_test::test_rng rng(44);
+  for (int trial = 0; trial < 200; ++trial) {
+    // Runs of 1-3 levels over `rows` rows; a level's runs in row order, rows without a run between.
+    const index_t rows = rng.integer(1, 300), levels = rng.integer(1, 4);
+    std::vector<xd::node_run> runs;
+    std::vector<std::size_t> level_first{0};
+    for (index_t l = 0; l < levels; ++l) {
+      for (index_t r = 0; r < rows;) {
+        const index_t len = rng.integer(1, l == 0 ? rows : 40), end = r + len < rows ? r + len : rows;
+        if (!rng.coin(0.2)) runs.push_back(xd::node_run{static_cast<int>(l), r, end, 2 * r, 2, 0, 0});
+        r = end;
+      }
+      level_first.push_back(runs.size());
+    }
+    const index_t ranges = rng.integer(1, 12);
+    const std::vector<index_t> first = xd::sigmoid_row_ranges(runs, rows, ranges);
+    REQUIRE(first.size() >= 2);
+    CHECK(first.front() == 0);
+    CHECK(first.back() == rows);
+    CHECK(static_cast<index_t>(first.size()) - 1 <= ranges);
+    for (std::size_t j = 0; j + 1 < first.size(); ++j) CHECK(first[j] < first[j + 1]);
+    const std::vector<xd::node_run> across = xd::runs_across(runs, level_first, first);
+    std::vector<xd::node_run> expected;
+    for (const xd::node_run& run : runs)
+      if (std::any_of(first.begin(), first.end(), [&](index_t b) { return run.begin < b && b < run.end; }))
+        expected.push_back(run);
+    REQUIRE(across.size() == expected.size());
+    for (std::size_t i = 0; i < across.size(); ++i) {
+      CHECK(across[i].level == expected[i].level);
+      CHECK(across[i].begin == expected[i].begin);
+    }
+  }
+}
+
 std::vector<std::uint32_t> all_bits(const std::vector<float>& v) {
   std::vector<std::uint32_t> out(v.size());
   std::transform(v.begin(), v.end(), out.begin(), [](float x) { return bits(x); });
@@ -111,7 +146,7 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
     for (const bool backward : {true, false}) {
       // unset_grad_h: every level at once into hidden gradients holding NaN, flagged unset (the
       // head's layout: each row's first level writes its term, no zero-fill).
-      const auto solve = [&](bool all_levels, bool unset_grad_h = false) {
+      const auto solve = [&](bool all_levels, bool unset_grad_h = false, index_t ranges = 0) {
         step_outputs out{std::vector<float>(static_cast<std::size_t>(rows), 0.f),
                          std::vector<float>(static_cast<std::size_t>(rows * d),
                                             unset_grad_h ? std::numeric_limits<float>::quiet_NaN() : 0.f),
@@ -135,7 +170,7 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
           scratch.resize(static_cast<std::size_t>(xd::sigmoid_levels_scratch(at, backward)));
           a.child = children.data();
           a.scratch = scratch.data();
-          xd::sigmoid_levels_generic(ex, a, plan.runs, at);
+          xd::sigmoid_levels_generic(ex, a, plan.runs, at, ranges);
         } else {
           for (int lv = 0; lv < levels; ++lv) {
             const std::vector<xd::node_run> runs(plan.runs.begin() + static_cast<std::ptrdiff_t>(plan.level_first[lv]),
@@ -154,6 +189,16 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
       CHECK(all_bits(unset.loss) == all_bits(all.loss));
       if (backward) CHECK(all_bits(unset.grad_h) == all_bits(all.grad_h));
       CHECK(all_bits(unset.grad_w) == all_bits(all.grad_w));
+      // A host backend's row ranges: one (every run inside it), or many (runs crossing one bound or
+      // several, their node rows summed in pass 2): the same bits.
+      for (const index_t ranges : {index_t(1), index_t(2), index_t(7), index_t(64)}) {
+        INFO("ranges " << ranges);
+        const step_outputs ranged = solve(true, true, ranges);
+        CHECK(all_bits(ranged.loss) == all_bits(all.loss));
+        if (backward) CHECK(all_bits(ranged.grad_h) == all_bits(all.grad_h));
+        CHECK(all_bits(ranged.grad_w) == all_bits(all.grad_w));
+        CHECK(all_bits(ranged.grad_b) == all_bits(all.grad_b));
+      }
 #if defined(_OPENMP)
       if constexpr (std::is_same_v<B, xsoftmax::omp>) {  // one thread: the tasks in order, one pass
         const int threads = omp_get_max_threads();

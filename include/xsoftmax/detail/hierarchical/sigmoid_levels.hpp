@@ -7,28 +7,28 @@
 ///
 /// A (row, level) pair of the step is an *entry*, e = (level - level0) rows + row, level-major as
 /// the planning pass lays out each row's node (`node_key`: its block_begin, negative once the row's
-/// path has ended) and child. The passes:
-///  1. every pair of every level: its score, loss and dLoss/dscore * upstream, into per-entry
-///     arrays (no two tasks share an entry); runs shorter than `run_parallel_inside` are grouped
-///     into tasks of about `sigmoid_task_pairs` pairs, each also summing its runs' node-gradient
-///     rows (a run's entries are all in its task); longer runs are cut into slices of rows;
-///  2. per row, its levels in order: the loss terms, and the hidden-gradient rows gs_e * w_node;
-///     beside them, the long runs' node-gradient rows by column blocks (`sigmoid_column_block`).
+/// path has ended) and child. The passes, on a host backend:
+///  1. a task per range of consecutive rows (about equal pair counts; one range per thread, one in
+///     all on the serial backend or one thread): every level's runs clipped to its rows, in level
+///     order -- each pair's score, loss and dLoss/dscore * upstream, its loss and hidden-gradient
+///     row added to its row while the node row is in cache, then the node-gradient rows of the
+///     runs that lie inside the range;
+///  2. the node-gradient rows of the runs that cross a range bound, by column blocks
+///     (`sigmoid_column_block`).
+/// On a device, pass 1 is a task per pair (the run list's pieces) into per-entry arrays, and pass 2
+/// a task per row (its levels in order: loss terms and hidden-gradient rows gs_e * w_node) beside
+/// the long runs' node rows by column blocks.
 /// Level by level this was one to three parallel regions per level (17 levels and 58 regions a
 /// step at 50K classes, where starting regions cost more than a second thread gained; bench/
 /// RESULTS.md, issue 30). Every value is summed in the order the level-by-level step used (each
 /// row's terms by level, each node's by sample), so the results are bitwise that step's, and the
-/// same for every thread count and task size.
-///
-/// On the serial backend (and omp with one thread) the tasks run one at a time in plan order, so
-/// pass 1 does it all: no run is sliced, and each pair's loss and hidden-gradient row are added
-/// while its node row is in cache (`sigmoid_pair_pass::in_order`) -- the same sums in the same
-/// order, with each node row read once.
+/// same for every thread count and range count.
 
 #include <xsoftmax/detail/hierarchical/gather_runs.hpp>
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 
-#include <limits>
+#include <algorithm>
+#include <cstddef>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -61,9 +61,10 @@ inline index_t sigmoid_levels_scratch(const level_entries& at, bool backward) {
   return at.count() * (backward ? 2 : 1);
 }
 
-/// Pairs a pass-1 task of a host backend scores (about 25 K multiply-adds at d = 100: enough that a
-/// task dwarfs its dispatch, small enough to balance two to sixteen threads).
-inline constexpr index_t sigmoid_task_pairs = 256;
+/// Pairs a row-range task scores before it sums the node rows of the runs among them that are
+/// complete (about 25 K multiply-adds at d = 100: the hidden rows and dLoss/dscore values they read
+/// are still in L1 or L2; a range's node rows all summed at its end cost a serial step 4 %).
+inline constexpr index_t range_chunk_pairs = 256;
 
 /// Pass-1 work: runs [run_begin, run_end) whole (row_end == 0), or rows [row_begin, row_end) of the
 /// long run run_begin (scores only: its node-gradient row is pass 2's).
@@ -72,22 +73,28 @@ struct sigmoid_task {
 };
 
 /// Pass 1, task t: the scores, losses and dLoss/dscore of its pairs, G at a time (their dot products
-/// first, then their losses side by side: `sigmoid_node_losses`), then its whole runs' node rows.
+/// first, then their losses side by side: `sigmoid_node_losses`), then the node rows of its whole
+/// runs. A task is either a piece of the run list (`tasks[t]`: device backends) or, on a host
+/// backend, the rows [row_first[t], row_first[t + 1]) through every level (`row_first` set): each
+/// level's runs clipped to those rows, in level order, so that the task owns its rows' losses and
+/// hidden gradients and adds each pair's terms there while the node row is in cache (see `owns_rows`).
 template <class T, index_t G>
 struct sigmoid_pair_pass {
   node_run_data<T> a;  // child: per entry
   level_entries at;
   const node_run* runs;
-  const sigmoid_task* tasks;
-  float* pair_loss;  ///< per entry
+  const sigmoid_task* tasks;       ///< the run-list tasks (when row_first is null)
+  const index_t* row_first;        ///< host: the row ranges' bounds (null: run-list tasks)
+  const std::size_t* level_first;  ///< with row_first: level l's runs are [level_first[l], level_first[l + 1])
+  float* pair_loss;  ///< per entry (read by pass 2 when !owns_rows)
   float* gs;         ///< per entry; null without gradients
-  /// The tasks run one at a time in plan order (`runs_tasks_in_order`): each pair's loss and hidden-
-  /// gradient row are added to its row here, while the node row is in cache, in level order as
-  /// pass 2 would add them (bitwise its values); pass 2 then has only the long runs' node rows.
-  /// Pass 2 read every node row a second time, most of them from beyond L2 (a binary-Huffman step
-  /// at 50K classes, d = 100, in callgrind's cache model with a 1 MiB L2: 1.7 of its 8.7 MB of L2
-  /// read misses; bench/RESULTS.md, issue 30).
-  bool in_order;
+  /// Each task owns its rows (row-range tasks): every pair's loss and hidden-gradient row are added
+  /// to its row here, while the node row is in cache, in level order as pass 2 would add them
+  /// (bitwise its values); pass 2 then has only the node rows of the runs that cross a range
+  /// boundary. Pass 2 read every node row a second time, most of them from beyond L2 (a
+  /// binary-Huffman step at 50K classes, d = 100, in callgrind's cache model with a 1 MiB L2: 1.7 of
+  /// its 8.7 MB of L2 read misses; bench/RESULTS.md, issue 30).
+  bool owns_rows;
 
   /// Up to G pairs scored together: filled, then their dot products, their losses, their effects.
   struct group {
@@ -111,7 +118,7 @@ struct sigmoid_pair_pass {
     for (index_t j = 0; j < q.m; ++j) {
       const float g = gs ? q.ds[j] * a.upstream[q.row[j]] : 0.f;
       if (gs) gs[q.entry[j]] = g;  // the node rows' sums read it
-      if (!in_order) {  // pass 2 adds the losses and hidden gradients
+      if (!owns_rows) {  // pass 2 adds the losses and hidden gradients
         pair_loss[q.entry[j]] = q.loss[j];
         continue;
       }
@@ -121,14 +128,15 @@ struct sigmoid_pair_pass {
     }
   }
 
-  XSOFTMAX_HD void operator()(index_t t) const {
-    const sigmoid_task task = tasks[t];
-    const bool slice = task.row_end > task.row_begin;
-    // Two groups in flight: a full group's losses (a ~50-cycle chain of exp and log1p) are started
-    // before the next group's dot products and its effects (which wait on them) come after, so the
-    // core runs the chain beside the dots; scored one group at a time the chain sat between its
-    // dots and its effects (7.5 % of a serial binary-Huffman step, bench/RESULTS.md, issue 30).
-    // Each group's effects still come in group order: the same values, bitwise.
+  /// Every pair `pieces(add)` names -- add(run, first row, end row), in the order the pairs' terms
+  /// are to be added -- scored G at a time. Two groups in flight: a full group's losses (a
+  /// ~50-cycle chain of exp and log1p) are started before the next group's dot products and its
+  /// effects (which wait on them) come after, so the core runs the chain beside the dots; scored
+  /// one group at a time the chain sat between its dots and its effects (7.5 % of a serial
+  /// binary-Huffman step, bench/RESULTS.md, issue 30). Each group's effects still come in group
+  /// order: the same values, bitwise.
+  template <class Pieces>
+  XSOFTMAX_HD void score_pairs(Pieces pieces) const {
     group q[2];
     int filling = 0;
     bool pending = false;  // q[1 - filling] holds a group whose losses and effects are still to do
@@ -142,10 +150,9 @@ struct sigmoid_pair_pass {
       filling = 1 - filling;
       q[filling].m = 0;
     };
-    for (index_t k = task.run_begin; k < task.run_end; ++k) {
-      const node_run run = runs[k];
-      const index_t node = run.block_begin / 2, r1 = slice ? task.row_end : run.end;
-      for (index_t r = slice ? task.row_begin : run.begin; r < r1; ++r) {
+    pieces([&](const node_run& run, index_t r0, index_t r1) {
+      const index_t node = run.block_begin / 2;
+      for (index_t r = r0; r < r1; ++r) {
         group& f = q[filling];
         f.row[f.m] = r;
         f.entry[f.m] = at.entry(run.level, r);
@@ -153,29 +160,95 @@ struct sigmoid_pair_pass {
         f.bias[f.m] = a.bias ? to_float(a.bias[node]) : 0.f;
         if (++f.m == G) flush();
       }
-    }
+    });
     if (q[filling].m > 0) flush();
     if (pending) {
       losses(q[1 - filling]);
       effects(q[1 - filling]);
     }
-    if (!gs || slice) return;
+  }
+
+  /// A whole run's node-gradient row: its samples' terms in order (the row starts as the first
+  /// sample's term: no zeroing pass).
+  XSOFTMAX_HD void node_row(const node_run& run) const {
     const index_t d = a.dim;
-    for (index_t k = task.run_begin; k < task.run_end; ++k) {  // each node's row, its samples in order
-      const node_run run = runs[k];
-      const float* g = gs + at.entry(run.level, run.begin);
-      float* gwr = a.grad_w + run.grad_offset * d;
-      float bias_acc = 0.f;
-      for (index_t i = 0; i < run.end - run.begin; ++i) {
-        const float* h = a.h + (run.begin + i) * d;
-        if (i == 0)  // the row starts as the first sample's term (no zeroing pass)
-          scale_row(g[i], h, gwr, d);
-        else
-          axpy_row(g[i], h, gwr, d);
-        bias_acc += g[i];
-      }
-      if (a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
+    const float* g = gs + at.entry(run.level, run.begin);
+    float* gwr = a.grad_w + run.grad_offset * d;
+    float bias_acc = 0.f;
+    for (index_t i = 0; i < run.end - run.begin; ++i) {
+      const float* h = a.h + (run.begin + i) * d;
+      if (i == 0)
+        scale_row(g[i], h, gwr, d);
+      else
+        axpy_row(g[i], h, gwr, d);
+      bias_acc += g[i];
     }
+    if (a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
+  }
+
+  /// The first of level l's runs that ends after row r (runs of a level are in row order).
+  XSOFTMAX_HD index_t first_run_after(int l, index_t r) const {
+    index_t lo = static_cast<index_t>(level_first[l]), hi = static_cast<index_t>(level_first[l + 1]);
+    while (lo < hi) {
+      const index_t mid = lo + (hi - lo) / 2;
+      if (runs[mid].end <= r) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  /// Where a row-range task is: run k of level l (clipped to rows [r0, r1)), level by level.
+  struct range_cursor {
+    const sigmoid_pair_pass* pass;
+    index_t r0, r1;
+    int l;
+    index_t k;
+    XSOFTMAX_HD bool done() const { return l >= pass->at.levels; }
+    /// Moves to the first run at or after (l, k) that has rows in [r0, r1).
+    XSOFTMAX_HD void settle() {
+      while (!done() && !(k < static_cast<index_t>(pass->level_first[l + 1]) && pass->runs[k].begin < r1))
+        if (++l < pass->at.levels) k = pass->first_run_after(l, r0);
+    }
+    XSOFTMAX_HD void advance() {
+      ++k;
+      settle();
+    }
+    XSOFTMAX_HD bool same(const range_cursor& o) const { return l == o.l && (done() || k == o.k); }
+  };
+
+  XSOFTMAX_HD void operator()(index_t t) const {
+    if (row_first) {  // rows [r0, r1) through every level, `range_chunk_pairs` pairs at a time
+      range_cursor c{this, row_first[t], row_first[t + 1], 0, 0};
+      c.k = first_run_after(0, c.r0);
+      c.settle();
+      while (!c.done()) {
+        const range_cursor chunk = c;
+        score_pairs([&](auto&& add) {
+          for (index_t pairs = 0; !c.done() && pairs < range_chunk_pairs; c.advance()) {
+            const node_run& run = runs[c.k];
+            const index_t b = run.begin > c.r0 ? run.begin : c.r0, e = run.end < c.r1 ? run.end : c.r1;
+            add(run, b, e);
+            pairs += e - b;
+          }
+        });
+        // The chunk's node rows while its rows are in cache: those of the runs inside the range
+        // (the others: pass 2).
+        if (gs)
+          for (range_cursor n = chunk; !n.same(c); n.advance())
+            if (runs[n.k].begin >= c.r0 && runs[n.k].end <= c.r1) node_row(runs[n.k]);
+      }
+      return;
+    }
+    const sigmoid_task task = tasks[t];
+    const bool slice = task.row_end > task.row_begin;
+    score_pairs([&](auto&& add) {
+      for (index_t k = task.run_begin; k < task.run_end; ++k) {
+        const node_run& run = runs[k];
+        add(run, slice ? task.row_begin : run.begin, slice ? task.row_end : run.end);
+      }
+    });
+    if (!gs || slice) return;
+    for (index_t k = task.run_begin; k < task.run_end; ++k) node_row(runs[k]);
   }
 };
 
@@ -249,48 +322,111 @@ inline std::vector<sigmoid_task> sigmoid_tasks(const std::vector<node_run>& runs
   return tasks;
 }
 
+/// Row ranges a host step's pass-1 tasks take per thread: enough for the threads to even out
+/// rows of different path depths (`parallel_for_uneven`), few enough that few runs cross a range
+/// boundary (their node rows are summed in pass 2).
+inline constexpr index_t sigmoid_ranges_per_thread = 1;
+
+/// The bounds of `ranges` ranges of consecutive rows with about equal pair counts (rows [first[j],
+/// first[j + 1]); empty ranges dropped), from `runs` (a row's pairs: the runs it is in).
+inline std::vector<index_t> sigmoid_row_ranges(const std::vector<node_run>& runs, index_t rows, index_t ranges) {
+  std::vector<index_t> first{0};
+  if (ranges > 1) {
+    std::vector<index_t> starts(static_cast<std::size_t>(rows) + 1, 0);  // pairs per row, as differences
+    index_t pairs = 0;
+    for (const node_run& run : runs) {
+      ++starts[static_cast<std::size_t>(run.begin)];
+      --starts[static_cast<std::size_t>(run.end)];
+      pairs += run.end - run.begin;
+    }
+    index_t open = 0, done = 0;  // runs open at row r; pairs of rows before r
+    for (index_t r = 0; r < rows; ++r) {
+      open += starts[static_cast<std::size_t>(r)];
+      const index_t j = static_cast<index_t>(first.size());  // the next bound: after j / ranges of the pairs
+      if (j < ranges && done >= pairs * j / ranges && r > first.back()) first.push_back(r);
+      done += open;
+    }
+  }
+  first.push_back(rows);
+  return first;
+}
+
+/// The runs of `runs` (level l's: [level_first[l], level_first[l + 1])) that cross one of the range
+/// bounds in `row_first` (begin < bound < end), each once, in plan order.
+inline std::vector<node_run> runs_across(const std::vector<node_run>& runs, const std::vector<std::size_t>& level_first,
+                                        const std::vector<index_t>& row_first) {
+  std::vector<node_run> across;
+  for (std::size_t l = 0; l + 1 < level_first.size(); ++l) {
+    const auto first = runs.begin() + static_cast<std::ptrdiff_t>(level_first[l]),
+               last = runs.begin() + static_cast<std::ptrdiff_t>(level_first[l + 1]);
+    auto from = first;
+    for (std::size_t j = 1; j + 1 < row_first.size(); ++j) {
+      const index_t bound = row_first[j];
+      from = std::partition_point(from, last, [&](const node_run& run) { return run.end <= bound; });
+      if (from == last) break;
+      if (from->begin < bound && (across.empty() || across.back().level != from->level ||
+                                  across.back().begin != from->begin))
+        across.push_back(*from);
+    }
+  }
+  return across;
+}
+
 /// Every level's sigmoid `runs` (any levels within `at`, in plan order; one level's runs cover its
 /// rows whose key is not negative) in two parallel passes (see the file comment). `a.child` is per
 /// entry, `a.scratch` holds `sigmoid_levels_scratch(at, a.backward())` floats; losses and hidden
 /// gradients are added to `a.loss` / `a.grad_h`, each run's gradient rows written at its offset.
+///
+/// On a host backend pass 1's tasks are row ranges through every level (`sigmoid_pair_pass`:
+/// each adds its rows' terms itself; one range on the serial backend or one thread), and pass 2
+/// sums only the node rows of the runs that cross a range boundary, by column blocks. The run-list
+/// tasks with a per-entry pass 2 (device backends) left each node row to be read twice and the
+/// losses and hidden gradients to a pass of their own (the 2-thread binary-Huffman step at 50K
+/// classes, d = 100: bench/RESULTS.md, issue 30). `ranges` > 0 sets the host's range count (tests:
+/// every count gives the same bits); 0, the default: one, or `sigmoid_ranges_per_thread` per thread.
 template <class B, class T>
 void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, const std::vector<node_run>& runs,
-                            const level_entries& at) {
+                            const level_entries& at, index_t ranges = 0) {
   if (runs.empty() || at.rows == 0) return;
   constexpr bool host = is_host_backend<B>;
   constexpr index_t G = host ? sigmoid_group : 1;
-  // One task at a time in plan order (see `sigmoid_pair_pass::in_order`): no run is long, each
-  // node row is summed in pass 1 with the row kernels (the column blocks are for sharing a long
-  // run's row among threads).
-  const bool in_order = runs_tasks_in_order(ex);
-  std::vector<node_run> long_runs;
-  const std::vector<sigmoid_task> tasks =
-      sigmoid_tasks(runs, host ? sigmoid_task_pairs : 1, long_runs,
-                    in_order ? std::numeric_limits<index_t>::max() : run_parallel_inside);
   float* pair_loss = a.scratch;
   float* gs = a.backward() ? a.scratch + at.count() : nullptr;
-  // A host backend reads the lists where they are; a device gets copies.
-  backend_vector<B, node_run> device_runs(host ? 0 : runs.size()), device_long(host ? 0 : long_runs.size());
-  backend_vector<B, sigmoid_task> device_tasks(host ? 0 : tasks.size());
-  const node_run* run_list = runs.data();
-  const node_run* long_list = long_runs.data();
-  const sigmoid_task* task_list = tasks.data();
-  if constexpr (!host) {
-    using ops = typename execution<B>::ops;
-    ops::copy(ex.res, raw(device_runs), runs.data(), static_cast<index_t>(runs.size()));
-    ops::copy(ex.res, raw(device_tasks), tasks.data(), static_cast<index_t>(tasks.size()));
-    if (!long_runs.empty()) ops::copy(ex.res, raw(device_long), long_runs.data(), static_cast<index_t>(long_runs.size()));
-    run_list = raw(device_runs);
-    long_list = raw(device_long);
-    task_list = raw(device_tasks);
-  }
-  parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
-                      sigmoid_pair_pass<T, G>{a, at, run_list, task_list, pair_loss, gs, in_order});
-  const index_t rows_per_task = host ? 16 : 1, row_tasks = in_order ? 0 : (at.rows + rows_per_task - 1) / rows_per_task;
   const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
+  if constexpr (host) {
+    // Each level's runs (plan order: level by level, rows ascending within a level).
+    std::vector<std::size_t> level_first(static_cast<std::size_t>(at.levels) + 1, 0);
+    for (int l = 0; l < at.levels; ++l)
+      level_first[static_cast<std::size_t>(l) + 1] = static_cast<std::size_t>(
+          std::partition_point(runs.begin() + static_cast<std::ptrdiff_t>(level_first[static_cast<std::size_t>(l)]),
+                               runs.end(), [&](const node_run& run) { return run.level <= at.level0 + l; }) -
+          runs.begin());
+    if (ranges <= 0) ranges = runs_tasks_in_order(ex) ? 1 : execution<B>::ops::threads() * sigmoid_ranges_per_thread;
+    const std::vector<index_t> row_first = sigmoid_row_ranges(runs, at.rows, ranges);
+    const std::vector<node_run> across = runs_across(runs, level_first, row_first);
+    sigmoid_pair_pass<T, G> pass{a, at, runs.data(), nullptr, row_first.data(), level_first.data(), pair_loss, gs, true};
+    parallel_for_uneven(ex, static_cast<index_t>(row_first.size()) - 1, pass);
+    if (gs && !across.empty())
+      parallel_for_uneven(ex, static_cast<index_t>(across.size()) * blocks,
+                          sigmoid_row_pass<T>{a, at, pair_loss, gs, across.data(), 1, 0, blocks});
+    return;
+  }
+  std::vector<node_run> long_runs;
+  const std::vector<sigmoid_task> tasks = sigmoid_tasks(runs, 1, long_runs, run_parallel_inside);
+  // A device gets copies of the lists.
+  backend_vector<B, node_run> device_runs(runs.size()), device_long(long_runs.size());
+  backend_vector<B, sigmoid_task> device_tasks(tasks.size());
+  using ops = typename execution<B>::ops;
+  ops::copy(ex.res, raw(device_runs), runs.data(), static_cast<index_t>(runs.size()));
+  ops::copy(ex.res, raw(device_tasks), tasks.data(), static_cast<index_t>(tasks.size()));
+  if (!long_runs.empty()) ops::copy(ex.res, raw(device_long), long_runs.data(), static_cast<index_t>(long_runs.size()));
+  parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
+                      sigmoid_pair_pass<T, G>{a, at, raw(device_runs), raw(device_tasks), nullptr, nullptr, pair_loss,
+                                              gs, false});
+  const index_t row_tasks = at.rows;  // a row per task
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
   parallel_for_uneven(ex, row_tasks + column_tasks,
-                      sigmoid_row_pass<T>{a, at, pair_loss, gs, long_list, rows_per_task, row_tasks, blocks});
+                      sigmoid_row_pass<T>{a, at, pair_loss, gs, raw(device_long), 1, row_tasks, blocks});
 }
 
 }  // namespace xsoftmax::detail
