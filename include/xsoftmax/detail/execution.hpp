@@ -48,10 +48,21 @@
     else                                                                                           \
       ::xsoftmax::detail::parallel_for(ex, n, [=](::xsoftmax::index_t i) __VA_ARGS__);             \
   } while (false)
+#define XSOFTMAX_PARALLEL_FOR_LIGHT(ex, n, i, ...)                                                        \
+  do {                                                                                                   \
+    if constexpr (::xsoftmax::detail::runs_on_device<std::decay_t<decltype(ex)>>)                        \
+      ::xsoftmax::detail::parallel_for_light(ex, n, [=] __device__(::xsoftmax::index_t i) __VA_ARGS__);  \
+    else                                                                                                 \
+      ::xsoftmax::detail::parallel_for_light(ex, n, [=](::xsoftmax::index_t i) __VA_ARGS__);             \
+  } while (false)
 #else
 #define XSOFTMAX_PARALLEL_FOR(ex, n, i, ...) \
   ::xsoftmax::detail::parallel_for(ex, n, [=](::xsoftmax::index_t i) __VA_ARGS__)
+#define XSOFTMAX_PARALLEL_FOR_LIGHT(ex, n, i, ...) \
+  ::xsoftmax::detail::parallel_for_light(ex, n, [=](::xsoftmax::index_t i) __VA_ARGS__)
 #endif
+/// `XSOFTMAX_PARALLEL_FOR_LIGHT(ex, n, i, { body })`: the same for a light loop (a few nanoseconds
+/// an element), which the omp backend runs on the calling thread below `light_loop_limit` elements.
 
 /// `XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cols, r, j, { body })` runs `body` for every element (r, j)
 /// of a rows x cols grid, for loops whose elements are independent (row copies, conversions,
@@ -181,6 +192,46 @@ void parallel_for_uneven(const execution<B>& ex, index_t n, F f) {
   parallel_for(ex, n, f);
 }
 
+/// Elements below which the omp backend runs a *light* loop (a few nanoseconds an element:
+/// `parallel_for_light`, `first_index_where_light`, `with_light_policy`) on the calling thread.
+/// Opening and closing a parallel region costs about 1 us with two threads waiting actively on a
+/// quiet machine and tens of us when the threads' cores are far apart or busy; a 2-thread binary-
+/// Huffman step at 1,024 rows opened 32 regions, most of them for loops over its rows or runs
+/// that take a few microseconds on one thread (bench/RESULTS.md, issue 30).
+inline constexpr index_t light_loop_limit = 16384;
+
+/// Whether a light loop of `n` elements on `ex` runs on the calling thread: on the omp backend
+/// below `light_loop_limit` (the serial backend does anyway; a device never).
+template <class B>
+[[nodiscard]] bool runs_light_loop_inline(const execution<B>&, index_t n) {
+  return std::is_same_v<B, omp> && n < light_loop_limit;
+}
+
+/// `parallel_for` for a light loop (see `light_loop_limit`); counted as a loop all the same.
+template <class B, class F>
+void parallel_for_light(const execution<B>& ex, index_t n, F f) {
+  if constexpr (is_host_backend<B>) {
+    if (runs_light_loop_inline(ex, n)) {
+      if (n <= 0) return;
+      ++call_counters::local().loops;
+      for (index_t i = 0; i < n; ++i) f(i);
+      return;
+    }
+  }
+  parallel_for(ex, n, f);
+}
+
+/// `body(policy)` with the execution's Thrust policy, or for a light loop on the omp backend the
+/// serial backend's policy over the same resources (host memory either way): Thrust's omp
+/// algorithms open one or two regions each.
+template <class B, class Body>
+decltype(auto) with_light_policy(const execution<B>& ex, index_t n, Body body) {
+  if constexpr (std::is_same_v<B, omp>) {
+    if (runs_light_loop_inline(ex, n)) return body(execution<serial>{ex.res}.policy());
+  }
+  return body(ex.policy());
+}
+
 /// Whether `parallel_for_uneven` on `ex` runs its tasks one at a time in index order: on the serial
 /// backend, and on the omp backend when its next parallel region has one thread (OMP_NUM_THREADS=1,
 /// or a build without OpenMP). A step can then do in one pass what threads need two for.
@@ -217,6 +268,19 @@ index_t first_index_where(const execution<B>& ex, index_t begin, index_t end, Pr
 #endif
   const thrust::counting_iterator<index_t> first(begin);
   return *thrust::find_if(ex.policy(), first, first + (end - begin), pred);
+}
+
+/// `first_index_where` for a light predicate (see `light_loop_limit`).
+template <class B, class Pred>
+index_t first_index_where_light(const execution<B>& ex, index_t begin, index_t end, Pred pred) {
+  if constexpr (is_host_backend<B>) {
+    if (runs_light_loop_inline(ex, end - begin)) {
+      for (index_t i = begin; i < end; ++i)
+        if (pred(i)) return i;
+      return end;
+    }
+  }
+  return first_index_where(ex, begin, end, pred);
 }
 
 /// The raw pointer of a backend vector.

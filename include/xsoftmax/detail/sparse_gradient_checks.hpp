@@ -56,7 +56,9 @@ void check_sparse_gradient(const char* where, const execution<Backend>& ex, cons
                        ": gradient has ", g.bias_values.size(), " bias values for ", n, " rows");
   expects(g.bias_values.empty() || has_bias, where, ": gradient carries bias values but the head has no bias");
   if (n == 0) return;
-  const auto mm = thrust::minmax_element(ex.policy(), g.rows.begin(), g.rows.end());
+  const auto mm = with_light_policy(ex, n, [&](auto policy) {  // light: one compare a row
+    return thrust::minmax_element(policy, g.rows.begin(), g.rows.end());
+  });
   const index_t lo = *mm.first, hi = *mm.second;
   expects<out_of_range>(lo >= 0 && hi < rows, where, ": gradient row[",
                         (lo < 0 ? mm.first : mm.second) - g.rows.begin(), "] = ", lo < 0 ? lo : hi,
@@ -64,7 +66,7 @@ void check_sparse_gradient(const char* where, const execution<Backend>& ex, cons
   // Rows in strictly increasing order are unique: one O(n) pass, no copy. Otherwise checked on a
   // sorted copy, O(n log n) against the update's O(n * dim).
   const index_t* rp = thrust::raw_pointer_cast(g.rows.data());
-  if (first_index_where(ex, 1, n, not_above_previous{rp}) != n) {
+  if (first_index_where_light(ex, 1, n, not_above_previous{rp}) != n) {
     backend_vector<Backend, index_t> sorted(g.rows);
     thrust::sort(ex.policy(), sorted.begin(), sorted.end());
     if (thrust::unique_count(ex.policy(), sorted.begin(), sorted.end()) != n) {

@@ -150,23 +150,22 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
                                 scratch_vector<B, float>& upstream, matrix_view<const H> hidden,
                                 const index_t* src_row, float* hidden_out) {
   const index_t n = in.rows;
-  const auto policy = ex.policy();
   scratch_vector<B, index_t> keys(static_cast<std::size_t>(n), ex), order(static_cast<std::size_t>(n), ex);
-  parallel_for(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
-  thrust::sequence(policy, order.begin(), order.end());
-  thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
+  parallel_for_light(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
   batch_rows<B> out;
   out.dim = in.dim;
   out.rows = n;
   out.sample = scratch_vector<B, index_t>(static_cast<std::size_t>(n), ex);
   out.target = scratch_vector<B, index_t>(static_cast<std::size_t>(n), ex);
-  thrust::gather(policy, order.begin(), order.end(), in.sample.begin(), out.sample.begin());
-  thrust::gather(policy, order.begin(), order.end(), in.target.begin(), out.target.begin());
-  if (!upstream.empty()) {
-    scratch_vector<B, float> up(upstream.size(), ex);
-    thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
-    upstream.swap(up);
-  }
+  scratch_vector<B, float> up(upstream.size(), ex);
+  with_light_policy(ex, n, [&](auto policy) {  // light: a few operations a row
+    thrust::sequence(policy, order.begin(), order.end());
+    thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
+    thrust::gather(policy, order.begin(), order.end(), in.sample.begin(), out.sample.begin());
+    thrust::gather(policy, order.begin(), order.end(), in.target.begin(), out.target.begin());
+    if (!upstream.empty()) thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
+  });
+  if (!upstream.empty()) upstream.swap(up);
   // Row r of hidden_out = row src_row[order[r]] of `hidden` (row order[r] when src_row is null).
   const index_t* by = raw(order);
   const index_t d = hidden.cols;
@@ -227,8 +226,10 @@ template <class B, class View>
 int planned_levels(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth) {
   if (rows == 0) return 0;
   const thrust::counting_iterator<index_t> first(0);
-  const index_t deepest = thrust::transform_reduce(ex.policy(), first, first + rows, path_depth_of<View>{tv, target},
-                                                   index_t(0), thrust::maximum<index_t>());
+  const index_t deepest = with_light_policy(ex, rows, [&](auto policy) {
+    return thrust::transform_reduce(policy, first, first + rows, path_depth_of<View>{tv, target}, index_t(0),
+                                    thrust::maximum<index_t>());
+  });
   return deepest < max_depth ? static_cast<int>(deepest) : max_depth;
 }
 

@@ -89,7 +89,7 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
                    index_t num_classes, index_t ignore_index) {
   check_targets_shape(where, targets, rows);
   count_host_read();
-  const index_t i = first_index_where(ex, 0, targets.size, bad_target{targets.data, num_classes, ignore_index});
+  const index_t i = first_index_where_light(ex, 0, targets.size, bad_target{targets.data, num_classes, ignore_index});
   if (i == targets.size) return;
   const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
   expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")",
@@ -102,7 +102,7 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
                    index_t num_classes) {
   check_targets_shape(where, targets, rows);
   count_host_read();
-  const index_t i = first_index_where(ex, 0, targets.size, any_non_class{targets.data, num_classes});
+  const index_t i = first_index_where_light(ex, 0, targets.size, any_non_class{targets.data, num_classes});
   if (i == targets.size) return;
   const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
   expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")");
@@ -130,14 +130,16 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
   b.dim = hidden.cols;
   b.sample = scratch_vector<Backend, index_t>(static_cast<std::size_t>(hidden.rows), ex);
   if (targets.size == 0) {
-    thrust::sequence(ex.policy(), b.sample.begin(), b.sample.end());
+    with_light_policy(ex, hidden.rows, [&](auto policy) { thrust::sequence(policy, b.sample.begin(), b.sample.end()); });
     b.rows = hidden.rows;
   } else {
     const thrust::counting_iterator<index_t> first(0);
     count_host_read();  // the count of kept rows sizes the call's buffers
-    b.rows = thrust::copy_if(ex.policy(), first, first + hidden.rows, targets.data, b.sample.begin(),
+    b.rows = with_light_policy(ex, hidden.rows, [&](auto policy) {
+      return thrust::copy_if(policy, first, first + hidden.rows, targets.data, b.sample.begin(),
                              kept_target{ignore_index}) -
              b.sample.begin();
+    });
   }
   b.sample.resize(static_cast<std::size_t>(b.rows));
   b.target = scratch_vector<Backend, index_t>(static_cast<std::size_t>(b.rows), ex);
@@ -147,7 +149,7 @@ batch_rows<Backend> pack_rows(const execution<Backend>& ex, matrix_view<const H>
   float* out = with_hidden ? thrust::raw_pointer_cast(b.hidden.data()) : nullptr;
   const index_t* t = targets.data;
   const index_t d = b.dim;
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { tgt[r] = t ? t[src[r]] : 0; });
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, { tgt[r] = t ? t[src[r]] : 0; });
   if (out) XSOFTMAX_PARALLEL_FOR_2D(ex, b.rows, d, r, j, { out[r * d + j] = to_float(hidden.row(src[r])[j]); });
   return b;
 }
@@ -167,7 +169,7 @@ scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
     const float* g = grad_output.data;
     const index_t* sample = b.sample_data();
     const float* w = b.weight.empty() || b.weights_in_pass ? nullptr : b.weight.data();
-    XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = w ? g[sample[r]] * w[r] : g[sample[r]]; });
+    XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, { up[r] = w ? g[sample[r]] * w[r] : g[sample[r]]; });
     const index_t i = first_non_finite(ex, static_cast<const float*>(up), b.rows);
     if (i != b.rows)
       expects<non_finite_error>(false, where, ": grad_output gives a non-finite upstream gradient ",
@@ -180,14 +182,14 @@ scratch_vector<Backend, float> upstream_gradients(const execution<Backend>& ex, 
   if (reduce == reduction::mean && b.rows > 0 && !w) scale /= static_cast<float>(b.rows);
   expects<non_finite_error>(std::isfinite(scale), where, ": grad_output gives a non-finite upstream gradient ", scale);
   if (!w) {
-    XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { up[r] = scale; });
+    XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, { up[r] = scale; });
     return u;
   }
   // Class weights: scale w_r (scale alone when the pass weighs), divided by the rows' total weight
   // for the mean; a mean of total weight 0 is 0 (as `reduce_losses_into`), its gradients too.
   const float* total = reduce == reduction::mean ? b.weight_total.data() : nullptr;
   const bool in_pass = b.weights_in_pass;
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, {
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, {
     const float wr = in_pass ? scale : scale * w[r];
     up[r] = !total ? wr : total[0] > 0.f ? wr / total[0] : 0.f;
   });
@@ -200,8 +202,8 @@ void scatter_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, 
                     vector_view<float> out) {
   float* o = out.data;
   const index_t* sample = b.sample_data();
-  XSOFTMAX_PARALLEL_FOR(ex, out.size, i, { o[i] = 0.f; });
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { o[sample[r]] = losses[r]; });
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, out.size, i, { o[i] = 0.f; });
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, { o[sample[r]] = losses[r]; });
 }
 
 /// Writes packed hidden-gradient rows back to the caller's (B x dim) matrix; ignored rows get 0.
@@ -215,15 +217,29 @@ void scatter_rows(const execution<Backend>& ex, const batch_rows<Backend>& b, co
   XSOFTMAX_PARALLEL_FOR_2D(ex, b.rows, d, r, j, { out.row(sample[r])[j] = packed[r * d + j]; });
 }
 
-/// out[b] = the sum (in double) of in[b * block, min((b + 1) * block, n)), for every block b.
-template <class Backend, class In>
-void sum_blocks(const execution<Backend>& ex, const In* in, index_t n, index_t block, double* out) {
-  XSOFTMAX_PARALLEL_FOR(ex, (n + block - 1) / block, b, {
+/// out[b] = the sum (in double) of in[b * block, min((b + 1) * block, n)).
+template <class In>
+struct block_sum {
+  const In* in;
+  index_t n, block;
+  double* out;
+  XSOFTMAX_HD void operator()(index_t b) const {
     double acc = 0;
     const index_t end = (b + 1) * block < n ? (b + 1) * block : n;
     for (index_t i = b * block; i < end; ++i) acc += in[i];
     out[b] = acc;
-  });
+  }
+};
+
+/// out[b] = the sum (in double) of in[b * block, min((b + 1) * block, n)), for every block b; a
+/// light loop (on the calling thread of the omp backend) when n values are (`light_loop_limit`).
+template <class Backend, class In>
+void sum_blocks(const execution<Backend>& ex, const In* in, index_t n, index_t block, double* out) {
+  const block_sum<In> sum{in, n, block, out};
+  if (runs_light_loop_inline(ex, n))
+    parallel_for_light(ex, (n + block - 1) / block, sum);
+  else
+    parallel_for(ex, (n + block - 1) / block, sum);
 }
 
 /// The reduced loss of `n` per-row losses into `out[0]` (the execution's memory): their sum, or
@@ -249,7 +265,7 @@ void reduce_losses_into(const execution<Backend>& ex, const float* losses, index
   }
   const double* p = level.data();
   const bool mean = reduce == reduction::mean;
-  XSOFTMAX_PARALLEL_FOR(ex, 1, unused_index, {
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, 1, unused_index, {
     (void)unused_index;
     double total = 0;
     for (index_t b = 0; b < m; ++b) total += p[b];
@@ -276,7 +292,7 @@ void weigh_rows(const execution<Backend>& ex, batch_rows<Backend>& b, const loss
   float* w = b.weight.data();
   const float* cw = class_weight.data;
   const index_t* t = b.target_data();
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { w[r] = cw[t[r]]; });
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, { w[r] = cw[t[r]]; });
   b.weight_total = scratch_vector<Backend, float>(1, ex);
   reduce_losses_into(ex, static_cast<const float*>(w), b.rows, reduction::sum, b.weight_total.data());
 }
@@ -288,7 +304,7 @@ void weigh_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, co
   if (o.class_weight.size == 0 || class_weights_in_pass(o)) return;
   const float* cw = o.class_weight.data;
   const index_t* t = b.target_data();
-  XSOFTMAX_PARALLEL_FOR(ex, b.rows, r, { losses[r] *= cw[t[r]]; });
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, { losses[r] *= cw[t[r]]; });
 }
 
 /// `reduce_losses_into`, returned to the host.
