@@ -3,7 +3,8 @@
 // runs come from a scan of each level's entries, levels in parallel (`plan_host_runs`); the device
 // form, one reduce_by_key over every entry (`plan_runs_by_reduce`), is its oracle. Both must give
 // the same plan, run for run, with the same gradient and scratch offsets, on trees whose paths end
-// at different depths (Huffman trees of several arities) and batches of one row to many.
+// at different depths (Huffman trees of several arities) and batches of one row to many; and on
+// binary trees the one-value layout (path-row keys) too.
 
 #include "support/reference.hpp"
 #include "support/test_memory.hpp"
@@ -15,6 +16,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #if XSOFTMAX_TEST_HOST_BUILD
@@ -70,6 +72,29 @@ TEST_CASE_TEMPLATE("run plan: the host scan equals the reduce_by_key plan, run f
       CHECK(scan.gather_values == reduce.gather_values);
       REQUIRE(scan.runs.size() == reduce.runs.size());
       for (std::size_t i = 0; i < scan.runs.size(); ++i) check_same_run(scan.runs[i], reduce.runs[i]);
+      if (sigmoid) {  // path-row keys (one value an entry): the same plan, keys = block + child
+        std::vector<index_t> path_keys(entries, -5);
+        const xd::run_plan one = xd::plan_runs(ex, tv, target.data(), rows, levels, true, width, nullptr,
+                                               path_keys.data(), false, true);
+        CHECK(one.level_first == reduce.level_first);
+        CHECK(one.grad_rows == reduce.grad_rows);
+        CHECK(one.gather_values == reduce.gather_values);
+        REQUIRE(one.runs.size() == reduce.runs.size());
+        for (std::size_t i = 0; i < one.runs.size(); ++i) check_same_run(one.runs[i], reduce.runs[i]);
+        for (std::size_t e = 0; e < entries; ++e) {
+          if (keys_reduce[e] >= 0) {
+            CHECK(path_keys[e] == keys_reduce[e] + children_reduce[e]);
+            CHECK(xd::path_rows::block(path_keys[e]) == keys_reduce[e]);
+            CHECK(xd::path_rows::child(path_keys[e]) == children_reduce[e]);
+          } else {
+            CHECK(path_keys[e] == keys_reduce[e]);
+          }
+        }
+        // Not for a device or the reduce form: an internal error, before any work.
+        CHECK_THROWS_AS(xd::plan_runs(ex, tv, target.data(), rows, levels, true, width, nullptr, path_keys.data(), true,
+                                      true),
+                        std::invalid_argument);
+      }
       // The plan is not trivial: every row has a level-0 run and some paths end above the deepest.
       CHECK(scan.runs.front().begin == 0);
       if (rows >= 9) CHECK(std::count_if(keys_scan.begin(), keys_scan.end(), [](index_t k) { return k < 0; }) > 0);

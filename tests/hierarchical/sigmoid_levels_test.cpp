@@ -143,10 +143,14 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
         ex, tv, target.data(), rows, levels, true, [](const xd::node_run&) -> index_t { return 1; }, children.data(),
         keys.data());
     REQUIRE(plan.levels() == static_cast<std::size_t>(levels));
+    std::vector<index_t> path_keys(children.size());  // the head's host layout: one value an entry
+    const xd::run_plan path_plan = xd::plan_runs(
+        ex, tv, target.data(), rows, levels, true, [](const xd::node_run&) -> index_t { return 1; }, nullptr,
+        path_keys.data(), false, xsoftmax::is_host_backend<B>);
     for (const bool backward : {true, false}) {
       // unset_grad_h: every level at once into hidden gradients holding NaN, flagged unset (the
       // head's layout: each row's first level writes its term, no zero-fill).
-      const auto solve = [&](bool all_levels, bool unset_grad_h = false, index_t ranges = 0) {
+      const auto solve = [&](bool all_levels, bool unset_grad_h = false, index_t ranges = 0, bool path_rows = false) {
         step_outputs out{std::vector<float>(static_cast<std::size_t>(rows), 0.f),
                          std::vector<float>(static_cast<std::size_t>(rows * d),
                                             unset_grad_h ? std::numeric_limits<float>::quiet_NaN() : 0.f),
@@ -166,11 +170,13 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
         }
         std::vector<float> scratch;
         if (all_levels) {
-          const xd::level_entries at{rows, 0, levels, keys.data(), unset_grad_h};
+          const bool path_layout = path_rows && xsoftmax::is_host_backend<B>;
+          const xd::level_entries at{rows, 0, levels, path_layout ? path_keys.data() : keys.data(), unset_grad_h,
+                                     path_layout};
           scratch.resize(static_cast<std::size_t>(xd::sigmoid_levels_scratch(at, backward)));
-          a.child = children.data();
+          a.child = path_layout ? nullptr : children.data();
           a.scratch = scratch.data();
-          xd::sigmoid_levels_generic(ex, a, plan.runs, at, ranges);
+          xd::sigmoid_levels_generic(ex, a, path_layout ? path_plan.runs : plan.runs, at, ranges);
         } else {
           for (int lv = 0; lv < levels; ++lv) {
             const std::vector<xd::node_run> runs(plan.runs.begin() + static_cast<std::ptrdiff_t>(plan.level_first[lv]),
@@ -191,14 +197,15 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
       CHECK(all_bits(unset.grad_w) == all_bits(all.grad_w));
       // A host backend's row ranges: one (every run inside it), or many (runs crossing one bound or
       // several, their node rows summed in pass 2): the same bits.
-      for (const index_t ranges : {index_t(1), index_t(2), index_t(7), index_t(64)}) {
-        INFO("ranges " << ranges);
-        const step_outputs ranged = solve(true, true, ranges);
-        CHECK(all_bits(ranged.loss) == all_bits(all.loss));
-        if (backward) CHECK(all_bits(ranged.grad_h) == all_bits(all.grad_h));
-        CHECK(all_bits(ranged.grad_w) == all_bits(all.grad_w));
-        CHECK(all_bits(ranged.grad_b) == all_bits(all.grad_b));
-      }
+      for (const index_t ranges : {index_t(1), index_t(2), index_t(7), index_t(64)})
+        for (const bool path_rows : {false, true}) {  // path_rows: one value an entry (host)
+          INFO("ranges " << ranges << ", path-row keys " << path_rows);
+          const step_outputs ranged = solve(true, true, ranges, path_rows);
+          CHECK(all_bits(ranged.loss) == all_bits(all.loss));
+          if (backward) CHECK(all_bits(ranged.grad_h) == all_bits(all.grad_h));
+          CHECK(all_bits(ranged.grad_w) == all_bits(all.grad_w));
+          CHECK(all_bits(ranged.grad_b) == all_bits(all.grad_b));
+        }
 #if defined(_OPENMP)
       if constexpr (std::is_same_v<B, xsoftmax::omp>) {  // one thread: the tasks in order, one pass
         const int threads = omp_get_max_threads();

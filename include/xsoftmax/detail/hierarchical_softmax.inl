@@ -118,18 +118,21 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
     return !sigmoid_form && run.end - run.begin >= gemm_min_run;
   };
   // Each level's child per row (and for the all-level sigmoid path its node), from the planning
-  // pass (written before read: no zero-fill).
+  // pass (written before read: no zero-fill). On a host the all-level sigmoid path takes one value
+  // per entry, the row the path takes, which holds both (`path_row_keys`).
   constexpr bool all_levels = sigmoid_form && !detail::gather_runs_tuning<B, storage_type, true>::available;
+  constexpr bool path_row_keys = all_levels && is_host_backend<B>;
   const int levels = detail::planned_levels(ex, tv, batch.target_data(), rows, Tree::max_depth);
   const std::size_t entries = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
-  detail::scratch_buffer<B, index_t> children(entries, ex), node_keys(all_levels ? entries : 0, ex);
+  detail::scratch_buffer<B, index_t> children(path_row_keys ? 0 : entries, ex),
+      node_keys(all_levels ? entries : 0, ex);
   const detail::run_plan plan =
       detail::plan_runs(ex, tv, batch.target_data(), rows, levels, sigmoid_form,
                         [=](const detail::node_run& run) -> index_t {
                           return takes_gemm(run) ? 0 : sigmoid_form ? 1 : run.block_size;
                         },
-                        children.data(), all_levels ? node_keys.data() : nullptr);
-  const detail::level_entries at{rows, 0, levels, node_keys.data(), true};
+                        children.data(), all_levels ? node_keys.data() : nullptr, false, path_row_keys);
+  const detail::level_entries at{rows, 0, levels, node_keys.data(), true, path_row_keys};
 
   // 3. The sparse gradient's rows.
   if (want_grad) {

@@ -57,6 +57,14 @@ struct leaf_rank_of {
   XSOFTMAX_HD void operator()(index_t r) const { key[r] = tv.leaf_rank(target[r]); }
 };
 
+/// A path-row key's node block (its first row; blocks of two rows start at even rows) and the child
+/// it takes. A negative key (the path ended above: -1 - level) stays negative, and equal to every
+/// other ended path's of its level.
+struct path_rows {
+  XSOFTMAX_HD static index_t block(index_t key) { return key & ~index_t(1); }
+  XSOFTMAX_HD static index_t child(index_t key) { return key & 1; }
+};
+
 /// Row r's node at every level l < `levels`, entry i = l rows + r (levels x rows, level-major):
 /// key = its block_begin, or -1 - l when r's path ended above (so that one key never spans two
 /// levels: a node sits at one depth, and ended paths differ by level), its block size and the
@@ -64,6 +72,8 @@ struct leaf_rank_of {
 /// read once and its path's rows in order (a task per entry divided i by rows and looked the path
 /// up again at every level: 26 % of a serial binary-Huffman step at 50K classes, d = 100, went to
 /// that planning loop, most of it waiting on those loads; bench/RESULTS.md, issue 30).
+/// *Path rows* (`block_size` and `child` null; every block of two rows at an even row, as a
+/// sigmoid-node tree's): key = the path's row, block_begin + child, which holds both (`path_rows`).
 template <class View>
 struct all_level_steps_of {
   View tv;
@@ -71,8 +81,8 @@ struct all_level_steps_of {
   index_t rows;
   int levels;
   index_t* key;
-  index_t* block_size;
-  index_t* child;
+  index_t* block_size;  ///< null: path rows
+  index_t* child;       ///< null: path rows
   XSOFTMAX_HD void operator()(index_t r) const {
     const index_t t = target[r];
     const int depth = tv.depth(t) < levels ? tv.depth(t) : levels;
@@ -80,6 +90,10 @@ struct all_level_steps_of {
   }
   /// Entry i (level l of a row whose target is t): its step, or the ended-path key when !on_path.
   XSOFTMAX_HD void put(index_t i, index_t t, int l, bool on_path) const {
+    if (!block_size) {  // path rows: one value an entry
+      key[i] = on_path ? tv.step(t, l).block_begin + tv.step(t, l).child : -1 - l;
+      return;
+    }
     if (on_path) {
       const path_step s = tv.step(t, l);
       key[i] = s.block_begin;
@@ -234,41 +248,35 @@ int planned_levels(const execution<B>& ex, const View& tv, const index_t* target
 }
 
 /// One level's runs from its entries' keys (`all_level_steps_of`), for a host task: a run starts
-/// where the key changes; entries with a negative key (paths ended above) belong to no run.
-/// `on_run(begin, end, first_entry)` is called for every run in row order.
-template <class OnRun>
-void scan_level_runs(const index_t* key, index_t rows, OnRun on_run) {
+/// where the key's block (`block_of(key)`: the key itself, or `path_rows::block`) changes; entries
+/// with a negative key (paths ended above) belong to no run. `on_run(begin, end, block)` is called
+/// for every run in row order.
+template <class BlockOf, class OnRun>
+void scan_level_runs(const index_t* key, index_t rows, BlockOf block_of, OnRun on_run) {
   for (index_t begin = 0; begin < rows;) {
-    const index_t k = key[begin];
+    const index_t k = block_of(key[begin]);
     index_t end = begin + 1;
-    while (end < rows && key[end] == k) ++end;
-    if (k >= 0) on_run(begin, end);
+    while (end < rows && block_of(key[end]) == k) ++end;
+    if (k >= 0) on_run(begin, end, k);
     begin = end;
   }
 }
 
-/// The plan's runs from the entries' keys and block sizes (level-major, `levels` x `rows`), on a host
-/// backend: levels in parallel, each scanned twice -- its runs, gradient rows and scratch values
-/// counted, then, at the offsets the counts give, its runs written in place. The generic form
-/// (`plan_runs_by_reduce`: one `reduce_by_key` over every entry, the runs copied back and laid out by
-/// one loop on the calling thread) kept the other threads waiting: 18 % of the calling thread's time
-/// in a 2-thread binary-Huffman step at 50K classes, d = 100 (bench/RESULTS.md, issue 30). The same
-/// plan, run for run (`sigmoid_levels_test` compares them).
-template <class B, class GatherWidth>
-void plan_host_runs(const execution<B>& ex, const index_t* key, const index_t* block_size, index_t rows, int levels,
-                    bool sigmoid, GatherWidth gather_width, run_plan& plan) {
+/// `plan_host_runs` with a key's block (`block_of(key)`) and an entry's block size (`size_at(e)`).
+template <class B, class GatherWidth, class BlockOf, class SizeAt>
+void plan_host_runs_by(const execution<B>& ex, const index_t* key, index_t rows, int levels, bool sigmoid,
+                       GatherWidth gather_width, run_plan& plan, BlockOf block_of, SizeAt size_at) {
   struct level_totals {
     index_t runs = 0, grad_rows = 0, scratch = 0;
   };
   std::vector<level_totals> totals(static_cast<std::size_t>(levels));
-  const auto run_at = [&](int l, index_t begin, index_t end) {
-    const index_t e = l * rows + begin;
-    return node_run{l, begin, end, key[e], block_size[e], 0, 0};
+  const auto run_at = [&](int l, index_t begin, index_t end, index_t block) {
+    return node_run{l, begin, end, block, size_at(l * rows + begin), 0, 0};
   };
   parallel_for_uneven(ex, levels, [&](index_t l) {
     level_totals t;
-    scan_level_runs(key + l * rows, rows, [&](index_t begin, index_t end) {
-      const node_run run = run_at(static_cast<int>(l), begin, end);
+    scan_level_runs(key + l * rows, rows, block_of, [&](index_t begin, index_t end, index_t block) {
+      const node_run run = run_at(static_cast<int>(l), begin, end, block);
       ++t.runs;
       t.grad_rows += sigmoid ? 1 : run.block_size;
       t.scratch += (end - begin) * gather_width(run);
@@ -291,8 +299,8 @@ void plan_host_runs(const execution<B>& ex, const index_t* key, const index_t* b
   parallel_for_uneven(ex, levels, [&](index_t l) {
     const level_totals& at = first[static_cast<std::size_t>(l)];
     index_t i = at.runs, grad = at.grad_rows, scratch = 0;  // scratch offsets restart at every level
-    scan_level_runs(key + l * rows, rows, [&](index_t begin, index_t end) {
-      node_run run = run_at(static_cast<int>(l), begin, end);
+    scan_level_runs(key + l * rows, rows, block_of, [&](index_t begin, index_t end, index_t block) {
+      node_run run = run_at(static_cast<int>(l), begin, end, block);
       run.grad_offset = grad;
       run.scratch_offset = scratch;
       grad += sigmoid ? 1 : run.block_size;
@@ -300,6 +308,28 @@ void plan_host_runs(const execution<B>& ex, const index_t* key, const index_t* b
       out[i++] = run;
     });
   });
+}
+
+/// The plan's runs from the entries' keys and block sizes (level-major, `levels` x `rows`), on a host
+/// backend: levels in parallel, each scanned twice -- its runs, gradient rows and scratch values
+/// counted, then, at the offsets the counts give, its runs written in place. The generic form
+/// (`plan_runs_by_reduce`: one `reduce_by_key` over every entry, the runs copied back and laid out by
+/// one loop on the calling thread) kept the other threads waiting: 18 % of the calling thread's time
+/// in a 2-thread binary-Huffman step at 50K classes, d = 100 (bench/RESULTS.md, issue 30). The same
+/// plan, run for run (`run_plan_test` compares them). `block_size` null: the keys are path rows
+/// (`all_level_steps_of`), every block two rows.
+template <class B, class GatherWidth>
+void plan_host_runs(const execution<B>& ex, const index_t* key, const index_t* block_size, index_t rows, int levels,
+                    bool sigmoid, GatherWidth gather_width, run_plan& plan) {
+  if (!block_size) {
+    plan_host_runs_by(
+        ex, key, rows, levels, sigmoid, gather_width, plan, [](index_t k) { return path_rows::block(k); },
+        [](index_t) -> index_t { return 2; });
+    return;
+  }
+  plan_host_runs_by(
+      ex, key, rows, levels, sigmoid, gather_width, plan, [](index_t k) { return k; },
+      [=](index_t e) { return block_size[e]; });
 }
 
 /// `plan_runs`'s run list by one `reduce_by_key` over every level's entries (keys never repeat across
@@ -363,18 +393,27 @@ void plan_runs_by_reduce(const execution<B>& ex, const index_t* key, const index
 /// over all entries on a device (`plan_runs_by_reduce`). Level by level this was six parallel
 /// regions per level on a host backend (a third of a binary tree's 2-thread step at d = 100 went
 /// to starting them). `by_reduce` asks for the reduce form on a host backend too (its oracle).
+///
+/// `path_row_keys` (a host backend, a tree whose blocks are all two rows: sigmoid nodes): each entry
+/// is one value, the row its path takes (`node_keys`, required; `children` not written, the child is
+/// the key's low bit: `path_rows`). A third of the bytes of the three arrays: at 50K classes the
+/// planning pass wrote 467 KB a step for 1,024 rows, 12 % of a 2-thread binary-Huffman step
+/// (bench/RESULTS.md, issue 30).
 template <class B, class View, class GatherWidth>
 run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int levels,
                    bool sigmoid, GatherWidth gather_width, index_t* children, index_t* node_keys = nullptr,
-                   bool by_reduce = false) {
+                   bool by_reduce = false, bool path_row_keys = false) {
   run_plan plan;
   if (rows == 0 || levels == 0) return plan;
   const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
+  const bool one_value = path_row_keys;
+  expects(!one_value || (is_host_backend<B> && node_keys && !by_reduce),
+          "plan_runs: path-row keys are a host plan's, into node_keys (an internal error)");
   // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
   // places in the backend's memory.
-  scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(n, ex);
-  index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = size_buf.data();
-  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, children};
+  scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(one_value ? 0 : n, ex);
+  index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = one_value ? nullptr : size_buf.data();
+  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, one_value ? nullptr : children};
   if constexpr (is_host_backend<B>) {
     constexpr index_t tile = all_level_steps_of_tile<View>::tile_rows;
     parallel_for(ex, (rows + tile - 1) / tile, all_level_steps_of_tile<View>{steps});

@@ -42,6 +42,9 @@ struct level_entries {
   /// The hidden gradients hold no values yet (not even zeros): each row's first level (level0)
   /// writes its term, deeper levels add theirs. Every row's path has a level0 entry when level0 = 0.
   bool grad_h_unset = false;
+  /// `node_key` holds the rows the paths take (`path_rows`: block_begin + child; the planning's
+  /// one-value layout), so the child is its low bit and `node_run_data::child` is not read.
+  bool keys_are_path_rows = false;
   [[nodiscard]] XSOFTMAX_HD index_t entry(int level, index_t row) const { return (level - level0) * rows + row; }
   [[nodiscard]] index_t count() const { return rows * levels; }
 };
@@ -108,7 +111,8 @@ struct sigmoid_pair_pass {
     for (index_t j = 0; j < q.m; ++j) {
       const float dot = dot_row8(a.h + q.row[j] * a.dim, q.wr[j], a.dim);
       q.sc[j] = a.bias ? dot + q.bias[j] : dot;
-      q.first[j] = a.child[q.entry[j]] == 0 ? 1.f : 0.f;
+      const index_t child = at.keys_are_path_rows ? path_rows::child(at.node_key[q.entry[j]]) : a.child[q.entry[j]];
+      q.first[j] = child == 0 ? 1.f : 0.f;
     }
   }
 
