@@ -90,20 +90,21 @@ struct all_level_steps_of {
   }
   /// Entry i (level l of a row whose target is t): its step, or the ended-path key when !on_path.
   XSOFTMAX_HD void put(index_t i, index_t t, int l, bool on_path) const {
-    if (!block_size) {  // path rows: one value an entry
-      key[i] = on_path ? tv.step(t, l).block_begin + tv.step(t, l).child : -1 - l;
-      return;
-    }
-    if (on_path) {
-      const path_step s = tv.step(t, l);
-      key[i] = s.block_begin;
-      block_size[i] = s.block_size;
-      child[i] = s.child;
-    } else {
+    if (!on_path) {
       key[i] = -1 - l;
+      if (!block_size) return;  // path rows: one value an entry
       block_size[i] = 0;
       child[i] = 0;
+      return;
     }
+    const path_step s = tv.step(t, l);
+    if (!block_size) {
+      key[i] = s.block_begin + s.child;
+      return;
+    }
+    key[i] = s.block_begin;
+    block_size[i] = s.block_size;
+    child[i] = s.child;
   }
 };
 
@@ -406,14 +407,13 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   run_plan plan;
   if (rows == 0 || levels == 0) return plan;
   const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
-  const bool one_value = path_row_keys;
-  expects(!one_value || (is_host_backend<B> && node_keys && !by_reduce),
+  expects(!path_row_keys || (is_host_backend<B> && node_keys && !by_reduce),
           "plan_runs: path-row keys are a host plan's, into node_keys (an internal error)");
   // Working arrays, each written before it is read (no zero-fill): raw pointers, which the policy
   // places in the backend's memory.
-  scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(one_value ? 0 : n, ex);
-  index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = one_value ? nullptr : size_buf.data();
-  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, one_value ? nullptr : children};
+  scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(path_row_keys ? 0 : n, ex);
+  index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = path_row_keys ? nullptr : size_buf.data();
+  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, path_row_keys ? nullptr : children};
   if constexpr (is_host_backend<B>) {
     constexpr index_t tile = all_level_steps_of_tile<View>::tile_rows;
     parallel_for(ex, (rows + tile - 1) / tile, all_level_steps_of_tile<View>{steps});
