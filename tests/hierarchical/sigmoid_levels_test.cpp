@@ -150,7 +150,11 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
     for (const bool backward : {true, false}) {
       // unset_grad_h: every level at once into hidden gradients holding NaN, flagged unset (the
       // head's layout: each row's first level writes its term, no zero-fill).
-      const auto solve = [&](bool all_levels, bool unset_grad_h = false, index_t ranges = 0, bool path_rows = false) {
+      // copies (host): the caller's rows in reverse order and strided, copied in and out by the row
+      // ranges themselves (`range_row_copies`) -- the sorted rows start as NaN, and the hidden
+      // gradients come back from the caller's matrix.
+      const auto solve = [&](bool all_levels, bool unset_grad_h = false, index_t ranges = 0, bool path_rows = false,
+                             bool copies = false) {
         step_outputs out{std::vector<float>(static_cast<std::size_t>(rows), 0.f),
                          std::vector<float>(static_cast<std::size_t>(rows * d),
                                             unset_grad_h ? std::numeric_limits<float>::quiet_NaN() : 0.f),
@@ -176,6 +180,30 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
           scratch.resize(static_cast<std::size_t>(xd::sigmoid_levels_scratch(at, backward)));
           a.child = path_layout ? nullptr : children.data();
           a.scratch = scratch.data();
+          if constexpr (xsoftmax::is_host_backend<B>) {
+            if (copies) {
+              const index_t h_stride = d + 2, g_stride = d + 3;
+              std::vector<index_t> source(static_cast<std::size_t>(rows));
+              std::vector<float> caller_h(static_cast<std::size_t>(rows * h_stride), 0.f),
+                  sorted(static_cast<std::size_t>(rows * d), std::numeric_limits<float>::quiet_NaN()),
+                  caller_grad(static_cast<std::size_t>(rows * g_stride), std::numeric_limits<float>::quiet_NaN());
+              for (index_t r = 0; r < rows; ++r) {
+                source[static_cast<std::size_t>(r)] = rows - 1 - r;
+                std::copy_n(h.begin() + r * d, d, caller_h.begin() + (rows - 1 - r) * h_stride);
+              }
+              a.h = sorted.data();
+              const xd::range_row_copies<float> io{
+                  xsoftmax::matrix_view<const float>(caller_h.data(), rows, d, h_stride), source.data(), sorted.data(),
+                  backward ? xsoftmax::matrix_view<float>(caller_grad.data(), rows, d, g_stride)
+                           : xsoftmax::matrix_view<float>(),
+                  out.grad_h.data()};
+              xd::sigmoid_levels_generic(ex, a, path_layout ? path_plan.runs : plan.runs, at, ranges, io);
+              if (backward)
+                for (index_t r = 0; r < rows; ++r)
+                  std::copy_n(caller_grad.begin() + (rows - 1 - r) * g_stride, d, out.grad_h.begin() + r * d);
+              return out;
+            }
+          }
           xd::sigmoid_levels_generic(ex, a, path_layout ? path_plan.runs : plan.runs, at, ranges);
         } else {
           for (int lv = 0; lv < levels; ++lv) {
@@ -205,6 +233,13 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
           if (backward) CHECK(all_bits(ranged.grad_h) == all_bits(all.grad_h));
           CHECK(all_bits(ranged.grad_w) == all_bits(all.grad_w));
           CHECK(all_bits(ranged.grad_b) == all_bits(all.grad_b));
+          if (xsoftmax::is_host_backend<B> && path_rows) {  // the head's host form: ranges copy their rows
+            const step_outputs copied = solve(true, true, ranges, path_rows, true);
+            CHECK(all_bits(copied.loss) == all_bits(all.loss));
+            if (backward) CHECK(all_bits(copied.grad_h) == all_bits(all.grad_h));
+            CHECK(all_bits(copied.grad_w) == all_bits(all.grad_w));
+            CHECK(all_bits(copied.grad_b) == all_bits(all.grad_b));
+          }
         }
 #if defined(_OPENMP)
       if constexpr (std::is_same_v<B, xsoftmax::omp>) {  // one thread: the tasks in order, one pass

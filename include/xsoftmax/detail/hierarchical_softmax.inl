@@ -101,27 +101,30 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const index_t d = dim();
   const bool want_grad = grad_weights != nullptr;
 
+  // Each level's child per row (and for the all-level sigmoid path its node), from the planning
+  // pass (written before read: no zero-fill). On a host the all-level sigmoid path takes one value
+  // per entry, the row the path takes, which holds both (`path_row_keys`), and its row ranges copy
+  // their own hidden rows in and hidden-gradient rows out (`range_row_copies`).
+  constexpr bool all_levels = sigmoid_form && !detail::gather_runs_tuning<B, storage_type, true>::available;
+  constexpr bool path_row_keys = all_levels && is_host_backend<B>;
+  constexpr bool range_copies = path_row_keys;
+
   // 1. Pack (samples and targets: the sort takes the hidden rows from `hidden` directly, widened,
-  //    into an uninitialised buffer: one copy of the rows, no zero-fill) and sort.
+  //    into an uninitialised buffer: one copy of the rows, no zero-fill; or the row ranges do) and sort.
   detail::scratch_vector<B, float> upstream;
   detail::batch_rows<B> packed = detail::pack_rows(ex, hidden, targets, options.ignore_index, false);
   detail::weigh_rows(ex, packed, options);
   if (want_grad) upstream = detail::upstream_gradients(ex, where, packed, hidden.rows, options.reduce, grad_output);
   const index_t rows = packed.rows;
   detail::scratch_buffer<B, float> sorted_hidden(static_cast<std::size_t>(rows * d), ex);
-  const detail::batch_rows<B> batch =
-      detail::sort_by_leaf_rank(ex, tv, packed, upstream, hidden, packed.sample_data(), sorted_hidden.data());
+  const detail::batch_rows<B> batch = detail::sort_by_leaf_rank(ex, tv, packed, upstream, hidden, packed.sample_data(),
+                                                                range_copies ? nullptr : sorted_hidden.data());
 
   // 2. Plan: which runs take a GEMM, and the scratch values per row the others need.
   const index_t gemm_min_run = gemm_min_run_;
   const auto takes_gemm = [=](const detail::node_run& run) {
     return !sigmoid_form && run.end - run.begin >= gemm_min_run;
   };
-  // Each level's child per row (and for the all-level sigmoid path its node), from the planning
-  // pass (written before read: no zero-fill). On a host the all-level sigmoid path takes one value
-  // per entry, the row the path takes, which holds both (`path_row_keys`).
-  constexpr bool all_levels = sigmoid_form && !detail::gather_runs_tuning<B, storage_type, true>::available;
-  constexpr bool path_row_keys = all_levels && is_host_backend<B>;
   const int levels = detail::planned_levels(ex, tv, batch.target_data(), rows, Tree::max_depth);
   const std::size_t entries = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
   detail::scratch_buffer<B, index_t> children(path_row_keys ? 0 : entries, ex),
@@ -163,7 +166,18 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
     a.grad_w = detail::raw(grad_weights->values);
     a.grad_b = has_bias() ? detail::raw(grad_weights->bias_values) : nullptr;
   }
-  if constexpr (all_levels) {
+  // (Not into gradient rows that overlap the hidden rows: a range's writes could reach rows that
+  // another range has yet to copy in.)
+  const bool grad_by_ranges =
+      range_copies && want_grad && grad_hidden && !detail::rows_overlap(*grad_hidden, hidden);
+  if constexpr (range_copies) {
+    // Ignored rows (none packed) and a path-less tree (one class) get zero gradients here.
+    if (grad_by_ranges && (rows != grad_hidden->rows || plan.runs.empty())) detail::fill_rows(ex, *grad_hidden, 0.f);
+    const detail::range_row_copies<H> copies{hidden, batch.sample_data(), sorted_hidden.data(),
+                                             grad_by_ranges ? *grad_hidden : matrix_view<float>(),
+                                             detail::raw(grad_packed)};
+    detail::sigmoid_levels_generic(ex, a, plan.runs, at, 0, copies);
+  } else if constexpr (all_levels) {
     a.child = children.data();
     detail::sigmoid_levels_generic(ex, a, plan.runs, at);
   } else {
@@ -180,7 +194,7 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   }
 
   // 5. Back to batch order.
-  if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
+  if (grad_hidden && !grad_by_ranges) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
   detail::weigh_losses(ex, batch, options, detail::raw(losses));  // batch: sorted, as the losses
   if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);
   if (loss)  // null: backward, log_prob

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -39,9 +40,35 @@ struct node_run {
   index_t scratch_offset = 0;               ///< first value of the run in its level's gather scratch
 };
 
+/// The allocator of a plan's run list: blocks from the host working-memory cache (`host_block_cache`:
+/// no page faults from one step to the next), and `resize` leaves the new runs unwritten -- the
+/// host planning writes every run before any is read (`plan_host_runs_by`). Value-initialised, they
+/// were a memset of ~0.6 MB a step on the calling thread while the other threads waited: 2 % of a
+/// 2-thread binary-Huffman step at 50K classes, d = 100 (bench/RESULTS.md, issue 30).
+template <class T>
+struct run_list_allocator {
+  using value_type = T;
+  run_list_allocator() = default;
+  template <class U>
+  run_list_allocator(const run_list_allocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(host_block_cache::take(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) noexcept { host_block_cache::give(p, n * sizeof(T)); }
+  template <class U>
+  void construct(U*) noexcept {}  // resize: left for the planning to write
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  friend bool operator==(const run_list_allocator&, const run_list_allocator&) { return true; }
+  friend bool operator!=(const run_list_allocator&, const run_list_allocator&) { return false; }
+};
+
+/// A plan's run list (see `run_list_allocator`; `resize` leaves new runs unwritten).
+using node_run_list = std::vector<node_run, run_list_allocator<node_run>>;
+
 /// The runs of a step, level by level: level l's runs are runs[level_first[l], level_first[l + 1]).
 struct run_plan {
-  std::vector<node_run> runs;
+  node_run_list runs;
   std::vector<std::size_t> level_first{0};
   index_t grad_rows = 0;      ///< rows of the sparse weight gradient
   index_t gather_values = 0;  ///< the largest level's gather scratch (values)
@@ -159,7 +186,8 @@ struct level_step_of {
 /// `upstream` (one value per packed row, or empty) permuted alike. The sorted hidden rows go to
 /// `hidden_out` (rows x dim floats, written, never read): row r is row `src_row[i]` of `hidden`,
 /// i = the packed row sorted to r (row i itself when `src_row` is null). Taking them from the
-/// caller's matrix lets the step skip packing them first; `in.hidden` is not read.
+/// caller's matrix lets the step skip packing them first; `in.hidden` is not read. `hidden_out`
+/// null: no rows copied (the host sigmoid step's row ranges copy their own: `range_row_copies`).
 template <class B, class View, class H>
 batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const batch_rows<B>& in,
                                 scratch_vector<B, float>& upstream, matrix_view<const H> hidden,
@@ -181,6 +209,7 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
     if (!upstream.empty()) thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
   });
   if (!upstream.empty()) upstream.swap(up);
+  if (!hidden_out) return out;
   // Row r of hidden_out = row src_row[order[r]] of `hidden` (row order[r] when src_row is null).
   const index_t* by = raw(order);
   const index_t d = hidden.cols;
@@ -295,7 +324,7 @@ void plan_host_runs_by(const execution<B>& ex, const index_t* key, index_t rows,
     plan.level_first.push_back(static_cast<std::size_t>(sum.runs));
   }
   plan.grad_rows = sum.grad_rows;
-  plan.runs.resize(static_cast<std::size_t>(sum.runs));
+  plan.runs.resize(static_cast<std::size_t>(sum.runs));  // unwritten (`run_list_allocator`): every run is below
   node_run* out = plan.runs.data();
   parallel_for_uneven(ex, levels, [&](index_t l) {
     const level_totals& at = first[static_cast<std::size_t>(l)];

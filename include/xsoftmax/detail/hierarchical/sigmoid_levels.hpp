@@ -14,7 +14,7 @@
 ///     row added to its row while the node row is in cache, then the node-gradient rows of the
 ///     runs that lie inside the range;
 ///  2. the node-gradient rows of the runs that cross a range bound, by column blocks
-///     (`sigmoid_column_block`).
+///     (`sigmoid_across_columns`).
 /// On a device, pass 1 is a task per pair (the run list's pieces) into per-entry arrays, and pass 2
 /// a task per row (its levels in order: loss terms and hidden-gradient rows gs_e * w_node) beside
 /// the long runs' node rows by column blocks.
@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -69,6 +70,46 @@ inline index_t sigmoid_levels_scratch(const level_entries& at, bool backward) {
 /// are still in L1 or L2; a range's node rows all summed at its end cost a serial step 4 %).
 inline constexpr index_t range_chunk_pairs = 256;
 
+/// No row copies in pass 1 (device backends, tests): the sorted hidden rows are in `a.h` already and
+/// the hidden gradients stay in `a.grad_h`.
+struct no_row_copies {
+  XSOFTMAX_HD void in(index_t, index_t) const {}
+  XSOFTMAX_HD void out(index_t, index_t) const {}
+};
+
+/// A host row-range task's own rows copied by the task itself (`sigmoid_pair_pass`): the sorted
+/// hidden rows in before its pairs (sorted row r = row source[r] of `hidden`, widened to fp32, into
+/// row r of `sorted`, the step's `a.h`) and, with `grad_out`, the hidden-gradient rows out after them
+/// (row r of `grad_sorted`, the step's `a.grad_h`, to row source[r] of `grad_out`) -- by the thread
+/// that uses them, while they are in its cache. As a sorted copy and a scatter back of their own
+/// (two parallel regions) they took 28 us of a 2-thread binary-Huffman step's 358 at 50K classes,
+/// d = 100, a third of it waiting (bench/RESULTS.md, issue 30).
+template <class H>
+struct range_row_copies {
+  matrix_view<const H> hidden;
+  const index_t* source;
+  float* sorted;
+  matrix_view<float> grad_out;  ///< no rows: no gradients to copy out
+  const float* grad_sorted;
+  void in(index_t r0, index_t r1) const {
+    const index_t d = hidden.cols;
+    for (index_t r = r0; r < r1; ++r) {
+      const H* from = hidden.row(source[r]);
+      float* to = sorted + r * d;
+      for (index_t p = 0; p < d; ++p) to[p] = to_float(from[p]);
+    }
+  }
+  void out(index_t r0, index_t r1) const {
+    if (grad_out.rows == 0) return;
+    const index_t d = grad_out.cols;
+    for (index_t r = r0; r < r1; ++r) {
+      const float* from = grad_sorted + r * d;
+      float* to = grad_out.row(source[r]);
+      for (index_t p = 0; p < d; ++p) to[p] = from[p];
+    }
+  }
+};
+
 /// Pass-1 work: runs [run_begin, run_end) whole (row_end == 0), or rows [row_begin, row_end) of the
 /// long run run_begin (scores only: its node-gradient row is pass 2's).
 struct sigmoid_task {
@@ -80,8 +121,9 @@ struct sigmoid_task {
 /// runs. A task is either a piece of the run list (`tasks[t]`: device backends) or, on a host
 /// backend, the rows [row_first[t], row_first[t + 1]) through every level (`row_first` set): each
 /// level's runs clipped to those rows, in level order, so that the task owns its rows' losses and
-/// hidden gradients and adds each pair's terms there while the node row is in cache (see `owns_rows`).
-template <class T, index_t G>
+/// hidden gradients and adds each pair's terms there while the node row is in cache (see `owns_rows`),
+/// and copies its rows in and out itself (`Copies`: `range_row_copies`, or none).
+template <class T, index_t G, class Copies = no_row_copies>
 struct sigmoid_pair_pass {
   node_run_data<T> a;  // child: per entry
   level_entries at;
@@ -98,6 +140,7 @@ struct sigmoid_pair_pass {
   /// binary-Huffman step at 50K classes, d = 100, in callgrind's cache model with a 1 MiB L2: 1.7 of
   /// its 8.7 MB of L2 read misses; bench/RESULTS.md, issue 30).
   bool owns_rows;
+  Copies copies;  ///< row-range tasks: their rows in before their pairs, out after them
 
   /// Up to G pairs scored together: filled, then their dot products, their losses, their effects.
   struct group {
@@ -222,6 +265,7 @@ struct sigmoid_pair_pass {
 
   XSOFTMAX_HD void operator()(index_t t) const {
     if (row_first) {  // rows [r0, r1) through every level, `range_chunk_pairs` pairs at a time
+      copies.in(row_first[t], row_first[t + 1]);
       range_cursor c{this, row_first[t], row_first[t + 1], 0, 0};
       c.k = first_run_after(0, c.r0);
       c.settle();
@@ -241,6 +285,7 @@ struct sigmoid_pair_pass {
           for (range_cursor n = chunk; !n.same(c); n.advance())
             if (runs[n.k].begin >= c.r0 && runs[n.k].end <= c.r1) node_row(runs[n.k]);
       }
+      if (gs) copies.out(c.r0, c.r1);  // every term of its rows' hidden gradients is in
       return;
     }
     const sigmoid_task task = tasks[t];
@@ -291,9 +336,37 @@ struct sigmoid_row_pass {
   }
 };
 
+/// Host pass 2, task t: columns [64 cb, 64 cb + 64) of the node-gradient row of across[t / blocks]
+/// (cb = t % blocks; the bias with block 0), a run that crosses a range bound, by
+/// `weighted_column_sums`: each column's terms in sample order, as `node_row` adds them (its bits).
+/// In the portable 16-column blocks (`sigmoid_column_block`) those rows -- 2,135 of a 2-thread
+/// binary-Huffman step's 10,981 pairs at 50K classes, d = 100 -- took 42 us of thread time, 12 %
+/// of the step's (bench/RESULTS.md, issue 30).
+template <class T>
+struct sigmoid_across_columns {
+  node_run_data<T> a;
+  level_entries at;
+  const float* gs;
+  const node_run* across;
+  index_t blocks;  ///< column blocks per row: ceil(dim / column_sum_width)
+  void operator()(index_t t) const {
+    const node_run& run = across[t / blocks];
+    const index_t d = a.dim, c0 = (t % blocks) * column_sum_width,
+                  w = d - c0 < column_sum_width ? d - c0 : column_sum_width;
+    const float* g = gs + at.entry(run.level, run.begin);
+    weighted_column_sums(g, a.h + run.begin * d + c0, d, run.end - run.begin, w, a.grad_w + run.grad_offset * d + c0);
+    if (c0 == 0 && a.grad_b) {
+      float bias_acc = 0.f;
+      for (index_t i = 0; i < run.end - run.begin; ++i) bias_acc += g[i];
+      a.grad_b[run.grad_offset] = bias_acc;
+    }
+  }
+};
+
 /// The pass-1 tasks over `runs` (in plan order): short runs grouped up to `pairs` pairs, long runs
 /// (`long_from` or more rows) cut into slices of `pairs` rows, listed in `long_runs`.
-inline std::vector<sigmoid_task> sigmoid_tasks(const std::vector<node_run>& runs, index_t pairs,
+template <class Runs>
+inline std::vector<sigmoid_task> sigmoid_tasks(const Runs& runs, index_t pairs,
                                                std::vector<node_run>& long_runs,
                                                index_t long_from = run_parallel_inside) {
   std::vector<sigmoid_task> tasks;
@@ -333,7 +406,8 @@ inline constexpr index_t sigmoid_ranges_per_thread = 1;
 
 /// The bounds of `ranges` ranges of consecutive rows with about equal pair counts (rows [first[j],
 /// first[j + 1]); empty ranges dropped), from `runs` (a row's pairs: the runs it is in).
-inline std::vector<index_t> sigmoid_row_ranges(const std::vector<node_run>& runs, index_t rows, index_t ranges) {
+template <class Runs>
+inline std::vector<index_t> sigmoid_row_ranges(const Runs& runs, index_t rows, index_t ranges) {
   std::vector<index_t> first{0};
   if (ranges > 1) {
     std::vector<index_t> starts(static_cast<std::size_t>(rows) + 1, 0);  // pairs per row, as differences
@@ -357,7 +431,8 @@ inline std::vector<index_t> sigmoid_row_ranges(const std::vector<node_run>& runs
 
 /// The runs of `runs` (level l's: [level_first[l], level_first[l + 1])) that cross one of the range
 /// bounds in `row_first` (begin < bound < end), each once, in plan order.
-inline std::vector<node_run> runs_across(const std::vector<node_run>& runs, const std::vector<std::size_t>& level_first,
+template <class Runs>
+inline std::vector<node_run> runs_across(const Runs& runs, const std::vector<std::size_t>& level_first,
                                         const std::vector<index_t>& row_first) {
   std::vector<node_run> across;
   for (std::size_t l = 0; l + 1 < level_first.size(); ++l) {
@@ -388,9 +463,14 @@ inline std::vector<node_run> runs_across(const std::vector<node_run>& runs, cons
 /// losses and hidden gradients to a pass of their own (the 2-thread binary-Huffman step at 50K
 /// classes, d = 100: bench/RESULTS.md, issue 30). `ranges` > 0 sets the host's range count (tests:
 /// every count gives the same bits); 0, the default: one, or `sigmoid_ranges_per_thread` per thread.
-template <class B, class T>
-void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, const std::vector<node_run>& runs,
-                            const level_entries& at, index_t ranges = 0) {
+/// `runs`: a vector of `node_run` (any allocator). `copies` (host): each range copies its own rows
+/// in and out (`range_row_copies`); then `a.h` is filled by the ranges, and with gradients every
+/// row's hidden gradient reaches `copies.grad_out` (runs empty: nothing is copied).
+template <class B, class T, class Runs, class Copies = no_row_copies>
+void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, const Runs& runs,
+                            const level_entries& at, index_t ranges = 0, const Copies& copies = {}) {
+  static_assert(is_host_backend<B> || std::is_same_v<Copies, no_row_copies>,
+                "xsoftmax: row copies are the host row ranges' (a device has no row-range tasks)");
   if (runs.empty() || at.rows == 0) return;
   constexpr bool host = is_host_backend<B>;
   constexpr index_t G = host ? sigmoid_group : 1;
@@ -408,11 +488,14 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
     if (ranges <= 0) ranges = runs_tasks_in_order(ex) ? 1 : execution<B>::ops::threads() * sigmoid_ranges_per_thread;
     const std::vector<index_t> row_first = sigmoid_row_ranges(runs, at.rows, ranges);
     const std::vector<node_run> across = runs_across(runs, level_first, row_first);
-    sigmoid_pair_pass<T, G> pass{a, at, runs.data(), nullptr, row_first.data(), level_first.data(), pair_loss, gs, true};
+    sigmoid_pair_pass<T, G, Copies> pass{a,  at, runs.data(), nullptr, row_first.data(), level_first.data(),
+                                         pair_loss, gs, true, copies};
     parallel_for_uneven(ex, static_cast<index_t>(row_first.size()) - 1, pass);
-    if (gs && !across.empty())
-      parallel_for_uneven(ex, static_cast<index_t>(across.size()) * blocks,
-                          sigmoid_row_pass<T>{a, at, pair_loss, gs, across.data(), 1, 0, blocks});
+    if (gs && !across.empty()) {
+      const index_t wide_blocks = (a.dim + column_sum_width - 1) / column_sum_width;
+      parallel_for_uneven(ex, static_cast<index_t>(across.size()) * wide_blocks,
+                          sigmoid_across_columns<T>{a, at, gs, across.data(), wide_blocks});
+    }
     return;
   }
   std::vector<node_run> long_runs;

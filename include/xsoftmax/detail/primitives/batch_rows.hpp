@@ -20,6 +20,7 @@
 #include <thrust/sequence.h>
 
 #include <cmath>
+#include <functional>
 
 namespace xsoftmax::detail {
 
@@ -206,13 +207,31 @@ void scatter_losses(const execution<Backend>& ex, const batch_rows<Backend>& b, 
   XSOFTMAX_PARALLEL_FOR_LIGHT(ex, b.rows, r, { o[sample[r]] = losses[r]; });
 }
 
+/// Every element of `out` (its rows x cols, not the gaps of its stride) = value.
+template <class Backend>
+void fill_rows(const execution<Backend>& ex, matrix_view<float> out, float value) {
+  XSOFTMAX_PARALLEL_FOR_2D(ex, out.rows, out.cols, i, j, { out.row(i)[j] = value; });
+}
+
+/// Whether the elements of two matrices may share memory (the spans from their first row's start to
+/// their last row's end intersect; an empty matrix shares none).
+template <class T, class U>
+bool rows_overlap(matrix_view<T> a, matrix_view<U> b) {
+  if (a.size() == 0 || b.size() == 0) return false;
+  const auto* a0 = reinterpret_cast<const char*>(a.data);
+  const auto* b0 = reinterpret_cast<const char*>(b.data);
+  const auto* a1 = reinterpret_cast<const char*>(a.data + (a.rows - 1) * a.stride + a.cols);
+  const auto* b1 = reinterpret_cast<const char*>(b.data + (b.rows - 1) * b.stride + b.cols);
+  return std::less<const char*>()(a0, b1) && std::less<const char*>()(b0, a1);
+}
+
 /// Writes packed hidden-gradient rows back to the caller's (B x dim) matrix; ignored rows get 0.
 template <class Backend>
 void scatter_rows(const execution<Backend>& ex, const batch_rows<Backend>& b, const float* packed,
                   matrix_view<float> out) {
   const index_t d = out.cols;
   // Every packed row is a distinct sample: with none ignored, every output row is written below.
-  if (b.rows != out.rows) XSOFTMAX_PARALLEL_FOR_2D(ex, out.rows, d, i, j, { out.row(i)[j] = 0.f; });
+  if (b.rows != out.rows) fill_rows(ex, out, 0.f);
   const index_t* sample = b.sample_data();
   XSOFTMAX_PARALLEL_FOR_2D(ex, b.rows, d, r, j, { out.row(sample[r])[j] = packed[r * d + j]; });
 }

@@ -281,4 +281,70 @@ XSOFTMAX_HD inline void axpy_row(float g, const T* x, float* y, index_t d) {
   axpy_row_portable(g, x, y, d);
 }
 
+/// The most columns `weighted_column_sums` takes in one call.
+inline constexpr index_t column_sum_width = 64;
+
+/// out[p] = g[0] x_0[p] + g[1] x_1[p] + ... + g[n-1] x_{n-1}[p] for p < w (w <= `column_sum_width`,
+/// n >= 1), x_i = x + i ld: each column's terms added in row order, the first a product alone --
+/// bitwise `scale_row` then `axpy_row` row after row over those columns; the portable version.
+XSOFTMAX_HD inline void weighted_column_sums_portable(const float* g, const float* x, index_t ld, index_t n, index_t w,
+                                                     float* out) {
+  for (index_t p = 0; p < w; ++p) out[p] = g[0] * x[p];
+  for (index_t i = 1; i < n; ++i)
+    for (index_t p = 0; p < w; ++p) out[p] += g[i] * x[i * ld + p];
+}
+
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+/// `weighted_column_sums_portable` for V * 8 columns (plus w - 8 V < 8 one at a time), the sums
+/// in V registers through all n rows: V independent add chains per row.
+template <int V>
+__attribute__((target("avx2"))) inline void weighted_column_sums_avx2_v(const float* g, const float* x, index_t ld,
+                                                                        index_t n, index_t w, float* out) {
+  __m256 acc[V > 0 ? V : 1];
+  const __m256 g0 = _mm256_set1_ps(g[0]);
+  for (int k = 0; k < V; ++k) acc[k] = _mm256_mul_ps(g0, _mm256_loadu_ps(x + 8 * k));
+  for (index_t i = 1; i < n; ++i) {
+    const __m256 gv = _mm256_set1_ps(g[i]);
+    const float* xi = x + i * ld;
+    for (int k = 0; k < V; ++k) acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(gv, _mm256_loadu_ps(xi + 8 * k)));
+  }
+  for (int k = 0; k < V; ++k) _mm256_storeu_ps(out + 8 * k, acc[k]);
+  for (index_t p = 8 * V; p < w; ++p) {
+    float a = g[0] * x[p];
+    for (index_t i = 1; i < n; ++i) a += g[i] * x[i * ld + p];
+    out[p] = a;
+  }
+}
+
+/// `weighted_column_sums_portable` on 8-float vectors, every column's sum in a register (no FMA:
+/// the same products and sums, bitwise). Row by row (`axpy_row`: a load and a store of the output
+/// per term) or in 16-column blocks (2 to 4 add chains), a run's node row was latency-bound: 60
+/// cycles a sample at d = 100 where this takes ~10 (bench/RESULTS.md, issue 30).
+__attribute__((target("avx2"), noinline)) inline void weighted_column_sums_avx2(const float* g, const float* x,
+                                                                              index_t ld, index_t n, index_t w,
+                                                                              float* out) {
+  switch (w / 8) {
+    case 0: return weighted_column_sums_avx2_v<0>(g, x, ld, n, w, out);
+    case 1: return weighted_column_sums_avx2_v<1>(g, x, ld, n, w, out);
+    case 2: return weighted_column_sums_avx2_v<2>(g, x, ld, n, w, out);
+    case 3: return weighted_column_sums_avx2_v<3>(g, x, ld, n, w, out);
+    case 4: return weighted_column_sums_avx2_v<4>(g, x, ld, n, w, out);
+    case 5: return weighted_column_sums_avx2_v<5>(g, x, ld, n, w, out);
+    case 6: return weighted_column_sums_avx2_v<6>(g, x, ld, n, w, out);
+    case 7: return weighted_column_sums_avx2_v<7>(g, x, ld, n, w, out);
+    default: return weighted_column_sums_avx2_v<8>(g, x, ld, n, w, out);
+  }
+}
+#endif
+
+/// out[p] = sum over rows i < n (n >= 1) of g[i] x[i ld + p], for p < w <= `column_sum_width`, each
+/// column's terms in row order (bitwise `scale_row` then `axpy_row` row after row); AVX2 when the host
+/// CPU has it (bitwise the same).
+inline void weighted_column_sums(const float* g, const float* x, index_t ld, index_t n, index_t w, float* out) {
+#if defined(XSOFTMAX_ROW_KERNELS_AVX2)
+  if (row_simd::has_avx2) return weighted_column_sums_avx2(g, x, ld, n, w, out);
+#endif
+  weighted_column_sums_portable(g, x, ld, n, w, out);
+}
+
 }  // namespace xsoftmax::detail
