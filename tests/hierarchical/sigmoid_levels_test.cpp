@@ -94,6 +94,10 @@ TEST_CASE("sigmoid levels: row ranges cover the rows in order, and the runs acro
     }
     const index_t ranges = rng.integer(1, 12);
     const std::vector<index_t> first = xd::sigmoid_row_ranges(runs, rows, ranges);
+    std::vector<index_t> pairs_per_row(static_cast<std::size_t>(rows), 0);  // the same from per-row counts
+    for (const xd::node_run& run : runs)
+      for (index_t r = run.begin; r < run.end; ++r) ++pairs_per_row[static_cast<std::size_t>(r)];
+    CHECK(xd::sigmoid_row_ranges_by_pairs(pairs_per_row.data(), rows, ranges) == first);
     REQUIRE(first.size() >= 2);
     CHECK(first.front() == 0);
     CHECK(first.back() == rows);
@@ -143,10 +147,16 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
         ex, tv, target.data(), rows, levels, true, [](const xd::node_run&) -> index_t { return 1; }, children.data(),
         keys.data());
     REQUIRE(plan.levels() == static_cast<std::size_t>(levels));
-    std::vector<index_t> path_keys(children.size());  // the head's host layout: one value an entry
+    // The head's host layout: one value an entry, and each row's path length (its pair count).
+    std::vector<index_t> path_keys(children.size()), path_levels(static_cast<std::size_t>(rows), -1);
     const xd::run_plan path_plan = xd::plan_runs(
         ex, tv, target.data(), rows, levels, true, [](const xd::node_run&) -> index_t { return 1; }, nullptr,
-        path_keys.data(), false, xsoftmax::is_host_backend<B>);
+        path_keys.data(), false, xsoftmax::is_host_backend<B>, path_levels.data());
+    for (index_t r = 0; r < rows; ++r) {
+      index_t on_path = 0;
+      for (int l = 0; l < levels; ++l) on_path += keys[static_cast<std::size_t>(l * rows + r)] >= 0 ? 1 : 0;
+      CHECK(path_levels[static_cast<std::size_t>(r)] == on_path);
+    }
     for (const bool backward : {true, false}) {
       // unset_grad_h: every level at once into hidden gradients holding NaN, flagged unset (the
       // head's layout: each row's first level writes its term, no zero-fill).
@@ -176,7 +186,7 @@ TEST_CASE_TEMPLATE("sigmoid levels: every level at once equals one level at a ti
         if (all_levels) {
           const bool path_layout = path_rows && xsoftmax::is_host_backend<B>;
           const xd::level_entries at{rows, 0, levels, path_layout ? path_keys.data() : keys.data(), unset_grad_h,
-                                     path_layout};
+                                     path_layout, path_layout ? path_levels.data() : nullptr};
           scratch.resize(static_cast<std::size_t>(xd::sigmoid_levels_scratch(at, backward)));
           a.child = path_layout ? nullptr : children.data();
           a.scratch = scratch.data();

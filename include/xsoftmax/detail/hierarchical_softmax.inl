@@ -128,14 +128,16 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const int levels = detail::planned_levels(ex, tv, batch.target_data(), rows, Tree::max_depth);
   const std::size_t entries = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
   detail::scratch_buffer<B, index_t> children(path_row_keys ? 0 : entries, ex),
-      node_keys(all_levels ? entries : 0, ex);
+      node_keys(all_levels ? entries : 0, ex), path_levels(path_row_keys ? static_cast<std::size_t>(rows) : 0, ex);
   const detail::run_plan plan =
       detail::plan_runs(ex, tv, batch.target_data(), rows, levels, sigmoid_form,
                         [=](const detail::node_run& run) -> index_t {
                           return takes_gemm(run) ? 0 : sigmoid_form ? 1 : run.block_size;
                         },
-                        children.data(), all_levels ? node_keys.data() : nullptr, false, path_row_keys);
-  const detail::level_entries at{rows, 0, levels, node_keys.data(), true, path_row_keys};
+                        children.data(), all_levels ? node_keys.data() : nullptr, false, path_row_keys,
+                        path_row_keys ? path_levels.data() : nullptr);
+  const detail::level_entries at{rows, 0, levels, node_keys.data(), true, path_row_keys,
+                                 path_row_keys ? path_levels.data() : nullptr};
 
   // 3. The sparse gradient's rows.
   if (want_grad) {

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -110,9 +111,11 @@ struct all_level_steps_of {
   index_t* key;
   index_t* block_size;  ///< null: path rows
   index_t* child;       ///< null: path rows
+  index_t* path_levels = nullptr;  ///< per row, when not null: the levels its path has (< levels)
   XSOFTMAX_HD void operator()(index_t r) const {
     const index_t t = target[r];
     const int depth = tv.depth(t) < levels ? tv.depth(t) : levels;
+    if (path_levels) path_levels[r] = depth;
     for (int l = 0; l < levels; ++l) put(l * rows + r, t, l, l < depth);
   }
   /// Entry i (level l of a row whose target is t): its step, or the ended-path key when !on_path.
@@ -151,6 +154,7 @@ struct all_level_steps_of_tile {
     for (index_t j = 0; j < n; ++j) {
       target[j] = row.target[r0 + j];
       depth[j] = row.tv.depth(target[j]) < row.levels ? row.tv.depth(target[j]) : row.levels;
+      if (row.path_levels) row.path_levels[r0 + j] = depth[j];
     }
     for (int l = 0; l < row.levels; ++l)
       for (index_t j = 0; j < n; ++j) row.put(l * row.rows + r0 + j, target[j], l, l < depth[j]);
@@ -182,6 +186,42 @@ struct level_step_of {
   }
 };
 
+/// word[r] = leaf_rank(target[r]) << index_bits | r: the leaf rank and the row in one unsigned word.
+template <class View, class Word>
+struct leaf_rank_word_of {
+  View tv;
+  const index_t* target;
+  int index_bits;
+  Word* word;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    word[r] = static_cast<Word>(tv.leaf_rank(target[r])) << index_bits | static_cast<Word>(r);
+  }
+};
+
+/// order = the rows 0..n-1 stable-sorted by their target's leaf rank, on a host backend: each rank
+/// packed above its row into one `Word` (`leaf_rank_word_of`: equal ranks then order by row, so a
+/// plain sort is stable) and those words radix-sorted alone. Thrust's stable_sort_by_key on 64-bit
+/// keys and values made eight digit histograms and moved both arrays: 6.4 us a 1,024-row step on
+/// the calling thread while the others waited (2 % of a 2-thread binary-Huffman step at 50K
+/// classes, d = 100; bench/RESULTS.md, issue 30).
+template <class Word, class B, class View>
+void sort_rows_by_packed_rank(const execution<B>& ex, const View& tv, const index_t* target, index_t n,
+                              int index_bits, index_t* order) {
+  scratch_vector<B, Word> words(static_cast<std::size_t>(n), ex);
+  Word* w = raw(words);
+  parallel_for_light(ex, n, leaf_rank_word_of<View, Word>{tv, target, index_bits, w});
+  with_light_policy(ex, n, [&](auto policy) { thrust::sort(policy, words.begin(), words.end()); });
+  const Word mask = (Word(1) << index_bits) - 1;
+  XSOFTMAX_PARALLEL_FOR_LIGHT(ex, n, r, { order[r] = static_cast<index_t>(w[r] & mask); });
+}
+
+/// Bits of the smallest unsigned integer that holds every value below `n` (n >= 1): 0 for n = 1.
+inline int bits_below(index_t n) {
+  int b = 0;
+  while (b < 63 && (index_t(1) << b) < n) ++b;
+  return b;
+}
+
 /// `in`'s rows stable-sorted by their target's leaf rank (equal targets keep batch order), with
 /// `upstream` (one value per packed row, or empty) permuted alike. The sorted hidden rows go to
 /// `hidden_out` (rows x dim floats, written, never read): row r is row `src_row[i]` of `hidden`,
@@ -193,8 +233,25 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
                                 scratch_vector<B, float>& upstream, matrix_view<const H> hidden,
                                 const index_t* src_row, float* hidden_out) {
   const index_t n = in.rows;
-  scratch_vector<B, index_t> keys(static_cast<std::size_t>(n), ex), order(static_cast<std::size_t>(n), ex);
-  parallel_for_light(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
+  scratch_vector<B, index_t> order(static_cast<std::size_t>(n), ex);
+  // A host packs rank and row into one word where they fit (`sort_rows_by_packed_rank`); a device
+  // sorts the ranks with the rows as values (CUB's radix sort).
+  const int index_bits = bits_below(n > 0 ? n : 1), rank_bits = bits_below(tv.num_classes());
+  const bool packed = is_host_backend<B> && index_bits + rank_bits < 64;  // < : no shift by the width
+  if constexpr (is_host_backend<B>) {
+    if (index_bits + rank_bits < 32)
+      sort_rows_by_packed_rank<std::uint32_t>(ex, tv, in.target_data(), n, index_bits, raw(order));
+    else if (packed)
+      sort_rows_by_packed_rank<std::uint64_t>(ex, tv, in.target_data(), n, index_bits, raw(order));
+  }
+  if (!packed) {
+    scratch_vector<B, index_t> keys(static_cast<std::size_t>(n), ex);
+    parallel_for_light(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
+    with_light_policy(ex, n, [&](auto policy) {
+      thrust::sequence(policy, order.begin(), order.end());
+      thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
+    });
+  }
   batch_rows<B> out;
   out.dim = in.dim;
   out.rows = n;
@@ -202,8 +259,6 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
   out.target = scratch_vector<B, index_t>(static_cast<std::size_t>(n), ex);
   scratch_vector<B, float> up(upstream.size(), ex);
   with_light_policy(ex, n, [&](auto policy) {  // light: a few operations a row
-    thrust::sequence(policy, order.begin(), order.end());
-    thrust::stable_sort_by_key(policy, keys.begin(), keys.end(), order.begin());
     thrust::gather(policy, order.begin(), order.end(), in.sample.begin(), out.sample.begin());
     thrust::gather(policy, order.begin(), order.end(), in.target.begin(), out.target.begin());
     if (!upstream.empty()) thrust::gather(policy, order.begin(), order.end(), upstream.begin(), up.begin());
@@ -428,11 +483,12 @@ void plan_runs_by_reduce(const execution<B>& ex, const index_t* key, const index
 /// is one value, the row its path takes (`node_keys`, required; `children` not written, the child is
 /// the key's low bit: `path_rows`). A third of the bytes of the three arrays: at 50K classes the
 /// planning pass wrote 467 KB a step for 1,024 rows, 12 % of a 2-thread binary-Huffman step
-/// (bench/RESULTS.md, issue 30).
+/// (bench/RESULTS.md, issue 30). `path_levels` (rows values, the execution's memory), when not null,
+/// receives each row's count of planned levels on its path -- its pair count (`level_entries`).
 template <class B, class View, class GatherWidth>
 run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int levels,
                    bool sigmoid, GatherWidth gather_width, index_t* children, index_t* node_keys = nullptr,
-                   bool by_reduce = false, bool path_row_keys = false) {
+                   bool by_reduce = false, bool path_row_keys = false, index_t* path_levels = nullptr) {
   run_plan plan;
   if (rows == 0 || levels == 0) return plan;
   const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(levels);
@@ -442,7 +498,8 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   // places in the backend's memory.
   scratch_buffer<B, index_t> key_buf(node_keys ? 0 : n, ex), size_buf(path_row_keys ? 0 : n, ex);
   index_t *key = node_keys ? node_keys : key_buf.data(), *block_size = path_row_keys ? nullptr : size_buf.data();
-  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, path_row_keys ? nullptr : children};
+  const all_level_steps_of<View> steps{tv, target, rows, levels, key, block_size, path_row_keys ? nullptr : children,
+                                       path_levels};
   if constexpr (is_host_backend<B>) {
     constexpr index_t tile = all_level_steps_of_tile<View>::tile_rows;
     parallel_for(ex, (rows + tile - 1) / tile, all_level_steps_of_tile<View>{steps});

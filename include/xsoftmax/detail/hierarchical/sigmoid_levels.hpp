@@ -46,6 +46,9 @@ struct level_entries {
   /// `node_key` holds the rows the paths take (`path_rows`: block_begin + child; the planning's
   /// one-value layout), so the child is its low bit and `node_run_data::child` is not read.
   bool keys_are_path_rows = false;
+  /// Per row, when not null (host): the levels its path has among the planned ones -- with level0 = 0
+  /// its pair count (`plan_runs`' `path_levels`).
+  const index_t* path_levels = nullptr;
   [[nodiscard]] XSOFTMAX_HD index_t entry(int level, index_t row) const { return (level - level0) * rows + row; }
   [[nodiscard]] index_t count() const { return rows * levels; }
 };
@@ -405,28 +408,49 @@ inline std::vector<sigmoid_task> sigmoid_tasks(const Runs& runs, index_t pairs,
 inline constexpr index_t sigmoid_ranges_per_thread = 1;
 
 /// The bounds of `ranges` ranges of consecutive rows with about equal pair counts (rows [first[j],
-/// first[j + 1]); empty ranges dropped), from `runs` (a row's pairs: the runs it is in).
-template <class Runs>
-inline std::vector<index_t> sigmoid_row_ranges(const Runs& runs, index_t rows, index_t ranges) {
+/// first[j + 1]); empty ranges dropped), row r having pairs_of(r) of the `pairs` in all.
+template <class PairsOf>
+std::vector<index_t> row_ranges_by(index_t rows, index_t ranges, index_t pairs, PairsOf pairs_of) {
   std::vector<index_t> first{0};
   if (ranges > 1) {
-    std::vector<index_t> starts(static_cast<std::size_t>(rows) + 1, 0);  // pairs per row, as differences
-    index_t pairs = 0;
-    for (const node_run& run : runs) {
-      ++starts[static_cast<std::size_t>(run.begin)];
-      --starts[static_cast<std::size_t>(run.end)];
-      pairs += run.end - run.begin;
-    }
-    index_t open = 0, done = 0;  // runs open at row r; pairs of rows before r
+    index_t done = 0;               // pairs of rows before r
+    index_t next = pairs / ranges;  // the next bound: after j / ranges of the pairs, j = first.size()
     for (index_t r = 0; r < rows; ++r) {
-      open += starts[static_cast<std::size_t>(r)];
-      const index_t j = static_cast<index_t>(first.size());  // the next bound: after j / ranges of the pairs
-      if (j < ranges && done >= pairs * j / ranges && r > first.back()) first.push_back(r);
-      done += open;
+      if (done >= next && r > first.back()) {
+        first.push_back(r);
+        const index_t j = static_cast<index_t>(first.size());
+        next = j < ranges ? pairs * j / ranges : pairs + 1;  // divided once a bound, not once a row
+      }
+      done += pairs_of(r);
     }
   }
   first.push_back(rows);
   return first;
+}
+
+/// `row_ranges_by` from `runs` (a row's pairs: the runs it is in).
+template <class Runs>
+std::vector<index_t> sigmoid_row_ranges(const Runs& runs, index_t rows, index_t ranges) {
+  if (ranges <= 1) return {0, rows};
+  std::vector<index_t> starts(static_cast<std::size_t>(rows) + 1, 0);  // pairs per row, as differences
+  index_t pairs = 0;
+  for (const node_run& run : runs) {
+    ++starts[static_cast<std::size_t>(run.begin)];
+    --starts[static_cast<std::size_t>(run.end)];
+    pairs += run.end - run.begin;
+  }
+  index_t open = 0;  // runs open at row r (rows are visited in order)
+  return row_ranges_by(rows, ranges, pairs, [&](index_t r) { return open += starts[static_cast<std::size_t>(r)]; });
+}
+
+/// `row_ranges_by` from each row's pair count (`level_entries::path_levels`): no pass over the run
+/// list, which the other threads wrote (3.4 us of a 2-thread binary-Huffman step on the calling
+/// thread, at 50K classes; bench/RESULTS.md, issue 30).
+inline std::vector<index_t> sigmoid_row_ranges_by_pairs(const index_t* pairs_per_row, index_t rows, index_t ranges) {
+  if (ranges <= 1) return {0, rows};
+  index_t pairs = 0;
+  for (index_t r = 0; r < rows; ++r) pairs += pairs_per_row[r];
+  return row_ranges_by(rows, ranges, pairs, [&](index_t r) { return pairs_per_row[r]; });
 }
 
 /// The runs of `runs` (level l's: [level_first[l], level_first[l + 1])) that cross one of the range
@@ -486,9 +510,11 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
                                runs.end(), [&](const node_run& run) { return run.level <= at.level0 + l; }) -
           runs.begin());
     if (ranges <= 0) ranges = runs_tasks_in_order(ex) ? 1 : execution<B>::ops::threads() * sigmoid_ranges_per_thread;
-    const std::vector<index_t> row_first = sigmoid_row_ranges(runs, at.rows, ranges);
+    const std::vector<index_t> row_first = at.path_levels && at.level0 == 0
+                                               ? sigmoid_row_ranges_by_pairs(at.path_levels, at.rows, ranges)
+                                               : sigmoid_row_ranges(runs, at.rows, ranges);
     const std::vector<node_run> across = runs_across(runs, level_first, row_first);
-    sigmoid_pair_pass<T, G, Copies> pass{a,  at, runs.data(), nullptr, row_first.data(), level_first.data(),
+    sigmoid_pair_pass<T, G, Copies> pass{a, at, runs.data(), nullptr, row_first.data(), level_first.data(),
                                          pair_loss, gs, true, copies};
     parallel_for_uneven(ex, static_cast<index_t>(row_first.size()) - 1, pass);
     if (gs && !across.empty()) {
