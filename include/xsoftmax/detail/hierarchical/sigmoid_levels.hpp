@@ -1,20 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Every level of a sigmoid-node (binary, word2vec-form) hierarchical-softmax step in two parallel
-/// passes, whatever the tree's depth, on every backend without a tuned gather path (the host ones;
-/// the cuda backend's warp-per-sample path is checked against it).
+/// Every level of a sigmoid-node (binary, word2vec-form) hierarchical-softmax step in one parallel
+/// pass on a host backend and two on a device, whatever the tree's depth, on every backend without a
+/// tuned gather path (the host ones; the cuda backend's warp-per-sample path is checked against it).
 ///
 /// A (row, level) pair of the step is an *entry*, e = (level - level0) rows + row, level-major as
 /// the planning pass lays out each row's node (`node_key`: its block_begin, negative once the row's
 /// path has ended) and child. The passes, on a host backend:
 ///  1. a task per range of consecutive rows (about equal pair counts; one range per thread, one in
-///     all on the serial backend or one thread): every level's runs clipped to its rows, in level
-///     order -- each pair's score, loss and dLoss/dscore * upstream, its loss and hidden-gradient
-///     row added to its row while the node row is in cache, then the node-gradient rows of the
-///     runs that lie inside the range;
-///  2. the node-gradient rows of the runs that cross a range bound, by column blocks
-///     (`sigmoid_across_columns`).
+///     all on the serial backend or one thread): its hidden rows copied in, every level's runs
+///     clipped to its rows, in level order -- each pair's score, loss and dLoss/dscore * upstream,
+///     its loss and hidden-gradient row added to its row while the node row is in cache, then the
+///     node-gradient rows of the runs that lie inside the range -- and its hidden-gradient rows out;
+///  2. (no pass of its own) the node-gradient rows of the runs that cross a range bound, summed in
+///     parts by the ranges they span, in row order, each range's part once the ranges before it have
+///     summed theirs (`crossing_parts`).
 /// On a device, pass 1 is a task per pair (the run list's pieces) into per-entry arrays, and pass 2
 /// a task per row (its levels in order: loss terms and hidden-gradient rows gs_e * w_node) beside
 /// the long runs' node rows by column blocks.
@@ -28,7 +29,10 @@
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <memory>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -144,6 +148,11 @@ struct sigmoid_pair_pass {
   /// its 8.7 MB of L2 read misses; bench/RESULTS.md, issue 30).
   bool owns_rows;
   Copies copies;  ///< row-range tasks: their rows in before their pairs, out after them
+  /// Row-range tasks: the runs that cross a range bound (`runs_across`, in plan order), and for each
+  /// the row its node-gradient row's sum has reached (`crossing_parts`).
+  const node_run* across = nullptr;
+  index_t across_count = 0;
+  std::atomic<index_t>* summed_to = nullptr;
 
   /// Up to G pairs scored together: filled, then their dot products, their losses, their effects.
   struct group {
@@ -218,14 +227,15 @@ struct sigmoid_pair_pass {
     }
   }
 
-  /// A whole run's node-gradient row: its samples' terms in order (the row starts as the first
-  /// sample's term: no zeroing pass).
-  XSOFTMAX_HD void node_row(const node_run& run) const {
+  /// A run's node-gradient row, the terms of its rows [from, to) added in order (from = run.begin:
+  /// the row starts as the first sample's term, no zeroing pass; otherwise the sum continues where
+  /// the rows before `from` left it, its bias too).
+  XSOFTMAX_HD void node_row_part(const node_run& run, index_t from, index_t to) const {
     const index_t d = a.dim;
     const float* g = gs + at.entry(run.level, run.begin);
     float* gwr = a.grad_w + run.grad_offset * d;
-    float bias_acc = 0.f;
-    for (index_t i = 0; i < run.end - run.begin; ++i) {
+    float bias_acc = from == run.begin || !a.grad_b ? 0.f : a.grad_b[run.grad_offset];
+    for (index_t i = from - run.begin; i < to - run.begin; ++i) {
       const float* h = a.h + (run.begin + i) * d;
       if (i == 0)
         scale_row(g[i], h, gwr, d);
@@ -235,6 +245,38 @@ struct sigmoid_pair_pass {
     }
     if (a.grad_b) a.grad_b[run.grad_offset] = bias_acc;
   }
+
+  /// A whole run's node-gradient row: its samples' terms in order.
+  XSOFTMAX_HD void node_row(const node_run& run) const { node_row_part(run, run.begin, run.end); }
+
+#if !defined(__CUDA_ARCH__)
+  /// Rows [r0, r1)'s parts of the runs that cross a range bound, on levels below `level_end` (their
+  /// pairs in those rows all scored): each part once the ranges before have summed the run up to r0
+  /// (`summed_to`, acquire; a first part waits for nothing), published as the row its sum reached
+  /// (release) -- a run's terms in row order: `node_row`'s bits. Called after every chunk without
+  /// waiting (a part not ready yet is left), and at the task's end waiting: a part waits only on
+  /// lower ranges, which `parallel_for_uneven` hands out first, so nothing deadlocks. Summed apart,
+  /// in a pass of their own by column blocks, these rows (2,135 of a 2-thread binary-Huffman step's
+  /// 10,981 pairs at 50K classes, d = 100) read half their hidden rows from the other core's cache:
+  /// 16 us of the step's 338 (bench/RESULTS.md, issue 30).
+  void crossing_parts(index_t r0, index_t r1, int level_end, bool wait) const {
+    for (index_t k = 0; k < across_count; ++k) {
+      const node_run& run = across[k];
+      if (run.level - at.level0 >= level_end) break;  // plan order: level by level
+      if (run.end <= r0 || run.begin >= r1) continue;
+      const index_t from = run.begin > r0 ? run.begin : r0, to = run.end < r1 ? run.end : r1;
+      index_t reached = summed_to[k].load(std::memory_order_acquire);
+      if (reached >= to) continue;  // this part is in
+      if (from > run.begin && reached != from) {  // the ranges before have not summed up to r0
+        if (!wait) continue;
+        for (unsigned spins = 1; (reached = summed_to[k].load(std::memory_order_acquire)) != from; ++spins)
+          if (spins % 64 == 0) std::this_thread::yield();
+      }
+      node_row_part(run, from, to);
+      summed_to[k].store(to, std::memory_order_release);
+    }
+  }
+#endif
 
   /// The first of level l's runs that ends after row r (runs of a level are in row order).
   XSOFTMAX_HD index_t first_run_after(int l, index_t r) const {
@@ -283,12 +325,18 @@ struct sigmoid_pair_pass {
           }
         });
         // The chunk's node rows while its rows are in cache: those of the runs inside the range
-        // (the others: pass 2).
+        // (the others' parts: `crossing_parts`).
         if (gs)
           for (range_cursor n = chunk; !n.same(c); n.advance())
             if (runs[n.k].begin >= c.r0 && runs[n.k].end <= c.r1) node_row(runs[n.k]);
+#if !defined(__CUDA_ARCH__)
+        if (gs && across_count > 0) crossing_parts(c.r0, c.r1, c.done() ? at.levels : c.l, false);
+#endif
       }
       if (gs) copies.out(c.r0, c.r1);  // every term of its rows' hidden gradients is in
+#if !defined(__CUDA_ARCH__)
+      if (gs && across_count > 0) crossing_parts(c.r0, c.r1, at.levels, true);
+#endif
       return;
     }
     const sigmoid_task task = tasks[t];
@@ -339,33 +387,6 @@ struct sigmoid_row_pass {
   }
 };
 
-/// Host pass 2, task t: columns [64 cb, 64 cb + 64) of the node-gradient row of across[t / blocks]
-/// (cb = t % blocks; the bias with block 0), a run that crosses a range bound, by
-/// `weighted_column_sums`: each column's terms in sample order, as `node_row` adds them (its bits).
-/// In the portable 16-column blocks (`sigmoid_column_block`) those rows -- 2,135 of a 2-thread
-/// binary-Huffman step's 10,981 pairs at 50K classes, d = 100 -- took 42 us of thread time, 12 %
-/// of the step's (bench/RESULTS.md, issue 30).
-template <class T>
-struct sigmoid_across_columns {
-  node_run_data<T> a;
-  level_entries at;
-  const float* gs;
-  const node_run* across;
-  index_t blocks;  ///< column blocks per row: ceil(dim / column_sum_width)
-  void operator()(index_t t) const {
-    const node_run& run = across[t / blocks];
-    const index_t d = a.dim, c0 = (t % blocks) * column_sum_width,
-                  w = d - c0 < column_sum_width ? d - c0 : column_sum_width;
-    const float* g = gs + at.entry(run.level, run.begin);
-    weighted_column_sums(g, a.h + run.begin * d + c0, d, run.end - run.begin, w, a.grad_w + run.grad_offset * d + c0);
-    if (c0 == 0 && a.grad_b) {
-      float bias_acc = 0.f;
-      for (index_t i = 0; i < run.end - run.begin; ++i) bias_acc += g[i];
-      a.grad_b[run.grad_offset] = bias_acc;
-    }
-  }
-};
-
 /// The pass-1 tasks over `runs` (in plan order): short runs grouped up to `pairs` pairs, long runs
 /// (`long_from` or more rows) cut into slices of `pairs` rows, listed in `long_runs`.
 template <class Runs>
@@ -404,7 +425,7 @@ inline std::vector<sigmoid_task> sigmoid_tasks(const Runs& runs, index_t pairs,
 
 /// Row ranges a host step's pass-1 tasks take per thread: enough for the threads to even out
 /// rows of different path depths (`parallel_for_uneven`), few enough that few runs cross a range
-/// boundary (their node rows are summed in pass 2).
+/// boundary (their node rows are summed in parts, one range after another: `crossing_parts`).
 inline constexpr index_t sigmoid_ranges_per_thread = 1;
 
 /// The bounds of `ranges` ranges of consecutive rows with about equal pair counts (rows [first[j],
@@ -476,13 +497,14 @@ inline std::vector<node_run> runs_across(const Runs& runs, const std::vector<std
 }
 
 /// Every level's sigmoid `runs` (any levels within `at`, in plan order; one level's runs cover its
-/// rows whose key is not negative) in two parallel passes (see the file comment). `a.child` is per
+/// rows whose key is not negative) in one parallel pass on a host, two on a device (see the file
+/// comment). `a.child` is per
 /// entry, `a.scratch` holds `sigmoid_levels_scratch(at, a.backward())` floats; losses and hidden
 /// gradients are added to `a.loss` / `a.grad_h`, each run's gradient rows written at its offset.
 ///
-/// On a host backend pass 1's tasks are row ranges through every level (`sigmoid_pair_pass`:
-/// each adds its rows' terms itself; one range on the serial backend or one thread), and pass 2
-/// sums only the node rows of the runs that cross a range boundary, by column blocks. The run-list
+/// On a host backend the step is one parallel region: a task per row range through every level
+/// (`sigmoid_pair_pass`: each adds its rows' terms itself and its parts of the node rows of the runs
+/// that cross a range bound; one range on the serial backend or one thread). The run-list
 /// tasks with a per-entry pass 2 (device backends) left each node row to be read twice and the
 /// losses and hidden gradients to a pass of their own (the 2-thread binary-Huffman step at 50K
 /// classes, d = 100: bench/RESULTS.md, issue 30). `ranges` > 0 sets the host's range count (tests:
@@ -500,7 +522,6 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   constexpr index_t G = host ? sigmoid_group : 1;
   float* pair_loss = a.scratch;
   float* gs = a.backward() ? a.scratch + at.count() : nullptr;
-  const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   if constexpr (host) {
     // Each level's runs (plan order: level by level, rows ascending within a level).
     std::vector<std::size_t> level_first(static_cast<std::size_t>(at.levels) + 1, 0);
@@ -514,14 +535,22 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
                                                ? sigmoid_row_ranges_by_pairs(at.path_levels, at.rows, ranges)
                                                : sigmoid_row_ranges(runs, at.rows, ranges);
     const std::vector<node_run> across = runs_across(runs, level_first, row_first);
-    sigmoid_pair_pass<T, G, Copies> pass{a, at, runs.data(), nullptr, row_first.data(), level_first.data(),
-                                         pair_loss, gs, true, copies};
+    const std::unique_ptr<std::atomic<index_t>[]> summed_to(new std::atomic<index_t>[across.size()]);
+    for (std::size_t k = 0; k < across.size(); ++k) summed_to[k].store(-1, std::memory_order_relaxed);
+    sigmoid_pair_pass<T, G, Copies> pass{a,
+                                         at,
+                                         runs.data(),
+                                         nullptr,
+                                         row_first.data(),
+                                         level_first.data(),
+                                         pair_loss,
+                                         gs,
+                                         true,
+                                         copies,
+                                         across.data(),
+                                         static_cast<index_t>(across.size()),
+                                         summed_to.get()};
     parallel_for_uneven(ex, static_cast<index_t>(row_first.size()) - 1, pass);
-    if (gs && !across.empty()) {
-      const index_t wide_blocks = (a.dim + column_sum_width - 1) / column_sum_width;
-      parallel_for_uneven(ex, static_cast<index_t>(across.size()) * wide_blocks,
-                          sigmoid_across_columns<T>{a, at, gs, across.data(), wide_blocks});
-    }
     return;
   }
   std::vector<node_run> long_runs;
@@ -536,6 +565,7 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
                       sigmoid_pair_pass<T, G>{a, at, raw(device_runs), raw(device_tasks), nullptr, nullptr, pair_loss,
                                               gs, false});
+  const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   const index_t row_tasks = at.rows;  // a row per task
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
   parallel_for_uneven(ex, row_tasks + column_tasks,
