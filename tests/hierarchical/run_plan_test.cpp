@@ -116,6 +116,59 @@ TEST_CASE_TEMPLATE("run plan: the host scan equals the reduce_by_key plan, run f
   }
 }
 
+/// What `sort_by_leaf_rank` reads of a tree view, for any class count: a scrambled leaf order.
+struct scrambled_leaves {
+  index_t classes;
+  [[nodiscard]] index_t num_classes() const { return classes; }
+  [[nodiscard]] index_t leaf_rank(index_t c) const {
+    return static_cast<index_t>(static_cast<unsigned long long>(c) * 2654435761ull %
+                                static_cast<unsigned long long>(classes));
+  }
+};
+
+// On a host the rank and the row are packed into one 32- or 64-bit word and sorted alone; too wide
+// for 64 bits, the ranks are sorted with the rows as values. Every width: a stable sort.
+TEST_CASE_TEMPLATE("run plan: rows sorted by leaf rank, stably, at every key width", B, XSOFTMAX_TEST_BACKENDS) {
+  xsoftmax_test::test_rng rng(45);
+  const xsoftmax::host_resources res;
+  const xd::execution<B> ex{res};
+  for (const index_t classes : {index_t(1), index_t(2), index_t(300), index_t(1) << 20, index_t(1) << 40, index_t(1) << 62})
+    for (const index_t rows : {index_t(1), index_t(5), index_t(1000), index_t(5000)}) {
+      INFO("classes " << classes << ", rows " << rows);
+      const scrambled_leaves view{classes};
+      xd::batch_rows<B> packed;
+      packed.dim = 2;
+      packed.rows = rows;
+      packed.sample = xd::scratch_vector<B, index_t>(static_cast<std::size_t>(rows), ex);
+      packed.target = xd::scratch_vector<B, index_t>(static_cast<std::size_t>(rows), ex);
+      packed.hidden = xd::scratch_vector<B, float>(static_cast<std::size_t>(2 * rows), ex);
+      xd::scratch_vector<B, float> upstream(static_cast<std::size_t>(rows), ex);
+      const index_t distinct = classes < 37 ? classes : 37;  // many equal ranks: stability shows
+      for (index_t r = 0; r < rows; ++r) {
+        packed.sample.data()[r] = 3 * r + 1;
+        packed.target.data()[r] = rng.integer(0, distinct - 1);
+        packed.hidden.data()[2 * r] = static_cast<float>(r);
+        packed.hidden.data()[2 * r + 1] = -static_cast<float>(r);
+        upstream.data()[r] = 0.5f * static_cast<float>(r);
+      }
+      std::vector<index_t> expected(static_cast<std::size_t>(rows));
+      for (index_t r = 0; r < rows; ++r) expected[static_cast<std::size_t>(r)] = r;
+      std::stable_sort(expected.begin(), expected.end(), [&](index_t x, index_t y) {
+        return view.leaf_rank(packed.target.data()[x]) < view.leaf_rank(packed.target.data()[y]);
+      });
+      const xd::batch_rows<B> sorted = xd::sort_by_leaf_rank(ex, view, packed, upstream);
+      REQUIRE(sorted.rows == rows);
+      bool same = true;
+      for (index_t r = 0; r < rows; ++r) {
+        const index_t i = expected[static_cast<std::size_t>(r)];
+        same = same && sorted.sample.data()[r] == 3 * i + 1 && sorted.target.data()[r] == packed.target.data()[i] &&
+               upstream.data()[r] == 0.5f * static_cast<float>(i) && sorted.hidden.data()[2 * r] == static_cast<float>(i) &&
+               sorted.hidden.data()[2 * r + 1] == -static_cast<float>(i);
+      }
+      CHECK(same);
+    }
+}
+
 }  // namespace
 
 #endif  // XSOFTMAX_TEST_HOST_BUILD
