@@ -178,13 +178,17 @@ void parallel_for(const Ex& ex, index_t n, F f) {
 /// left one thread waiting at the region's end for the other's costlier half (a sigmoid HS step's
 /// tasks: rows of different path depths, runs of different lengths; ~30 % of a 2-thread step was
 /// spent waiting, bench/RESULTS.md, issue 30). Elsewhere, `parallel_for`. `f` must not throw.
+/// Tasks are handed out in index order (`monotonic`; OpenMP 5's default for `dynamic` is
+/// nonmonotonic, which allows work stealing), and a thread finishes a task before it takes another:
+/// so a task may wait for a lower one to publish a result (`sigmoid_pair_pass::crossing_parts`) --
+/// every lower task has started by then and waits only on lower ones still.
 template <class B, class F>
 void parallel_for_uneven(const execution<B>& ex, index_t n, F f) {
 #if defined(_OPENMP)
   if constexpr (std::is_same_v<B, omp>) {
     if (n <= 0) return;
     ++call_counters::local().loops;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(monotonic : dynamic, 1)
     for (index_t i = 0; i < n; ++i) f(i);
     return;
   }

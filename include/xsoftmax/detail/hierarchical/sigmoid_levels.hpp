@@ -255,10 +255,10 @@ struct sigmoid_pair_pass {
   /// (`summed_to`, acquire; a first part waits for nothing), published as the row its sum reached
   /// (release) -- a run's terms in row order: `node_row`'s bits. Called after every chunk without
   /// waiting (a part not ready yet is left), and at the task's end waiting: a part waits only on
-  /// lower ranges, which `parallel_for_uneven` hands out first, so nothing deadlocks. Summed apart,
-  /// in a pass of their own by column blocks, these rows (2,135 of a 2-thread binary-Huffman step's
-  /// 10,981 pairs at 50K classes, d = 100) read half their hidden rows from the other core's cache:
-  /// 16 us of the step's 338 (bench/RESULTS.md, issue 30).
+  /// lower ranges, which `parallel_for_uneven` hands out first (in index order), so nothing
+  /// deadlocks. Summed apart, in a pass of their own by column blocks, these rows (2,135 of a
+  /// 2-thread binary-Huffman step's 10,981 pairs at 50K classes, d = 100) read half their hidden rows
+  /// from the other core's cache: 16-22 us of a 0.33-0.36 ms step (bench/RESULTS.md, issue 30).
   void crossing_parts(index_t r0, index_t r1, int level_end, bool wait) const {
     for (index_t k = 0; k < across_count; ++k) {
       const node_run& run = across[k];
@@ -564,7 +564,7 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   if (!long_runs.empty()) ops::copy(ex.res, raw(device_long), long_runs.data(), static_cast<index_t>(long_runs.size()));
   parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
                       sigmoid_pair_pass<T, G>{a, at, raw(device_runs), raw(device_tasks), nullptr, nullptr, pair_loss,
-                                              gs, false});
+                                              gs, false, {}, nullptr, 0, nullptr});
   const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   const index_t row_tasks = at.rows;  // a row per task
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
