@@ -173,8 +173,8 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   const bool grad_by_ranges =
       range_copies && want_grad && grad_hidden && !detail::rows_overlap(*grad_hidden, hidden);
   if constexpr (range_copies) {
-    // Ignored rows (none packed) and a path-less tree (one class) get zero gradients here.
-    if (grad_by_ranges && (rows != grad_hidden->rows || plan.runs.empty())) detail::fill_rows(ex, *grad_hidden, 0.f);
+    // Ignored rows (not packed) get zero gradients here; the ranges write every packed row's.
+    if (grad_by_ranges && rows != grad_hidden->rows) detail::fill_rows(ex, *grad_hidden, 0.f);
     const detail::range_row_copies<H> copies{hidden, batch.sample_data(), sorted_hidden.data(),
                                              grad_by_ranges ? *grad_hidden : matrix_view<float>(),
                                              detail::raw(grad_packed)};
