@@ -504,6 +504,40 @@ TEST_CASE_TEMPLATE("hierarchical_softmax: every sample ignored gives zero loss a
   }
 }
 
+// Sigmoid nodes on a host: the row ranges copy their hidden rows in and write the hidden gradients
+// straight into the caller's rows (ignored rows zeroed first); a gradient matrix over the hidden
+// rows themselves (in place) takes the sorted copy and the scatter instead. 300 rows: more than one
+// range, runs crossing their bounds. Every form gives the same bits; the padding stays.
+TEST_CASE_TEMPLATE("hierarchical_softmax: sigmoid nodes, strided, ignored and in-place hidden gradients", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  test_rng rng(115);
+  const auto tree = xsoftmax::runtime_tree<>::huffman(zipf_counts(rng, 90), 2);
+  using head_t = hs32<xsoftmax::runtime_tree<>, B, xsoftmax::sigmoid_nodes>;
+  const index_t d = 7, batch = 300, pad = 2;
+  problem p = make_problem(rng, head_t::weight_rows(tree), tree.num_classes(), d, batch, true, 0.15);
+  head_t head(tree, mview(p.w, p.rows, d), p.b.data());
+  test_vector<float> dense(static_cast<size_t>(batch * d), 5.f), strided(static_cast<size_t>(batch * (d + pad)), 9.f),
+      in_place(p.h);
+  typename head_t::gradient_type g1, g2, g3;
+  head.backward(cview(p.h, batch, d), cvec(p.targets), mview(dense, batch, d), g1);
+  head.backward(cview(p.h, batch, d), cvec(p.targets), mview(strided, batch, d, d + pad), g2);
+  head.backward(cview(in_place, batch, d), cvec(p.targets), mview(in_place, batch, d), g3);
+  index_t ignored = 0;
+  for (index_t i = 0; i < batch; ++i) {
+    const float* row = dense.data() + i * d;
+    CHECK(bitwise_equal(row, strided.data() + i * (d + pad), static_cast<size_t>(d)));
+    CHECK(bitwise_equal(row, in_place.data() + i * d, static_cast<size_t>(d)));
+    for (index_t j = d; j < d + pad; ++j) CHECK(strided[static_cast<size_t>(i * (d + pad) + j)] == 9.f);
+    if (p.targets[static_cast<size_t>(i)] == -100) {
+      ++ignored;
+      CHECK(std::all_of(row, row + d, [](float x) { return x == 0.f; }));
+    }
+  }
+  CHECK(ignored > 0);
+  CHECK(same_gradient(g1, g2));
+  CHECK(same_gradient(g1, g3));
+}
+
 TEST_CASE_TEMPLATE("hierarchical_softmax: strided grad_hidden and topk outputs leave their padding alone", B,
                    XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(114);
