@@ -44,8 +44,8 @@ struct node_run {
 /// The allocator of a plan's run list: blocks from the host working-memory cache (`host_block_cache`:
 /// no page faults from one step to the next), and `resize` leaves the new runs unwritten -- the
 /// host planning writes every run before any is read (`plan_host_runs_by`). Value-initialised, they
-/// were a memset of ~0.6 MB a step on the calling thread while the other threads waited: 2 % of a
-/// 2-thread binary-Huffman step at 50K classes, d = 100 (bench/RESULTS.md, issue 30).
+/// were a memset on the calling thread while the other threads waited: ~1 % of a 2-thread
+/// binary-Huffman step's perf samples at 50K classes, d = 100 (2,743 runs; bench/RESULTS.md, issue 30).
 template <class T>
 struct run_list_allocator {
   using value_type = T;
@@ -201,9 +201,9 @@ struct leaf_rank_word_of {
 /// order = the rows 0..n-1 stable-sorted by their target's leaf rank, on a host backend: each rank
 /// packed above its row into one `Word` (`leaf_rank_word_of`: equal ranks then order by row, so a
 /// plain sort is stable) and those words radix-sorted alone. Thrust's stable_sort_by_key on 64-bit
-/// keys and values made eight digit histograms and moved both arrays: 6.4 us a 1,024-row step on
-/// the calling thread while the others waited (2 % of a 2-thread binary-Huffman step at 50K
-/// classes, d = 100; bench/RESULTS.md, issue 30).
+/// keys and values makes eight digit histograms and moves both arrays: 5.6-6.7 us against 4.8-5.9
+/// for 1,024 rows of 50K classes (a small gain, on the calling thread while the others wait;
+/// bench/tools/leaf_rank_sort_rates.cpp, bench/RESULTS.md, issue 30).
 template <class Word, class B, class View>
 void sort_rows_by_packed_rank(const execution<B>& ex, const View& tv, const index_t* target, index_t n,
                               int index_bits, index_t* order) {
@@ -236,15 +236,16 @@ batch_rows<B> sort_by_leaf_rank(const execution<B>& ex, const View& tv, const ba
   scratch_vector<B, index_t> order(static_cast<std::size_t>(n), ex);
   // A host packs rank and row into one word where they fit (`sort_rows_by_packed_rank`); a device
   // sorts the ranks with the rows as values (CUB's radix sort).
-  const int index_bits = bits_below(n > 0 ? n : 1), rank_bits = bits_below(tv.num_classes());
-  const bool packed = is_host_backend<B> && index_bits + rank_bits < 64;  // < : no shift by the width
+  bool sorted = false;
   if constexpr (is_host_backend<B>) {
-    if (index_bits + rank_bits < 32)
+    const int index_bits = bits_below(n > 0 ? n : 1), bits = index_bits + bits_below(tv.num_classes());
+    if (bits < 32)  // < : no shift by the word's width
       sort_rows_by_packed_rank<std::uint32_t>(ex, tv, in.target_data(), n, index_bits, raw(order));
-    else if (packed)
+    else if (bits < 64)
       sort_rows_by_packed_rank<std::uint64_t>(ex, tv, in.target_data(), n, index_bits, raw(order));
+    sorted = bits < 64;
   }
-  if (!packed) {
+  if (!sorted) {
     scratch_vector<B, index_t> keys(static_cast<std::size_t>(n), ex);
     parallel_for_light(ex, n, leaf_rank_of<View>{tv, in.target_data(), raw(keys)});
     with_light_policy(ex, n, [&](auto policy) {

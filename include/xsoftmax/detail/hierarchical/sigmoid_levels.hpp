@@ -465,8 +465,8 @@ std::vector<index_t> sigmoid_row_ranges(const Runs& runs, index_t rows, index_t 
 }
 
 /// `row_ranges_by` from each row's pair count (`level_entries::path_levels`): no pass over the run
-/// list, which the other threads wrote (3.4 us of a 2-thread binary-Huffman step on the calling
-/// thread, at 50K classes; bench/RESULTS.md, issue 30).
+/// list, which the other threads have just written (perf: 0.4 % of a 2-thread binary-Huffman step's
+/// samples at 50K classes, all on the calling thread; bench/RESULTS.md, issue 30).
 inline std::vector<index_t> sigmoid_row_ranges_by_pairs(const index_t* pairs_per_row, index_t rows, index_t ranges) {
   if (ranges <= 1) return {0, rows};
   index_t pairs = 0;
