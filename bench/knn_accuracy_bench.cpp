@@ -27,7 +27,9 @@
 // default], _SEED [2024: the data], _EPOCHS [1], _KNN_IP [0: cosine graph; 1: inner product], _KNN_EXACT [0: IVF-built graph; 1: exact tiled graph], _KNN_CLASS_PROBES [0: each IVF
 // list's members probe the lists nearest to their list; 1: each class the lists nearest to itself],
 // _LISTS [0: the method's default], _KNN_REFRESH [-1: every rebuild from scratch; r >= 0: rebuilds
-// warm-start k-means from the last centroids with r rounds], _DUMP_WEIGHTS [unset; a prefix: the
+// warm-start k-means from the last centroids with r rounds], _KNN_REFRESHES [0: graph updates that
+// refresh the last graph between full builds], _KNN_REFRESH_PASSES [1: passes a refresh],
+// _KNN_REFINE [0: refine passes after each IVF build], _DUMP_WEIGHTS [unset; a prefix: the
 // class weights after every _REBUILD-th step, for knn_graph_builds file:<path>]. Sampled softmax
 // and HS also run at lr / 4.
 // The normalised classifier (issue 13; features and class weights L2-normalised, logits
@@ -274,6 +276,9 @@ void bm_knn(benchmark::State& state) {
     o.graph.nprobe = c.nprobe;
     o.graph.ivf.num_lists = c.lists;
     o.graph.refresh_iterations = c.refresh;
+    o.graph.refine.build_passes = c.refine_build;
+    o.graph.refine.refresh_passes = c.refine_refresh;
+    o.refreshes_between_rebuilds = c.refreshes;
     o.rebuild_every = c.rebuild;
     const auto t0 = clock_type::now();
     xsoftmax::knn_softmax<xsoftmax::fp32, xsoftmax::omp> head(c.n, c.dim, o, false, init());
@@ -281,7 +286,11 @@ void bm_knn(benchmark::State& state) {
     const outcome out = train(head, c.lr);
     const std::string name = "KNN softmax, K = " + std::to_string(k) + (c.knn_inner_product ? ", inner product" : ", cosine") +
                              (c.knn_exact ? ", exact graph" : c.knn_class_probes ? ", IVF graph (class probes)" : ", IVF graph") +
-                             (c.refresh >= 0 ? ", refreshed" : "");
+                             (c.refresh >= 0 ? ", k-means warm-started" : "") +
+                             (c.refine_build > 0 ? ", + " + std::to_string(c.refine_build) + " refine passes" : "") +
+                             (c.refreshes > 0 ? ", " + std::to_string(c.refreshes) + " refreshes of " +
+                                                    std::to_string(c.refine_refresh) + " passes between rebuilds"
+                                              : "");
     report(state, name.c_str(), out, build, sampled_recall(head, 0), sampled_recall(head, 5));
   }
 }

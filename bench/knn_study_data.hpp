@@ -73,6 +73,11 @@ struct study_config {
   index_t lists = static_cast<index_t>(env_or("XSOFTMAX_STUDY_LISTS", 0));  ///< IVF lists (0: the method's default)
   /// rebuilds warm-start k-means with this many rounds (knn_build_options::refresh_iterations; -1: off)
   index_t refresh = static_cast<index_t>(env_or("XSOFTMAX_STUDY_KNN_REFRESH", -1));
+  /// graph updates that refresh the last graph between full builds (knn_options::refreshes_between_rebuilds)
+  index_t refreshes = static_cast<index_t>(env_or("XSOFTMAX_STUDY_KNN_REFRESHES", 0));
+  /// neighbours-of-neighbours passes after each IVF build and of each refresh (knn_refine_options)
+  index_t refine_build = static_cast<index_t>(env_or("XSOFTMAX_STUDY_KNN_REFINE", 0));
+  index_t refine_refresh = static_cast<index_t>(env_or("XSOFTMAX_STUDY_KNN_REFRESH_PASSES", 1));
   unsigned long long seed = static_cast<unsigned long long>(env_or("XSOFTMAX_STUDY_SEED", 2024));  ///< data
   index_t cluster_size = 50;
   double spread = 0.7;  ///< class centre = normalize(cluster centre + spread * unit noise)

@@ -3,8 +3,9 @@
 /// \file
 /// `knn_softmax`: Alibaba's KNN softmax for 100M classes, a `selective_softmax` whose active set is
 /// the union of the batch targets' K nearest classes in a graph over the class weight vectors,
-/// with the graph built from the head's own weights at construction and rebuilt every
-/// `rebuild_every` training steps (`next_step()`).
+/// with the graph built from the head's own weights at construction and updated every
+/// `rebuild_every` training steps (`next_step()`): rebuilt, or refreshed from its last lists
+/// between rebuilds (`knn_options::refreshes_between_rebuilds`).
 
 #include <xsoftmax/selection/knn_selector.hpp>
 #include <xsoftmax/selective_softmax.hpp>
@@ -83,6 +84,15 @@ class knn_softmax : public selective_softmax<knn_selector, Precision, Backend, S
   void rebuild_graph() {
     this->with_all_weights_([&](matrix_view<const storage_type> w, const knn_build_share* share) {
       this->selector().rebuild(detail::execution<Backend>{resources_}, w, share);
+    });
+  }
+
+  /// Refreshes the graph from its last lists for the current weights now (`knn_graph_builder::refresh`:
+  /// neighbours-of-neighbours passes, cheaper than a rebuild). Sharded: collective; throws
+  /// `invalid_argument` when the graph holds only this rank's rows (exact method on a ring).
+  void refresh_graph() {
+    this->with_all_weights_([&](matrix_view<const storage_type> w, const knn_build_share* share) {
+      this->selector().refresh(detail::execution<Backend>{resources_}, w, share);
     });
   }
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The index builders on every backend of the build (serial and omp here; cuda in the nvcc-built
 // executable, where they run on the device): the exact and IVF KNN graphs, the IVF index and its
-// search equal the serial build bit for bit on integer data (every dot product exact, so the
-// comparison does not depend on the GEMM's summation order), and k-means centroids with
-// fractional means agree with the serial ones to fp32 rounding.
+// search, the refine passes after a build and a refresh equal the serial ones bit for bit on
+// integer data (every dot product exact, so the comparison does not depend on the summation
+// order), and k-means centroids with fractional means agree with the serial ones to fp32 rounding.
 
 #include "selective/selection_support.hpp"
 
@@ -54,6 +54,32 @@ TEST_CASE_TEMPLATE("knn graph builds on every backend equal the serial build on 
     CHECK(got.ids() == want.ids());
     CHECK(got.similarities() == want.similarities());
   }
+}
+
+TEST_CASE_TEMPLATE("knn graph refine passes and refreshes on every backend equal the serial ones on integer weights", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  test_rng rng(313);
+  const index_t n = 300, d = 8, k = 7;
+  auto w = small_integers(rng, n * d, -3, 3);
+  knn_build_options o;
+  o.k = k;
+  o.metric = similarity::inner_product;
+  o.method = knn_build_method::ivf;
+  o.ivf.num_lists = 10;
+  o.ivf.iterations = 0;
+  o.nprobe = 2;
+  o.refine = {2, 2, 4, 3, 5};  // build passes, refresh passes, fanout, sample, reverse
+  const knn_graph want = xsoftmax::build_knn_graph<xsoftmax::serial>(cview(w, n, d), o);
+  knn_graph got = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
+  CHECK(got.ids() == want.ids());
+  CHECK(got.similarities() == want.similarities());
+  knn_graph want_refreshed = want;
+  for (auto& x : w) x = x + static_cast<float>(rng.integer(-1, 1));  // the weights move
+  xsoftmax::knn_graph_builder(o).refresh<xsoftmax::serial>(cview(w, n, d), want_refreshed);
+  xsoftmax::knn_graph_builder(o).refresh<B>(cview(w, n, d), got);
+  CHECK(got.ids() == want_refreshed.ids());
+  CHECK(got.similarities() == want_refreshed.similarities());
+  CHECK(got.ids() != want.ids());
 }
 
 TEST_CASE_TEMPLATE("ivf index built and searched on every backend equals the serial one", B, XSOFTMAX_TEST_BACKENDS) {

@@ -2,7 +2,8 @@
 // knn_softmax (Alibaba's KNN softmax): with graph K = N it equals full_softmax bit for bit; with a
 // small K its active set is the union of the targets' neighbours and its loss and gradients match
 // the float64 reference of the softmax over that set and its finite differences; the graph is
-// rebuilt from the current weights every `rebuild_every` steps; a graph built for another head
+// rebuilt from the current weights every `rebuild_every` steps, or refreshed from its last lists
+// between rebuilds on the schedule of `refreshes_between_rebuilds`; a graph built for another head
 // (N, dim or precision) and bad K raise typed errors naming the values.
 
 #include "selective/selection_support.hpp"
@@ -19,6 +20,7 @@ namespace {
 
 using namespace xsoftmax_test;
 using xsoftmax::index_t;
+using xsoftmax::knn_graph;
 using xsoftmax::knn_options;
 using xsoftmax::loss_options;
 using xsoftmax::reduction;
@@ -133,6 +135,45 @@ TEST_CASE("knn softmax: the graph is rebuilt from the current weights every rebu
   }
   head.rebuild_graph();
   CHECK(head.graph().builds() == 4);
+}
+
+TEST_CASE("knn softmax: refreshes between rebuilds follow their schedule and equal the builder's refresh") {
+  test_rng rng(405);
+  const index_t n = 80, d = 6, batch = 16, k = 6;
+  problem p = make_problem(rng, n, n, d, batch, false);
+  knn_options o = options_with_k(k, xsoftmax::similarity::cosine, 1);
+  o.refreshes_between_rebuilds = 2;
+  o.graph.refine.fanout = 3;  // a narrow pass: a refresh differs from a rebuild
+  o.graph.refine.sample = 2;
+  o.graph.refine.reverse = 1;
+  xsoftmax::knn_softmax<xsoftmax::fp32, xsoftmax::serial> head(mview(p.w, n, d), o);
+  const auto hb = make_hidden<float>(p.h, batch, d);
+  test_vector<float> gh(static_cast<size_t>(batch * d));
+  xsoftmax::knn_softmax<xsoftmax::fp32, xsoftmax::serial>::gradient_type g;
+  index_t refreshes_unlike_rebuilds = 0;
+  for (index_t step = 1; step <= 6; ++step) {
+    head.forward_backward(hb.view(), cvec(p.targets), mview(gh, batch, d), g);
+    head.apply_sgd(g, 4.0f);  // large steps: the neighbourhoods change
+    knn_graph before = head.graph();
+    head.next_step();
+    const bool rebuilt = step % 3 == 0;  // refresh, refresh, rebuild, ...
+    INFO("step ", step);
+    CHECK(head.selector().refreshes_since_build() == (rebuilt ? 0 : step % 3));
+    CHECK(head.graph().builds() == 1 + step);
+    const knn_graph rebuild = xsoftmax::build_knn_graph(cview(p.w, n, d), o.graph);
+    xsoftmax::knn_graph_builder(o.graph).refresh(cview(p.w, n, d), before);
+    CHECK(head.graph().ids() == (rebuilt ? rebuild.ids() : before.ids()));
+    if (!rebuilt && before.ids() != rebuild.ids()) ++refreshes_unlike_rebuilds;
+  }
+  CHECK(refreshes_unlike_rebuilds > 0);  // so the schedule is seen
+  head.refresh_graph();
+  CHECK(head.selector().refreshes_since_build() == 1);
+  head.rebuild_graph();
+  CHECK(head.selector().refreshes_since_build() == 0);
+  knn_options bad = o;
+  bad.refreshes_between_rebuilds = -1;
+  CHECK_THROWS_WITH_AS(xsoftmax::knn_selector{bad}, doctest::Contains("refreshes_between_rebuilds = -1"),
+                       xsoftmax::invalid_argument);
 }
 
 TEST_CASE("knn softmax: bad K and a graph built for another head raise typed errors naming the values") {

@@ -5,8 +5,9 @@
 /// product), the structure behind KNN softmax. `knn_graph_builder` builds it exactly (brute force in
 /// tiles: dense scores of a tile of classes against a tile of classes, folded into a running top-K;
 /// never an N x N matrix) or approximately through an IVF index (each list's members searching the
-/// lists nearest to their list's centroid, or each class the lists nearest to itself), and rebuilds it into the same
-/// buffers on a schedule. Both builds run on the backend of the weights (the same generic code on
+/// lists nearest to their list's centroid, or each class the lists nearest to itself), rebuilds it
+/// into the same buffers on a schedule, or refreshes it from its last lists (neighbours-of-neighbours
+/// passes). Builds and refreshes run on the backend of the weights (the same generic code on
 /// serial, omp and cuda); the finished graph is stored on the host. `knn_graph_recall` measures an
 /// approximate graph against the exact one.
 
@@ -31,6 +32,22 @@ enum class knn_build_method {
   ivf_class_probes,
 };
 
+/// Neighbours-of-neighbours passes over a KNN graph (NN-descent's local join in its "pull" form):
+/// each class rescores its own list, then scores the first `sample` entries of the lists of its
+/// first `fanout` neighbours and of up to `reverse` classes that have it among their first
+/// `fanout`, and keeps its K best. They lift an approximate build's recall (`build_passes`) and
+/// bring a graph built from older weights up to date (`knn_graph_builder::refresh`) at a fraction
+/// of a rebuild's cost: N (K + (fanout + reverse) sample + reverse) dot products a pass at most.
+/// Defaults: the best recall per second measured on the KNN study's weights (bench/RESULTS.md,
+/// "KNN graph refresh").
+struct knn_refine_options {
+  index_t build_passes = 0;    ///< passes after every approximate (ivf*) build, >= 0 (0: none)
+  index_t refresh_passes = 1;  ///< passes of each `knn_graph_builder::refresh`, >= 0
+  index_t fanout = 20;         ///< neighbours whose lists a class reads, >= 1 (at most K are)
+  index_t sample = 10;         ///< entries read from each of those lists, >= 1 (at most K are)
+  index_t reverse = 30;        ///< reverse neighbours a class takes (smallest ids first), >= 0 (0: none)
+};
+
 /// Options of `knn_graph_builder`.
 struct knn_build_options {
   index_t k = 50;                                  ///< neighbours per class, in [1, N]
@@ -45,6 +62,8 @@ struct knn_build_options {
   /// every build from seeded rows). Weights move little between rebuilds, so 1-2 rounds keep the
   /// lists good at a fraction of the cost (bench/RESULTS.md, "KNN graph builds").
   index_t refresh_iterations = -1;
+  knn_refine_options refine;                       ///< neighbours-of-neighbours passes: after ivf* builds, and
+                                                   ///< of `knn_graph_builder::refresh`
   index_t query_tile = 1024;                       ///< method exact: classes whose neighbours one pass finds
   index_t class_tile = 4096;                       ///< method exact: classes scored per GEMM
 };
@@ -130,6 +149,23 @@ class knn_graph_builder {
   /// their graph rows (the IVF method builds the whole graph from the weights gathered by the ring).
   template <class Ex, class T>
   void build_on(const Ex& ex, matrix_view<const T> weights, knn_graph& out, const knn_build_share* share = nullptr);
+
+  /// Brings `graph` (built by any method from weights that have moved since, or given) up to date
+  /// with `weights` without a rebuild: `options().refine.refresh_passes` neighbours-of-neighbours
+  /// passes starting from its lists (see `knn_refine_options`). Between rebuilds weights move
+  /// little, so the old lists are a far better start than nothing (bench/RESULTS.md, "KNN graph
+  /// refresh"). Throws `invalid_argument` when `graph` is empty or holds only a ring-built share of
+  /// the rows (a refresh reads every class's list), `shape_error` naming both when its N, d or K
+  /// differ from `weights`' and the options'. `graph` is changed only when the refresh succeeds.
+  template <class Backend = serial, class T>
+  void refresh(matrix_view<const T> weights, knn_graph& graph, const backend_resources<Backend>& resources = {}) {
+    refresh_on(detail::execution<Backend>{resources}, weights, graph);
+  }
+  /// `refresh` on an execution or a Thrust host policy; `weights` in its memory. With a ring
+  /// `share` (`share->shift` set), `weights` are this process's rows and the ring gathers the
+  /// others first (the graph must hold every row, as an ivf* ring build's does).
+  template <class Ex, class T>
+  void refresh_on(const Ex& ex, matrix_view<const T> weights, knn_graph& graph, const knn_build_share* share = nullptr);
 
  private:
   knn_build_options options_;

@@ -5,8 +5,8 @@
 /// 100-Million Classification"): the active set of a batch is the union, over its targets, of each
 /// target's K nearest classes in a graph over the class weight vectors. The classes a target is
 /// most easily confused with are exactly the ones whose gradients matter most, so a softmax over
-/// them approximates the full one. The graph is rebuilt from the current weights every
-/// `rebuild_every` steps.
+/// them approximates the full one. The graph is updated from the current weights every
+/// `rebuild_every` steps: rebuilt, or refreshed from its last lists between rebuilds.
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
@@ -46,6 +46,11 @@ struct knn_options {
   knn_build_options graph;     ///< how the graph is built (k, metric, exact or IVF)
   index_t neighbors_used = 0;  ///< neighbours taken per target, in [1, graph k]; 0: all K
   index_t rebuild_every = 100; ///< steps between graph rebuilds; 0: never rebuild automatically
+  /// Scheduled updates that refresh the last graph (`knn_graph_builder::refresh`, with
+  /// `graph.refine`) between full builds: 0, every update is a full build; r > 0, each full build
+  /// is followed by r refreshes. A graph holding only a ring-built share of the rows (exact method
+  /// on a ring) is always rebuilt: a refresh reads every class's list.
+  index_t refreshes_between_rebuilds = 0;
 };
 
 /// Shared active set = sorted union over the batch of { t } U neighbours(t)[0 : neighbors_used].
@@ -61,8 +66,9 @@ class knn_selector {
     detail::expects(options.neighbors_used >= 0 && options.neighbors_used <= options.graph.k,
                     "knn_selector: neighbors_used = ", options.neighbors_used, " must be in [0, k = ",
                     options.graph.k, "]");
-    detail::expects(options.rebuild_every >= 0, "knn_selector: rebuild_every = ", options.rebuild_every,
-                    " must be >= 0");
+    detail::expects(options.rebuild_every >= 0 && options.refreshes_between_rebuilds >= 0,
+                    "knn_selector: rebuild_every = ", options.rebuild_every, ", refreshes_between_rebuilds = ",
+                    options.refreshes_between_rebuilds, " must be >= 0");
   }
   /// Uses a prebuilt graph (rebuilt on the schedule of `options` from the head's weights).
   knn_selector(knn_graph graph, knn_options options) : knn_selector(options) { graph_ = std::move(graph); }
@@ -72,6 +78,8 @@ class knn_selector {
   [[nodiscard]] const knn_graph_builder& builder() const { return builder_; }
   /// Steps seen by `next_step` since construction.
   [[nodiscard]] index_t steps() const { return steps_; }
+  /// Refreshes of the graph since its last full build.
+  [[nodiscard]] index_t refreshes_since_build() const { return refreshes_since_build_; }
 
   /// Rebuilds the graph from `weights` into the same buffers. `ex` is an execution or a Thrust host
   /// policy; the graph is built on its backend (on a device, in device memory), stored on the host
@@ -84,6 +92,22 @@ class knn_selector {
     builder_.build_on(ex, weights, graph_, share);
     // Only a ring build (so a share) leaves a partial graph; testing `share` also tells GCC so.
     gather_rows_ = share && graph_.held_rows() < graph_.num_classes() ? share->gather_rows : nullptr;
+    refreshes_since_build_ = 0;
+  }
+
+  /// Refreshes the graph from its last lists for `weights` (`knn_graph_builder::refresh_on`; throws
+  /// what it throws, e.g. for an empty graph or one holding a ring-built share of the rows).
+  template <class Ex, class T>
+  void refresh(const Ex& ex, matrix_view<const T> weights, const knn_build_share* share = nullptr) {
+    builder_.refresh_on(ex, weights, graph_, share);
+    ++refreshes_since_build_;
+  }
+
+  /// Whether the next scheduled update refreshes the graph instead of rebuilding it (see
+  /// `knn_options::refreshes_between_rebuilds`).
+  [[nodiscard]] bool next_update_refreshes() const {
+    return refreshes_since_build_ < options_.refreshes_between_rebuilds && !graph_.empty() &&
+           graph_.held_rows() == graph_.num_classes();
   }
 
   /// Whether the next `next_step` rebuilds the graph (reads its weights; a class-sharded head
@@ -92,13 +116,19 @@ class knn_selector {
     return options_.rebuild_every > 0 && (steps_ + 1) % options_.rebuild_every == 0;
   }
 
-  /// Step hook: counts the step and rebuilds the graph when `rebuild_every` divides the count
-  /// (`weights` is read only then).
+  /// Step hook: counts the step and updates the graph when `rebuild_every` divides the count
+  /// (`weights` is read only then): a refresh or a full build, on the schedule of
+  /// `knn_options::refreshes_between_rebuilds`.
   template <class Ex, class T>
   void next_step(const Ex& ex, matrix_view<const T> weights, const knn_build_share* share = nullptr) {
-    const bool rebuild_now = next_step_rebuilds();
+    const bool update_now = next_step_rebuilds();
     ++steps_;
-    if (rebuild_now) rebuild(ex, weights, share);
+    if (!update_now) return;
+    if (next_update_refreshes()) {
+      refresh(ex, weights, share);
+    } else {
+      rebuild(ex, weights, share);
+    }
   }
 
   /// Builds the shared active set of `req` on `ex`'s backend; see the class comment for what it
@@ -143,6 +173,7 @@ class knn_selector {
   /// A ring-built share's way to its targets' rows (see `knn_build_share::gather_rows`); null otherwise.
   std::function<void(const index_t*, index_t, const index_t*, index_t, index_t, index_t*)> gather_rows_;
   index_t steps_ = 0;
+  index_t refreshes_since_build_ = 0;  ///< refreshes since the last full build
 };
 
 }  // namespace xsoftmax

@@ -12,6 +12,7 @@
 #include <xsoftmax/detail/selection/checks.hpp>
 #include <xsoftmax/detail/selection/ivf_class_search.hpp>
 #include <xsoftmax/detail/selection/ivf_pair_search.hpp>
+#include <xsoftmax/detail/selection/knn_refine.hpp>
 #include <xsoftmax/detail/selection/knn_ring_build.hpp>
 #include <xsoftmax/detail/selection/vector_rows.hpp>
 #include <xsoftmax/error.hpp>
@@ -62,6 +63,12 @@ inline knn_graph_builder::knn_graph_builder(knn_build_options options) : options
                   " must be >= 0, or -1 for none");
   detail::expects(options.query_tile >= 1 && options.class_tile >= 1, where, ": query_tile = ", options.query_tile,
                   ", class_tile = ", options.class_tile, " must be >= 1");
+  const knn_refine_options& r = options.refine;
+  detail::expects(r.build_passes >= 0 && r.refresh_passes >= 0 && r.reverse >= 0, where,
+                  ": refine.build_passes = ", r.build_passes, ", refine.refresh_passes = ", r.refresh_passes,
+                  ", refine.reverse = ", r.reverse, " must be >= 0");
+  detail::expects(r.fanout >= 1 && r.sample >= 1, where, ": refine.fanout = ", r.fanout, ", refine.sample = ",
+                  r.sample, " must be >= 1");
 }
 
 namespace detail {
@@ -184,6 +191,12 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
                                  detail::raw(probes), probes_host, np, k, detail::raw(ids), detail::raw(sims));
     }
   }
+  if (options_.method != knn_build_method::exact && options_.refine.build_passes > 0) {
+    const auto x = detail::similarity_rows(ex, weights, cosine);
+    detail::refine_knn_graph(ex, matrix_view<const float>(detail::raw(x), n, d), detail::raw(ids), detail::raw(sims),
+                             k, options_.refine.fanout, options_.refine.sample, options_.refine.reverse,
+                             options_.refine.build_passes);
+  }
   // The graph's public storage is on the host (ids mirrored to a device on use).
   std::vector<index_t>& gids = out.ids_.edit();
   gids.resize(static_cast<std::size_t>(held * k));
@@ -198,6 +211,44 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
   out.metric_ = options_.metric;
   out.element_ = element_name<std::remove_cv_t<T>>();
   ++out.builds_;
+}
+
+template <class Ex, class T>
+void knn_graph_builder::refresh_on(const Ex& ex_in, matrix_view<const T> weights, knn_graph& graph,
+                                   const knn_build_share* share) {
+  const char* where = "knn_graph_builder::refresh";
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  if (share && share->shift) {  // a ring share: every class's row is read, so gather them first
+    detail::expects(share->bounds.size() >= 2 && share->count == weights.rows, where, ": a ring share of ",
+                    share->count, " rows does not match the ", weights.rows, " local weight rows");
+    const auto all = detail::ring_gather_weights(ex, weights, *share);
+    refresh_on(ex, matrix_view<const T>(detail::raw(all), share->bounds.back(), weights.cols), graph, nullptr);
+    return;
+  }
+  const index_t n = weights.rows, d = weights.cols, k = graph.k();
+  detail::expects(!graph.empty(), where, ": the graph is empty; build it first (knn_graph_builder::build)");
+  detail::expects(graph.held_rows() == graph.num_classes(), where, ": the graph holds ", graph.held_rows(), " of ",
+                  graph.num_classes(), " rows (a ring-built share); a refresh reads every class's list: rebuild it");
+  detail::expects<shape_error>(graph.num_classes() == n && graph.dim() == d && k == options_.k, where,
+                               ": the graph is ", graph.num_classes(), " classes x ", graph.dim(), " dims with k = ", k,
+                               " but the weights are ", n, " x ", d, " and the options' k = ", options_.k);
+  const knn_refine_options& r = options_.refine;
+  if (r.refresh_passes == 0) return;
+  typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(n * k));
+  typename execution_type::template vector<float> sims(ids.size());
+  execution_type::ops::copy(ex.res, detail::raw(ids), graph.ids().data(), n * k);
+  const bool cosine = options_.metric == similarity::cosine;
+  const auto x = detail::similarity_rows(ex, weights, cosine);
+  detail::refine_knn_graph(ex, matrix_view<const float>(detail::raw(x), n, d), detail::raw(ids), detail::raw(sims), k,
+                           r.fanout, r.sample, r.reverse, r.refresh_passes);
+  // Into the graph's own (host) buffers, as a build: nothing above changed them.
+  execution_type::ops::copy(ex.res, graph.ids_.edit().data(), detail::raw(ids), n * k);
+  graph.sims_.resize(static_cast<std::size_t>(n * k));  // empty for caller-given lists
+  execution_type::ops::copy(ex.res, graph.sims_.data(), detail::raw(sims), n * k);
+  graph.metric_ = options_.metric;
+  graph.element_ = element_name<std::remove_cv_t<T>>();
+  ++graph.builds_;
 }
 
 inline double knn_graph_recall(const knn_graph& approx, const knn_graph& exact) {
