@@ -29,6 +29,7 @@
 // _LISTS [0: the method's default], _KNN_REFRESH [-1: every rebuild from scratch; r >= 0: rebuilds
 // warm-start k-means from the last centroids with r rounds], _KNN_REFRESHES [0: graph updates that
 // refresh the last graph between full builds], _KNN_REFRESH_PASSES [1: passes a refresh],
+// _KNN_MOVED [0: fraction of classes a refresh searches exactly, those that turned most],
 // _KNN_REFINE [0: refine passes after each IVF build], _DUMP_WEIGHTS [unset; a prefix: the
 // class weights after every _REBUILD-th step, for knn_graph_builds file:<path>]. Sampled softmax
 // and HS also run at lr / 4.
@@ -278,6 +279,7 @@ void bm_knn(benchmark::State& state) {
     o.graph.refresh_iterations = c.refresh;
     o.graph.refine.build_passes = c.refine_build;
     o.graph.refine.refresh_passes = c.refine_refresh;
+    o.graph.refine.moved = c.moved;
     o.refreshes_between_rebuilds = c.refreshes;
     o.rebuild_every = c.rebuild;
     const auto t0 = clock_type::now();
@@ -289,7 +291,11 @@ void bm_knn(benchmark::State& state) {
                              (c.refresh >= 0 ? ", k-means warm-started" : "") +
                              (c.refine_build > 0 ? ", + " + std::to_string(c.refine_build) + " refine passes" : "") +
                              (c.refreshes > 0 ? ", " + std::to_string(c.refreshes) + " refreshes of " +
-                                                    std::to_string(c.refine_refresh) + " passes between rebuilds"
+                                                    std::to_string(c.refine_refresh) + " passes" +
+                                                    (c.moved > 0 ? " + " + std::to_string(100 * c.moved).substr(0, 4) +
+                                                                       " % moved searched"
+                                                                 : "") +
+                                                    " between rebuilds"
                                               : "");
     report(state, name.c_str(), out, build, sampled_recall(head, 0), sampled_recall(head, 5));
   }

@@ -78,6 +78,8 @@ struct study_config {
   /// neighbours-of-neighbours passes after each IVF build and of each refresh (knn_refine_options)
   index_t refine_build = static_cast<index_t>(env_or("XSOFTMAX_STUDY_KNN_REFINE", 0));
   index_t refine_refresh = static_cast<index_t>(env_or("XSOFTMAX_STUDY_KNN_REFRESH_PASSES", 1));
+  /// fraction of classes a refresh searches exactly, those that turned most (knn_refine_options::moved)
+  double moved = env_or("XSOFTMAX_STUDY_KNN_MOVED", 0);
   unsigned long long seed = static_cast<unsigned long long>(env_or("XSOFTMAX_STUDY_SEED", 2024));  ///< data
   index_t cluster_size = 50;
   double spread = 0.7;  ///< class centre = normalize(cluster centre + spread * unit noise)

@@ -68,15 +68,18 @@ TEST_CASE_TEMPLATE("knn graph refine passes and refreshes on every backend equal
   o.ivf.num_lists = 10;
   o.ivf.iterations = 0;
   o.nprobe = 2;
-  o.refine = {2, 2, 4, 3, 5};  // build passes, refresh passes, fanout, sample, reverse
+  o.refine = {2, 2, 4, 3, 5, 0.1};  // build passes, refresh passes, fanout, sample, reverse, moved
   const knn_graph want = xsoftmax::build_knn_graph<xsoftmax::serial>(cview(w, n, d), o);
   knn_graph got = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
   CHECK(got.ids() == want.ids());
   CHECK(got.similarities() == want.similarities());
-  knn_graph want_refreshed = want;
+  knn_graph want_refreshed;
+  xsoftmax::knn_graph_builder serial_builder(o), builder(o);  // builds keep the rows for the moved search
+  serial_builder.build<xsoftmax::serial>(cview(w, n, d), want_refreshed);
+  builder.build<B>(cview(w, n, d), got);
   for (auto& x : w) x = x + static_cast<float>(rng.integer(-1, 1));  // the weights move
-  xsoftmax::knn_graph_builder(o).refresh<xsoftmax::serial>(cview(w, n, d), want_refreshed);
-  xsoftmax::knn_graph_builder(o).refresh<B>(cview(w, n, d), got);
+  serial_builder.refresh<xsoftmax::serial>(cview(w, n, d), want_refreshed);
+  builder.refresh<B>(cview(w, n, d), got);
   CHECK(got.ids() == want_refreshed.ids());
   CHECK(got.similarities() == want_refreshed.similarities());
   CHECK(got.ids() != want.ids());

@@ -4,8 +4,9 @@
 // lists of the first `fanout` neighbours and of the reverse neighbours, their first `sample`
 // entries), two passes equal the reference applied twice; the exact graph of unchanged weights is
 // a fixed point; the passes lift an IVF build's recall, and a refresh of a graph built from older
-// weights recovers the recall a stale graph lost; bad graphs and options raise typed errors and
-// leave the graph as it was.
+// weights recovers the recall a stale graph lost; the classes that moved most are searched exactly
+// (all of them: the exact graph); bad graphs and options raise typed errors and leave the graph as
+// it was.
 
 #include "selective/selection_support.hpp"
 
@@ -15,6 +16,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <vector>
 
@@ -185,6 +187,59 @@ TEST_CASE_TEMPLATE("knn refine and refresh: the passes lift an IVF build's recal
     for (index_t j = 1; j < k; ++j) CHECK_MESSAGE(g.similarities()[size_t(c * k + j - 1)] >= g.similarities()[size_t(c * k + j)], "row ", c);
 }
 
+TEST_CASE_TEMPLATE("knn refresh: the classes that moved most are searched exactly; all of them, the exact graph", B,
+                   xsoftmax::serial, xsoftmax::omp) {
+  test_rng rng(2905);
+  const index_t n = 2000, d = 16, k = 10, jumped = 40;
+  auto w = clustered_rows(rng, n, d, 40, 0.5);
+  knn_build_options o;
+  o.k = k;
+  o.refine.moved = 0.03;  // 60 classes: the 40 that jumped, and the 20 that moved most besides
+  xsoftmax::knn_graph_builder builder(o);
+  knn_graph g;
+  builder.build<B>(cview(w, n, d), g);
+  knn_build_options plain = o;
+  plain.refine.moved = 0;
+  knn_graph g_plain = g;
+  // Every class moves a little; classes 0, 50, 100, ... jump onto another class's place.
+  for (auto& v : w) v += static_cast<float>(rng.uniform(-0.05, 0.05));
+  for (index_t j = 0; j < jumped; ++j)
+    for (index_t p = 0; p < d; ++p) w[size_t(j * 50 * d + p)] = w[size_t((j * 50 + 7) * d + p)] * 1.001f;
+  builder.refresh<B>(cview(w, n, d), g);
+  xsoftmax::knn_graph_builder(plain).refresh<B>(cview(w, n, d), g_plain);
+  const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), plain);
+  auto jumped_recall = [&](const knn_graph& a) {
+    double hit = 0;
+    for (index_t j = 0; j < jumped; ++j) {
+      const index_t c = j * 50;
+      std::set<index_t> want(exact.neighbors(c), exact.neighbors(c) + k);
+      for (index_t i = 0; i < k; ++i) hit += want.count(a.neighbors(c)[i]);
+    }
+    return hit / double(jumped * k);
+  };
+  const double searched = jumped_recall(g), walked = jumped_recall(g_plain),
+               all_searched = xsoftmax::knn_graph_recall(g, exact), all_walked = xsoftmax::knn_graph_recall(g_plain, exact);
+  INFO("recall of the classes that jumped: searched ", searched, ", neighbours of neighbours only ", walked,
+       "; all classes ", all_searched, " and ", all_walked);
+  CHECK(searched >= 0.99);  // the exact rows, but for near-ties in the last places
+  CHECK(walked < 0.5);
+  CHECK(all_searched > all_walked);
+
+  // All classes searched: the exact graph (integer rows, inner products: no rounding anywhere).
+  const auto wi = integer_rows(rng, 300, 6);
+  knn_build_options all;
+  all.k = 7;
+  all.metric = similarity::inner_product;
+  all.refine.moved = 1;
+  all.refine.refresh_passes = 0;
+  xsoftmax::knn_graph_builder every(all);
+  knn_graph h = knn_graph::from_lists(300, 6, 7, random_lists(rng, 300, 7)), built;
+  every.build<B>(cview(wi, 300, 6), built);  // keeps the rows
+  every.refresh<B>(cview(wi, 300, 6), h);
+  CHECK(h.ids() == built.ids());
+  CHECK(h.similarities() == built.similarities());
+}
+
 TEST_CASE("knn refresh: an empty graph, another shape or bad options raise typed errors; the graph is kept") {
   test_rng rng(2904);
   const index_t n = 40, d = 4;
@@ -211,6 +266,11 @@ TEST_CASE("knn refresh: an empty graph, another shape or bad options raise typed
     b.refine.*bad = 0;
     CHECK_THROWS_WITH_AS(xsoftmax::knn_graph_builder{b}, doctest::Contains("must be >= 1"),
                          xsoftmax::invalid_argument);
+  }
+  for (double moved : {-0.1, 1.5, std::nan("")}) {
+    knn_build_options b = o;
+    b.refine.moved = moved;
+    CHECK_THROWS_WITH_AS(xsoftmax::knn_graph_builder{b}, doctest::Contains("refine.moved"), xsoftmax::invalid_argument);
   }
   for (auto bad : {&xsoftmax::knn_refine_options::build_passes, &xsoftmax::knn_refine_options::refresh_passes,
                    &xsoftmax::knn_refine_options::reverse}) {

@@ -14,6 +14,7 @@
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/mirrored_vector.hpp>
+#include <xsoftmax/detail/selection/backend_array.hpp>
 #include <xsoftmax/selection/ivf_index.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 #include <xsoftmax/types.hpp>
@@ -46,6 +47,14 @@ struct knn_refine_options {
   index_t fanout = 20;         ///< neighbours whose lists a class reads, >= 1 (at most K are)
   index_t sample = 10;         ///< entries read from each of those lists, >= 1 (at most K are)
   index_t reverse = 30;        ///< reverse neighbours a class takes (smallest ids first), >= 0 (0: none)
+  /// A refresh also searches exactly (against every class, in GEMM tiles) the rows of this fraction
+  /// of the classes, in [0, 1]: those whose rows turned most since the last build or refresh
+  /// (1 - cos of then and now; the squared distance under the inner product). Neighbours of
+  /// neighbours follow a class that moved a little; one that moved far (a class trained hard
+  /// between two updates) has left its old neighbourhood, and only a search finds its new one
+  /// (bench/RESULTS.md, "KNN graph refresh"). Costs O(fraction N^2 d) a refresh, and the builder
+  /// keeps a copy of the rows (N x d floats) to measure the turn. 0: none.
+  double moved = 0;
 };
 
 /// Options of `knn_graph_builder`.
@@ -170,6 +179,13 @@ class knn_graph_builder {
  private:
   knn_build_options options_;
   ivf_index index_;
+  /// The rows (fp32, unit under cosine) of the last build or refresh, kept when `refine.moved` > 0
+  /// to find the classes that moved most by the next refresh.
+  detail::backend_array<float> last_rows_;
+  template <class Ex>
+  void keep_rows(const Ex& ex, matrix_view<const float> x);
+  template <class Ex>
+  void search_moved(const Ex& ex, matrix_view<const float> x, index_t* ids, float* sims);
 };
 
 /// The graph of `weights` with `options` (a one-off `knn_graph_builder`).

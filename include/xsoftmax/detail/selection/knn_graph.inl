@@ -20,6 +20,8 @@
 
 #include <thrust/copy.h>
 #include <thrust/fill.h>
+#include <thrust/functional.h>
+#include <thrust/sort.h>
 
 #include <math.h>
 
@@ -69,6 +71,7 @@ inline knn_graph_builder::knn_graph_builder(knn_build_options options) : options
                   ", refine.reverse = ", r.reverse, " must be >= 0");
   detail::expects(r.fanout >= 1 && r.sample >= 1, where, ": refine.fanout = ", r.fanout, ", refine.sample = ",
                   r.sample, " must be >= 1");
+  detail::expects(r.moved >= 0 && r.moved <= 1, where, ": refine.moved = ", r.moved, " must be in [0, 1]");
 }
 
 namespace detail {
@@ -191,11 +194,17 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
                                  detail::raw(probes), probes_host, np, k, detail::raw(ids), detail::raw(sims));
     }
   }
-  if (options_.method != knn_build_method::exact && options_.refine.build_passes > 0) {
+  // After an approximate build, the refine passes; with `moved`, the rows kept for the next
+  // refresh's turns (a ring's exact share holds only its rows, and is never refreshed).
+  const bool refine_now = options_.method != knn_build_method::exact && options_.refine.build_passes > 0;
+  const bool keep_now = options_.refine.moved > 0 && held == n;
+  if (refine_now || keep_now) {
     const auto x = detail::similarity_rows(ex, weights, cosine);
-    detail::refine_knn_graph(ex, matrix_view<const float>(detail::raw(x), n, d), detail::raw(ids), detail::raw(sims),
-                             k, options_.refine.fanout, options_.refine.sample, options_.refine.reverse,
-                             options_.refine.build_passes);
+    const matrix_view<const float> xv(detail::raw(x), n, d);
+    if (refine_now)
+      detail::refine_knn_graph(ex, xv, detail::raw(ids), detail::raw(sims), k, options_.refine.fanout,
+                               options_.refine.sample, options_.refine.reverse, options_.refine.build_passes);
+    if (keep_now) keep_rows(ex, xv);
   }
   // The graph's public storage is on the host (ids mirrored to a device on use).
   std::vector<index_t>& gids = out.ids_.edit();
@@ -234,14 +243,21 @@ void knn_graph_builder::refresh_on(const Ex& ex_in, matrix_view<const T> weights
                                ": the graph is ", graph.num_classes(), " classes x ", graph.dim(), " dims with k = ", k,
                                " but the weights are ", n, " x ", d, " and the options' k = ", options_.k);
   const knn_refine_options& r = options_.refine;
-  if (r.refresh_passes == 0) return;
+  if (r.refresh_passes == 0 && r.moved == 0) return;
   typename execution_type::template vector<index_t> ids(static_cast<std::size_t>(n * k));
   typename execution_type::template vector<float> sims(ids.size());
   execution_type::ops::copy(ex.res, detail::raw(ids), graph.ids().data(), n * k);
   const bool cosine = options_.metric == similarity::cosine;
   const auto x = detail::similarity_rows(ex, weights, cosine);
-  detail::refine_knn_graph(ex, matrix_view<const float>(detail::raw(x), n, d), detail::raw(ids), detail::raw(sims), k,
-                           r.fanout, r.sample, r.reverse, r.refresh_passes);
+  const matrix_view<const float> xv(detail::raw(x), n, d);
+  if (r.refresh_passes > 0) {
+    detail::refine_knn_graph(ex, xv, detail::raw(ids), detail::raw(sims), k, r.fanout, r.sample, r.reverse,
+                             r.refresh_passes);
+  } else {  // no passes: the lists only rescored for the new rows (a pass without candidates)
+    detail::refine_knn_graph(ex, xv, detail::raw(ids), detail::raw(sims), k, 0, 0, 0, 1);
+  }
+  if (r.moved > 0 && last_rows_.size() == n * d) search_moved(ex, xv, detail::raw(ids), detail::raw(sims));
+  if (r.moved > 0) keep_rows(ex, xv);
   // Into the graph's own (host) buffers, as a build: nothing above changed them.
   execution_type::ops::copy(ex.res, graph.ids_.edit().data(), detail::raw(ids), n * k);
   graph.sims_.resize(static_cast<std::size_t>(n * k));  // empty for caller-given lists
@@ -249,6 +265,35 @@ void knn_graph_builder::refresh_on(const Ex& ex_in, matrix_view<const T> weights
   graph.metric_ = options_.metric;
   graph.element_ = element_name<std::remove_cv_t<T>>();
   ++graph.builds_;
+}
+
+template <class Ex>
+void knn_graph_builder::keep_rows(const Ex& ex_in, matrix_view<const float> x) {
+  const auto& ex = detail::as_execution(ex_in);
+  thrust::copy(ex.policy(), x.data, x.data + x.rows * x.cols, last_rows_.reset(ex, x.rows * x.cols));
+}
+
+template <class Ex>
+void knn_graph_builder::search_moved(const Ex& ex_in, matrix_view<const float> x, index_t* ids, float* sims) {
+  const auto& ex = detail::as_execution(ex_in);
+  using execution_type = std::decay_t<decltype(ex)>;
+  const index_t n = x.rows, d = x.cols, k = options_.k;
+  const index_t m = std::min(n, std::max<index_t>(1, static_cast<index_t>(std::ceil(options_.refine.moved * n))));
+  typename execution_type::template vector<float> turn(static_cast<std::size_t>(n)), queries(static_cast<std::size_t>(m * d)),
+      found_sims(static_cast<std::size_t>(m * k));
+  typename execution_type::template vector<index_t> order(static_cast<std::size_t>(n)), found_ids(found_sims.size());
+  const bool cosine = options_.metric == similarity::cosine;
+  detail::parallel_for(ex, n, detail::row_turn{x.data, last_rows_.data(ex), d, cosine, detail::raw(turn),
+                                               detail::raw(order)});
+  // The m classes that turned most (ties: smaller id), their rows searched against every class.
+  thrust::stable_sort_by_key(ex.policy(), turn.begin(), turn.end(), order.begin(), thrust::greater<float>());
+  detail::copy_listed_rows(ex, x.data, d, detail::raw(order), m, detail::raw(queries));
+  // x is already unit under cosine: its inner products are the cosines.
+  detail::exact_knn_rows_of_blocks(ex, matrix_view<const float>(detail::raw(queries), m, d), 0, n, n, k, false,
+                                   options_.query_tile, options_.class_tile, detail::raw(found_ids),
+                                   detail::raw(found_sims), [&](auto visit) { visit(x, index_t(0)); });
+  detail::parallel_for(ex, m, detail::replace_graph_rows{detail::raw(order), detail::raw(found_ids),
+                                                         detail::raw(found_sims), k, ids, sims});
 }
 
 inline double knn_graph_recall(const knn_graph& approx, const knn_graph& exact) {

@@ -201,6 +201,42 @@ void refine_knn_graph(const Ex& ex_in, matrix_view<const float> x, index_t* ids,
   }
 }
 
+/// How far row c turned between `then` and `now` (N x d each): 1 - cos under cosine (the rows are
+/// unit), the squared distance under the inner product; `order[c]` = c, for the sort by turn.
+struct row_turn {
+  const float* now;
+  const float* then;
+  index_t d;
+  bool cosine;
+  float* turn;
+  index_t* order;
+  XSOFTMAX_HD void operator()(index_t c) const {
+    double t = 0;
+    for (index_t p = 0; p < d; ++p) {
+      const double a = now[c * d + p], b = then[c * d + p];
+      t += cosine ? a * b : (a - b) * (a - b);
+    }
+    turn[c] = static_cast<float>(cosine ? 1 - t : t);
+    order[c] = c;
+  }
+};
+
+/// Graph row rows[i] = found row i (k ids and similarities), for i in [0, count).
+struct replace_graph_rows {
+  const index_t* rows;
+  const index_t* found_ids;
+  const float* found_sims;
+  index_t k;
+  index_t* ids;
+  float* sims;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    for (index_t j = 0; j < k; ++j) {
+      ids[rows[i] * k + j] = found_ids[i * k + j];
+      sims[rows[i] * k + j] = found_sims[i * k + j];
+    }
+  }
+};
+
 /// The rows whose inner products are the graph's similarities, in `ex`'s memory as fp32: `w`
 /// scaled to unit rows under cosine, `w` itself under the inner product.
 template <class Ex, class T>
