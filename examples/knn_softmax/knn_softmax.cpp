@@ -5,7 +5,10 @@
 //  * full_softmax        - the exact softmax over all 10,000 classes (the baseline);
 //  * knn_softmax         - Alibaba's method: the softmax over the union of each target's K nearest
 //                          classes in a graph over the class weight vectors (IVF-built, rebuilt
-//                          every 20 steps);
+//                          every 20 steps; and a second head whose graph is rebuilt only every
+//                          third update and refreshed from its last lists in between:
+//                          neighbours-of-neighbours passes, plus an exact search for the 2 % of
+//                          classes whose weights turned most);
 //  * selective_softmax<sampled_negatives>
 //                        - TensorFlow's sampled softmax: 256 shared negatives drawn from the class
 //                          counts, log-Q corrected.
@@ -115,6 +118,12 @@ int main() {
   knn.rebuild_every = 20;
   xs::knn_softmax<> knn_head(num_classes, dim, knn, false, init);
   train_and_report("knn softmax, K = 50", knn_head, source);
+
+  xs::knn_options refreshed = knn;
+  refreshed.refreshes_between_rebuilds = 2;  // rebuild, refresh, refresh, rebuild, ...
+  refreshed.graph.refine.moved = 0.02;       // a refresh also searches the 2 % that turned most
+  xs::knn_softmax<> refreshed_head(num_classes, dim, refreshed, false, init);
+  train_and_report("knn softmax, K = 50, refreshed", refreshed_head, source);
 
   xs::sampling_options sampling;
   sampling.num_sampled = 256;

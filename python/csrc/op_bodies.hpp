@@ -107,7 +107,13 @@ void with_head(int64_t handle, const at::Tensor& weight, const c10::optional<at:
           k->built_step = now;
           st->cache.rebuild = [&head] { head.rebuild_graph(); };
         } else if (k->options.rebuild_every > 0 && now - k->built_step >= k->options.rebuild_every) {
-          head.rebuild_graph();  // from the current weights (after the optimiser's updates)
+          // From the current weights (after the optimiser's updates): a refresh between rebuilds
+          // on the schedule of `refreshes_between_rebuilds`, else a rebuild.
+          if (head.selector().next_update_refreshes()) {
+            head.refresh_graph();
+          } else {
+            head.rebuild_graph();
+          }
           k->built_step = now;
         }
         f(head, false);

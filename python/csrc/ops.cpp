@@ -210,7 +210,8 @@ int64_t create_sampled(int64_t num_classes, const std::string& distribution, con
 }
 
 int64_t create_knn(int64_t k, const std::string& metric, const std::string& method, int64_t neighbors_used,
-                   int64_t rebuild_every, int64_t ivf_lists, int64_t nprobe) {
+                   int64_t rebuild_every, int64_t ivf_lists, int64_t nprobe, int64_t refreshes_between_rebuilds,
+                   int64_t refine_passes, int64_t refresh_passes, double refresh_moved) {
   return guarded([&] {
     xs::knn_options o;
     o.graph.k = k;
@@ -226,6 +227,10 @@ int64_t create_knn(int64_t k, const std::string& metric, const std::string& meth
     if (nprobe > 0) o.graph.nprobe = nprobe;
     o.neighbors_used = neighbors_used;
     o.rebuild_every = rebuild_every;
+    o.refreshes_between_rebuilds = refreshes_between_rebuilds;
+    o.graph.refine.build_passes = refine_passes;
+    o.graph.refine.refresh_passes = refresh_passes;
+    o.graph.refine.moved = refresh_moved;
     (void)xs::knn_selector(o);  // validates the options now (throws naming the value)
     return register_state(std::make_shared<knn_state>(o));
   });
@@ -323,7 +328,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("subtract_log_q"), pybind11::arg("seed"));
   m.def("create_knn", &create_knn, pybind11::arg("k"), pybind11::arg("metric"), pybind11::arg("method"),
         pybind11::arg("neighbors_used"), pybind11::arg("rebuild_every"), pybind11::arg("ivf_lists"),
-        pybind11::arg("nprobe"));
+        pybind11::arg("nprobe"), pybind11::arg("refreshes_between_rebuilds"), pybind11::arg("refine_passes"),
+        pybind11::arg("refresh_passes"), pybind11::arg("refresh_moved"));
   m.def("knn_rebuild", &knn_rebuild, pybind11::arg("head"));
   m.def("release", &release_state, pybind11::arg("head"));
   m.def("set_loss_terms", &set_loss_terms, pybind11::arg("head"), pybind11::arg("label_smoothing"),

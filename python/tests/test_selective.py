@@ -158,10 +158,16 @@ def test_knn_training_runs_and_lowers_loss():
     assert full_after < 0.7 * full_before
 
 
-@pytest.mark.parametrize("method", ["ivf", "ivf_class_probes"])
-def test_knn_ivf_graph_trains(method):
+# Refreshed: updates at steps 3, 6, ... refresh, refresh, rebuild, ...; with refresh_moved, a refresh
+# also searches the 10 % of classes that turned most.
+_REFRESHED = dict(refreshes_between_rebuilds=2, refine_passes=1, refresh_passes=2)
+
+
+@pytest.mark.parametrize("method,refresh", [("ivf", {}), ("ivf_class_probes", {}), ("ivf_class_probes", _REFRESHED),
+                                            ("ivf", dict(_REFRESHED, refresh_moved=0.1))])
+def test_knn_ivf_graph_trains(method, refresh):
     n = 400
-    head = KNNSoftmaxLoss(n, 8, k=10, method=method, ivf_lists=10, nprobe=3, rebuild_every=3)
+    head = KNNSoftmaxLoss(n, 8, k=10, method=method, ivf_lists=10, nprobe=3, rebuild_every=3, **refresh)
     hidden = torch.randn(32, 8)
     targets = torch.randint(0, n, (32,))
     opt = torch.optim.SGD(head.parameters(), lr=1.0)
@@ -175,3 +181,12 @@ def test_knn_ivf_graph_trains(method):
     touched = int(head.weight.grad.abs().sum(1).gt(0).sum())
     assert 32 <= touched < n  # the active set: targets and some of their neighbours, not every class
     assert losses[-1] < losses[0]
+
+
+def test_knn_refresh_options_are_checked():
+    with pytest.raises(ValueError, match="refine.moved = 1.5"):
+        KNNSoftmaxLoss(50, 4, k=5, refresh_moved=1.5)
+    with pytest.raises(ValueError, match="refreshes_between_rebuilds = -1"):
+        KNNSoftmaxLoss(50, 4, k=5, refreshes_between_rebuilds=-1)
+    with pytest.raises(ValueError, match="refine.refresh_passes = -2"):
+        KNNSoftmaxLoss(50, 4, k=5, refresh_passes=-2)

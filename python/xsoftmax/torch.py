@@ -454,8 +454,9 @@ class SampledSoftmaxLoss(_SelectiveHead):
 
 class KNNSoftmaxLoss(_SelectiveHead):
     """KNN softmax (Alibaba, 100M classes): the active set of a step is the union of its targets'
-    ``k`` nearest classes in a graph over the class weights, rebuilt every ``rebuild_every``
-    training steps from the current weights. With k = num_classes it is the full softmax.
+    ``k`` nearest classes in a graph over the class weights, updated every ``rebuild_every``
+    training steps from the current weights (rebuilt, or refreshed from its last lists between
+    rebuilds). With k = num_classes it is the full softmax.
 
     Args:
         k: graph neighbours per class; neighbors_used: how many of them a target brings (0: k).
@@ -464,25 +465,33 @@ class KNNSoftmaxLoss(_SelectiveHead):
             ``ivf_lists`` lists, 0: sqrt(N); ``nprobe``, 0: 8) or 'ivf_class_probes' (each class
             searches the ``nprobe`` lists nearest to itself; ``ivf_lists`` 0: 3 sqrt(N)): at
             N = 1e5 clustered classes, recall 0.99 at about a tenth of the exact build's time.
-        rebuild_every: steps between graph rebuilds (0: never; see ``rebuild_graph``).
+        rebuild_every: steps between graph updates (0: never; see ``rebuild_graph``).
+        refreshes_between_rebuilds: updates that refresh the last graph between full builds (0:
+            every update rebuilds): neighbours-of-neighbours passes from its lists
+            (``refresh_passes`` of them), cheaper than a build; ``refresh_moved``: the fraction of
+            classes, those whose weights turned most since the last update, a refresh searches
+            exactly (0: none). ``refine_passes``: such passes after every IVF build too.
         exact_eval: in eval mode, the loss is the exact full softmax.
         label_smoothing, z_loss, margin, margin_scale, margin_m, softcap, class_weight: as
             ``FullSoftmaxLoss``; label smoothing spreads over the step's active set.
     """
 
     def __init__(self, num_classes, dim, k=50, metric="cosine", method="exact", neighbors_used=0, rebuild_every=100,
-                 ivf_lists=0, nprobe=0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
+                 ivf_lists=0, nprobe=0, refreshes_between_rebuilds=0, refine_passes=0, refresh_passes=1,
+                 refresh_moved=0.0, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
                  sparse_grad=False, device=None, init_scale=None, exact_eval=True, label_smoothing=0.0, z_loss=0.0,
                  margin=None, margin_scale=64.0, margin_m=None, softcap=0.0, class_weight=None):
         if not 1 <= int(k) <= int(num_classes):
             raise ValueError(f"k = {k} must be in [1, num_classes = {num_classes}]")
         terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap)
         factory = functools.partial(_make_knn, int(k), str(metric), str(method), int(neighbors_used),
-                                    int(rebuild_every), int(ivf_lists), int(nprobe))
+                                    int(rebuild_every), int(ivf_lists), int(nprobe), int(refreshes_between_rebuilds),
+                                    int(refine_passes), int(refresh_passes), float(refresh_moved))
         super().__init__(factory, num_classes, dim, bias, dtype, reduction, ignore_index, sparse_grad, device,
                          init_scale, exact_eval, terms, margin, class_weight)
         self.k = int(k)
         self.rebuild_every = int(rebuild_every)
+        self.refreshes_between_rebuilds = int(refreshes_between_rebuilds)
 
     def rebuild_graph(self):
         """Rebuilds the KNN graph from the current weights now (it is built at the first training

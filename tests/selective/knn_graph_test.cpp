@@ -8,6 +8,7 @@
 // sizes raise typed errors naming the value; serial and omp builds (graph, index, k-means) are
 // bitwise equal; one k-means round equals a float64 assignment and mean.
 
+#include "selective/knn_test_vectors.hpp"
 #include "selective/selection_support.hpp"
 
 #include <xsoftmax/selection/ivf_index.hpp>
@@ -28,25 +29,6 @@ using xsoftmax::knn_build_method;
 using xsoftmax::knn_build_options;
 using xsoftmax::knn_graph;
 using xsoftmax::similarity;
-
-/// Small integers: every dot product is exact in fp32, so ties are real and broken by id.
-std::vector<float> integer_weights(test_rng& rng, index_t n, index_t d) {
-  std::vector<float> w(static_cast<size_t>(n * d));
-  for (auto& x : w) x = static_cast<float>(rng.integer(-3, 3));
-  return w;
-}
-
-/// Points around `clusters` random centres (so that IVF lists mean something).
-std::vector<float> clustered_weights(test_rng& rng, index_t n, index_t d, index_t clusters, double spread) {
-  const auto centres = random_floats(rng, clusters * d, 1.0);
-  std::vector<float> w(static_cast<size_t>(n * d));
-  for (index_t i = 0; i < n; ++i) {
-    const index_t c = rng.integer(0, clusters - 1);
-    for (index_t p = 0; p < d; ++p)
-      w[static_cast<size_t>(i * d + p)] = centres[static_cast<size_t>(c * d + p)] + static_cast<float>(rng.uniform(-spread, spread));
-  }
-  return w;
-}
 
 double ref_similarity(const std::vector<float>& w, index_t d, index_t a, index_t b, similarity m) {
   double dot = 0, na = 0, nb = 0;

@@ -8,6 +8,7 @@
 // (all of them: the exact graph); bad graphs and options raise typed errors and leave the graph as
 // it was.
 
+#include "selective/knn_test_vectors.hpp"
 #include "selective/selection_support.hpp"
 
 #include <xsoftmax/detail/selection/knn_refine.hpp>
@@ -28,24 +29,6 @@ using xsoftmax::knn_build_method;
 using xsoftmax::knn_build_options;
 using xsoftmax::knn_graph;
 using xsoftmax::similarity;
-
-std::vector<float> integer_rows(test_rng& rng, index_t n, index_t d) {
-  std::vector<float> w(static_cast<size_t>(n * d));
-  for (auto& x : w) x = static_cast<float>(rng.integer(-3, 3));
-  return w;
-}
-
-/// Points around `clusters` random centres, `spread` apart from them.
-std::vector<float> clustered_rows(test_rng& rng, index_t n, index_t d, index_t clusters, double spread) {
-  const auto centres = random_floats(rng, clusters * d, 1.0);
-  std::vector<float> w(static_cast<size_t>(n * d));
-  for (index_t i = 0; i < n; ++i) {
-    const index_t c = rng.integer(0, clusters - 1);
-    for (index_t p = 0; p < d; ++p)
-      w[size_t(i * d + p)] = centres[size_t(c * d + p)] + static_cast<float>(rng.uniform(-spread, spread));
-  }
-  return w;
-}
 
 /// One pass in float64 (inner products): row c's candidates as a set, its k best (similarity
 /// desc, id asc), -1 / -inf past them.
@@ -101,7 +84,7 @@ TEST_CASE_TEMPLATE("knn refine: one pass equals a float64 reference over its can
                    xsoftmax::serial, xsoftmax::omp) {
   test_rng rng(2901);
   const index_t n = 200, d = 6, k = 8;
-  const auto x = integer_rows(rng, n, d);  // inner products exact in fp32: ties real, broken by id
+  const auto x = integer_weights(rng, n, d);  // inner products exact in fp32: ties real, broken by id
   const auto start = random_lists(rng, n, k);
   const xsoftmax::backend_resources<B> res{};
   const xsoftmax::detail::execution<B> ex{res};
@@ -129,7 +112,7 @@ TEST_CASE_TEMPLATE("knn refresh: the exact graph of unchanged weights is a fixed
                    xsoftmax::omp) {
   test_rng rng(2902);
   const index_t n = 150, d = 5;
-  const auto w = integer_rows(rng, n, d);
+  const auto w = integer_weights(rng, n, d);
   knn_build_options o;
   o.k = 9;
   o.metric = similarity::inner_product;
@@ -145,7 +128,7 @@ TEST_CASE_TEMPLATE("knn refine and refresh: the passes lift an IVF build's recal
                    xsoftmax::serial, xsoftmax::omp) {
   test_rng rng(2903);
   const index_t n = 3000, d = 16, k = 10;
-  auto w = clustered_rows(rng, n, d, 60, 0.5);
+  auto w = clustered_weights(rng, n, d, 60, 0.5);
   knn_build_options o;
   o.k = k;
   const knn_graph exact = xsoftmax::build_knn_graph<B>(cview(w, n, d), o);
@@ -191,7 +174,7 @@ TEST_CASE_TEMPLATE("knn refresh: the classes that moved most are searched exactl
                    xsoftmax::serial, xsoftmax::omp) {
   test_rng rng(2905);
   const index_t n = 2000, d = 16, k = 10, jumped = 40;
-  auto w = clustered_rows(rng, n, d, 40, 0.5);
+  auto w = clustered_weights(rng, n, d, 40, 0.5);
   knn_build_options o;
   o.k = k;
   o.refine.moved = 0.03;  // 60 classes: the 40 that jumped, and the 20 that moved most besides
@@ -226,7 +209,7 @@ TEST_CASE_TEMPLATE("knn refresh: the classes that moved most are searched exactl
   CHECK(all_searched > all_walked);
 
   // All classes searched: the exact graph (integer rows, inner products: no rounding anywhere).
-  const auto wi = integer_rows(rng, 300, 6);
+  const auto wi = integer_weights(rng, 300, 6);
   knn_build_options all;
   all.k = 7;
   all.metric = similarity::inner_product;
