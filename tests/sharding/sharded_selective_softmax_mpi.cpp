@@ -341,13 +341,14 @@ void check_graph(const Head& head, const Ref& ref, bool ring) {
 
 /// The sharded KNN head against the unsharded one over two steps (each rebuilding the graph).
 template <class B, class Comm>
-void compare_knn(fixture<B>& f, const xs::knn_options& ko, bool ring) {
+void compare_knn(fixture<B>& f, const xs::knn_options& ko, bool ring, const xs::knn_options* ref_options = nullptr) {
   using sh_t = xs::class_sharding<Comm>;
   for (const auto layout : layouts) {
     const std::vector<batch> all = batches_of(layout, f.size);
     sh_t sh(Comm(f.comm), classes, layout);
     const index_t begin = sh.class_begin();
-    xs::knn_softmax<xs::fp32, B> ref(xs::matrix_view<float>(f.full.w.data(), classes, dim), ko, f.full.b.data());
+    xs::knn_softmax<xs::fp32, B> ref(xs::matrix_view<float>(f.full.w.data(), classes, dim),
+                                     ref_options ? *ref_options : ko, f.full.b.data());
     xs::knn_softmax<xs::fp32, B, sh_t> head(
         sh, xs::matrix_view<float>(f.full.w.data() + begin * dim, sh.local_classes(), dim), ko, f.full.b.data() + begin);
     check_graph(head, ref, ring);
@@ -409,6 +410,24 @@ TEST_CASE_TEMPLATE("sharded knn softmax equals the unsharded head", B, xs::seria
     ko.graph.ivf.num_lists = 8;
     ko.graph.nprobe = 3;
     compare_knn<B, xs::mpi_communicator>(f, ko, false);
+  }
+  // Refreshes between rebuilds (step 1 refreshes, step 2 rebuilds): the whole graph refreshed from
+  // the weights gathered round the ring (with the moved classes searched), or gathered at once; a
+  // ring's exact share, which holds only its rows, is rebuilt at every update instead.
+  ko.refreshes_between_rebuilds = 1;
+  ko.graph.refine.reverse = 2;
+  SUBCASE("ivf_class_probes, ring, refreshed between rebuilds: the whole graph, from the gathered weights") {
+    ko.graph.method = xs::knn_build_method::ivf_class_probes;
+    ko.graph.ivf.num_lists = 8;
+    ko.graph.nprobe = 3;
+    ko.graph.refine.moved = 0.1;
+    compare_knn<B, xs::mpi_communicator>(f, ko, false);
+  }
+  SUBCASE("exact, no ring step, refreshed between rebuilds") { compare_knn<B, no_shift_communicator>(f, ko, false); }
+  SUBCASE("exact, ring, refreshes asked for: each rank's own rows, rebuilt") {
+    xs::knn_options rebuilt = ko;
+    rebuilt.refreshes_between_rebuilds = 0;
+    compare_knn<B, xs::mpi_communicator>(f, ko, true, &rebuilt);
   }
 }
 
