@@ -8,8 +8,9 @@
 //  * file:PATH: N x d fp32 rows from a file, e.g. the KNN study's weights during training
 //    (knn_accuracy_bench with XSOFTMAX_STUDY_DUMP_WEIGHTS).
 // Usage: knn_graph_builds <clustered|random|file:PATH> [N=100000] [d=64] [K=50] [backend serial|omp]
-//        [settings "method:lists:nprobe[:train_points],..." where method is ivf or class; lists 0: the
-//        builder's default; train_points 0: k-means on min(N, 64 lists) rows]
+//        [settings "method:lists:nprobe[:train_points[:passes]],..." where method is ivf or class; lists
+//        0: the builder's default; train_points 0: k-means on min(N, 64 lists) rows; passes: the
+//        neighbours-of-neighbours passes after the build, knn_refine_options::build_passes, 0: none]
 // Prints one line per build and writes a JSON list to stdout's last line (prefix "json ").
 // XSOFTMAX_KNN_DUMP=<prefix>: also writes the vectors (<prefix>.vectors.f32, N x d) and the exact
 // graph (<prefix>.exact.i64, N x K) for FAISS beside it (bench/knn_graph_faiss.py).
@@ -47,7 +48,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 struct setting {
   xs::knn_build_method method;
-  index_t lists, nprobe, train;
+  index_t lists, nprobe, train, passes;
 };
 
 std::vector<setting> parse_settings(const std::string& text) {
@@ -58,13 +59,14 @@ std::vector<setting> parse_settings(const std::string& text) {
     std::vector<std::string> f;
     std::stringstream fields(item);
     for (std::string x; std::getline(fields, x, ':');) f.push_back(x);
-    if (f.size() < 3 || f.size() > 4 || (f[0] != "class" && f[0] != "ivf")) {
-      std::fprintf(stderr, "knn_graph_builds: a setting is method:lists:nprobe[:train_points], got '%s'\n",
+    if (f.size() < 3 || f.size() > 5 || (f[0] != "class" && f[0] != "ivf")) {
+      std::fprintf(stderr, "knn_graph_builds: a setting is method:lists:nprobe[:train_points[:passes]], got '%s'\n",
                    item.c_str());
       std::exit(2);
     }
     out.push_back({f[0] == "class" ? xs::knn_build_method::ivf_class_probes : xs::knn_build_method::ivf,
-                   std::atol(f[1].c_str()), std::atol(f[2].c_str()), f.size() == 4 ? std::atol(f[3].c_str()) : 0});
+                   std::atol(f[1].c_str()), std::atol(f[2].c_str()), f.size() >= 4 ? std::atol(f[3].c_str()) : 0,
+                   f.size() == 5 ? std::atol(f[4].c_str()) : 0});
   }
   return out;
 }
@@ -222,20 +224,21 @@ void run(const std::string& data, index_t n, index_t d, index_t k, const std::ve
     o.ivf.num_lists = s.lists;
     o.nprobe = s.nprobe;
     o.ivf.train_points = s.train;
+    o.refine.build_passes = s.passes;
     t0 = std::chrono::steady_clock::now();
     const xs::knn_graph g = xs::build_knn_graph<B>(view, o);
     const double sec = seconds_since(t0);
     const double recall = recall_of(g);
     const char* name = s.method == xs::knn_build_method::ivf ? "ivf (list probes)" : "ivf_class_probes";
-    std::printf("%-10s N=%-8lld d=%-4lld K=%-4lld %-17s lists %-5lld nprobe %-4lld train %-7lld %8.3f s  recall %.4f  "
-                "(%.1f %% of exact)\n",
+    std::printf("%-10s N=%-8lld d=%-4lld K=%-4lld %-17s lists %-5lld nprobe %-4lld train %-7lld passes %lld %8.3f s  "
+                "recall %.4f  (%.1f %% of exact)\n",
                 data.c_str(), static_cast<long long>(n), static_cast<long long>(d), static_cast<long long>(k), name,
-                static_cast<long long>(s.lists), static_cast<long long>(s.nprobe), static_cast<long long>(s.train), sec,
-                recall, 100 * sec / exact_s);
+                static_cast<long long>(s.lists), static_cast<long long>(s.nprobe), static_cast<long long>(s.train),
+                static_cast<long long>(s.passes), sec, recall, 100 * sec / exact_s);
     std::fflush(stdout);
     json += ",{\"data\":\"" + data + "\",\"n\":" + std::to_string(n) + ",\"method\":\"" + name +
             "\",\"lists\":" + std::to_string(s.lists) + ",\"nprobe\":" + std::to_string(s.nprobe) +
-            ",\"train_points\":" + std::to_string(s.train) +
+            ",\"train_points\":" + std::to_string(s.train) + ",\"refine_passes\":" + std::to_string(s.passes) +
             ",\"seconds\":" + std::to_string(sec) + ",\"recall\":" + std::to_string(recall) + "}";
   }
   std::printf("json %s]\n", json.c_str());
