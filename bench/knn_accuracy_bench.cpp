@@ -348,16 +348,24 @@ void bm_hs(benchmark::State& state) {
     return;
   }
   const float lr = c.lr / static_cast<float>(state.range(0));
-  for (auto _ : state) {
-    using tree = xsoftmax::uniform_tree<2, 317>;  // 317^2 >= 100K; other N: at most 317^2 classes
+  // Two levels of the smallest listed branching whose square holds N (317^2 >= 1e5, 1000^2 = 1e6).
+  auto run = [&](auto branching) {
+    using tree = xsoftmax::uniform_tree<2, decltype(branching)::value>;
     xsoftmax::hierarchical_softmax<tree, xsoftmax::fp32, xsoftmax::omp> head(tree(c.n), c.dim, false, init());
-    const std::string name = "hierarchical softmax, uniform 2-level tree, lr / " + std::to_string(state.range(0));
+    const std::string name = "hierarchical softmax, uniform 2-level tree (b = " +
+                             std::to_string(decltype(branching)::value) + "), lr / " + std::to_string(state.range(0));
     report(state, name.c_str(), train(head, lr));
+  };
+  for (auto _ : state) {
+    if (c.n <= 317 * 317)
+      run(std::integral_constant<int, 317>{});
+    else
+      run(std::integral_constant<int, 1000>{});  // beyond 1e6 classes the tree's constructor says so
   }
 }
 
 /// The HS accuracy study (issue 29): which label tree. Arg 0: 1 = binary Huffman over the training
-/// counts (+1); 2 = balanced k-means (b = 317, depth 2: the uniform tree's shape) over each class's
+/// counts (+1); 2 = balanced k-means (depth 2, the uniform tree's branching) over each class's
 /// mean training feature (zero for classes never seen), node weights from those means; 3 = the same
 /// k-means over the weights of a full softmax trained for XSOFTMAX_STUDY_WARMUP steps [30] of the
 /// stream (its time reported apart), node weights from them. Arg 1: the lr divisor.
@@ -371,6 +379,7 @@ void bm_hs_tree(benchmark::State& state) {
   }
   const index_t kind = state.range(0);
   const float lr = c.lr / static_cast<float>(state.range(1));
+  const index_t branching = c.n <= 317 * 317 ? 317 : 1000;  // bm_hs's uniform tree's
   for (auto _ : state) {
     using tree_type = xsoftmax::runtime_tree<>;
     std::string name;
@@ -393,7 +402,7 @@ void bm_hs_tree(benchmark::State& state) {
       for (index_t k = 0; k < c.n; ++k)
         for (index_t p = 0; p < c.dim; ++p)
           vectors[size_t(k * c.dim + p)] /= static_cast<float>(std::max(1.0, ds.train_counts[k]));
-      name = "hierarchical softmax, k-means tree (b = 317, depth 2) from mean features";
+      name = "hierarchical softmax, k-means tree (b = " + std::to_string(branching) + ", depth 2) from mean features";
     } else {
       const index_t warmup = static_cast<index_t>(env_or("XSOFTMAX_STUDY_WARMUP", 30));
       const auto t0 = clock_type::now();
@@ -410,12 +419,13 @@ void bm_hs_tree(benchmark::State& state) {
       for (index_t k = 0; k < c.n; ++k)
         for (index_t p = 0; p < c.dim; ++p) vectors[size_t(k * c.dim + p)] = w(k, p);
       warmup_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-      name = "hierarchical softmax, k-means tree (b = 317, depth 2) from " + std::to_string(warmup) +
+      name = "hierarchical softmax, k-means tree (b = " + std::to_string(branching) + ", depth 2) from " +
+             std::to_string(warmup) +
              " full-softmax steps";
     }
     const xsoftmax::matrix_view<const float> cv(vectors.data(), c.n, c.dim);
     xsoftmax::kmeans_tree_options to;
-    to.branching = 317;
+    to.branching = branching;
     to.max_depth = 2;
     const auto t1 = clock_type::now();
     const tree_type tree = xsoftmax::kmeans_label_tree<xsoftmax::omp>(cv, to);

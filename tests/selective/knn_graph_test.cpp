@@ -384,9 +384,9 @@ TEST_CASE("knn graph and ivf index: bad sizes raise typed errors naming the valu
   o.refresh_iterations = -2;
   CHECK(message_of([&] { xsoftmax::knn_graph_builder b(o); }).find("refresh_iterations = -2") != std::string::npos);
   o.refresh_iterations = -1;
-  CHECK_THROWS_AS(knn_graph::from_lists(n, d, 2, std::vector<index_t>(19, 0)), xsoftmax::shape_error);
-  CHECK_THROWS_AS(knn_graph::from_lists(n, d, 2, std::vector<index_t>(20, 10)), xsoftmax::out_of_range);
-  CHECK_THROWS_AS(knn_graph::from_lists(n, d, 0, {}), xsoftmax::invalid_argument);
+  CHECK_THROWS_AS((void)knn_graph::from_lists(n, d, 2, std::vector<index_t>(19, 0)), xsoftmax::shape_error);
+  CHECK_THROWS_AS((void)knn_graph::from_lists(n, d, 2, std::vector<index_t>(20, 10)), xsoftmax::out_of_range);
+  CHECK_THROWS_AS((void)knn_graph::from_lists(n, d, 0, {}), xsoftmax::invalid_argument);
   const knn_graph a = knn_graph::from_lists(n, d, 2, std::vector<index_t>(20, 1));
   const knn_graph b = knn_graph::from_lists(n + 1, d, 2, std::vector<index_t>(22, 1));
   CHECK_THROWS_AS((void)xsoftmax::knn_graph_recall(a, b), xsoftmax::shape_error);

@@ -185,8 +185,6 @@ class knn_graph_builder {
   /// to find the classes that moved most by the next refresh.
   detail::backend_array<float> last_rows_;
   template <class Ex>
-  void keep_rows(const Ex& ex, matrix_view<const float> x);
-  template <class Ex>
   void search_moved(const Ex& ex, matrix_view<const float> x, index_t* ids, float* sims);
 };
 

@@ -13,7 +13,9 @@
 
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -45,6 +47,24 @@ class backend_array {
     v.resize(static_cast<std::size_t>(n));
     st_->size = n;
     return thrust::raw_pointer_cast(v.data());
+  }
+
+  /// The array holding `v` (a vector of `ex`'s backend: `as_execution(ex)`'s `vector<T>`), taken
+  /// without a copy; its data pointer stays valid. A builder makes the next data this way and
+  /// swaps it in (a move, which cannot throw) only after everything else of its update succeeded.
+  template <class Ex, class Vector>
+  [[nodiscard]] static backend_array adopting(const Ex& ex, Vector&& v) {
+    using vector_type = typename std::decay_t<decltype(as_execution(ex))>::template vector<T>;
+    static_assert(std::is_same_v<std::decay_t<Vector>, vector_type> && !std::is_lvalue_reference_v<Vector>,
+                  "backend_array::adopting takes an rvalue of the execution's own vector type");
+    auto s = std::make_shared<state>();
+    s->size = static_cast<index_t>(v.size());
+    s->own = std::make_shared<vector_type>(std::move(v));
+    s->type = &typeid(vector_type);
+    s->to_host = &copy_to_host<vector_type>;
+    backend_array out;
+    out.st_ = std::move(s);
+    return out;
   }
 
   /// The data in `ex`'s memory: in place on the builder's backend, otherwise a copy made on the

@@ -56,10 +56,11 @@ struct mark_list_members {
   }
 };
 
-/// Class list_ids[r]'s row of the graph (k ids and similarities) from heap r, sorted best first;
-/// -1 / -inf past the candidates found.
+/// Graph row rows[r] (k ids and similarities) from found row r, sorted best first; -1 / -inf past
+/// its size[r] candidates (every found row is full when `size` is null). The IVF searches write
+/// their heaps to the classes of their lists; a refresh writes the moved classes' exact rows.
 struct write_graph_rows {
-  const index_t* list_ids;
+  const index_t* rows;
   const float* hs;
   const index_t* hi;
   const index_t* size;
@@ -67,9 +68,9 @@ struct write_graph_rows {
   index_t* ids;
   float* sims;
   XSOFTMAX_HD void operator()(index_t r) const {
-    const index_t c = list_ids[r];
+    const index_t c = rows[r];
     for (index_t j = 0; j < k; ++j) {
-      const bool have = j < size[r];
+      const bool have = size == nullptr || j < size[r];
       ids[c * k + j] = have ? hi[r * k + j] : -1;
       sims[c * k + j] = have ? hs[r * k + j] : -INFINITY;
     }

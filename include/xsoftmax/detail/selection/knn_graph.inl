@@ -198,13 +198,14 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
   // refresh's turns (a ring's exact share holds only its rows, and is never refreshed).
   const bool refine_now = options_.method != knn_build_method::exact && options_.refine.build_passes > 0;
   const bool keep_now = options_.refine.moved > 0 && held == n;
+  detail::backend_array<float> kept;  // swapped into last_rows_ once the graph is written
   if (refine_now || keep_now) {
-    const auto x = detail::similarity_rows(ex, weights, cosine);
+    auto x = detail::similarity_rows(ex, weights, cosine);
     const matrix_view<const float> xv(detail::raw(x), n, d);
     if (refine_now)
       detail::refine_knn_graph(ex, xv, detail::raw(ids), detail::raw(sims), k, options_.refine.fanout,
                                options_.refine.sample, options_.refine.reverse, options_.refine.build_passes);
-    if (keep_now) keep_rows(ex, xv);
+    if (keep_now) kept = detail::backend_array<float>::adopting(ex, std::move(x));
   }
   // The graph's public storage is on the host (ids mirrored to a device on use).
   std::vector<index_t>& gids = out.ids_.edit();
@@ -220,6 +221,7 @@ void knn_graph_builder::build_on(const Ex& ex_in, matrix_view<const T> weights, 
   out.metric_ = options_.metric;
   out.element_ = element_name<std::remove_cv_t<T>>();
   ++out.builds_;
+  if (keep_now) last_rows_ = std::move(kept);
 }
 
 template <class Ex, class T>
@@ -248,7 +250,7 @@ void knn_graph_builder::refresh_on(const Ex& ex_in, matrix_view<const T> weights
   typename execution_type::template vector<float> sims(ids.size());
   execution_type::ops::copy(ex.res, detail::raw(ids), graph.ids().data(), n * k);
   const bool cosine = options_.metric == similarity::cosine;
-  const auto x = detail::similarity_rows(ex, weights, cosine);
+  auto x = detail::similarity_rows(ex, weights, cosine);
   const matrix_view<const float> xv(detail::raw(x), n, d);
   if (r.refresh_passes > 0) {
     detail::refine_knn_graph(ex, xv, detail::raw(ids), detail::raw(sims), k, r.fanout, r.sample, r.reverse,
@@ -257,7 +259,9 @@ void knn_graph_builder::refresh_on(const Ex& ex_in, matrix_view<const T> weights
     detail::refine_knn_graph(ex, xv, detail::raw(ids), detail::raw(sims), k, 0, 0, 0, 1);
   }
   if (r.moved > 0 && last_rows_.size() == n * d) search_moved(ex, xv, detail::raw(ids), detail::raw(sims));
-  if (r.moved > 0) keep_rows(ex, xv);
+  // The rows kept for the next refresh replace the last ones only once the graph is written.
+  detail::backend_array<float> kept;
+  if (r.moved > 0) kept = detail::backend_array<float>::adopting(ex, std::move(x));
   // Into the graph's own (host) buffers, as a build: nothing above changed them.
   execution_type::ops::copy(ex.res, graph.ids_.edit().data(), detail::raw(ids), n * k);
   graph.sims_.resize(static_cast<std::size_t>(n * k));  // empty for caller-given lists
@@ -265,12 +269,7 @@ void knn_graph_builder::refresh_on(const Ex& ex_in, matrix_view<const T> weights
   graph.metric_ = options_.metric;
   graph.element_ = element_name<std::remove_cv_t<T>>();
   ++graph.builds_;
-}
-
-template <class Ex>
-void knn_graph_builder::keep_rows(const Ex& ex_in, matrix_view<const float> x) {
-  const auto& ex = detail::as_execution(ex_in);
-  thrust::copy(ex.policy(), x.data, x.data + x.rows * x.cols, last_rows_.reset(ex, x.rows * x.cols));
+  if (r.moved > 0) last_rows_ = std::move(kept);
 }
 
 template <class Ex>
@@ -292,8 +291,8 @@ void knn_graph_builder::search_moved(const Ex& ex_in, matrix_view<const float> x
   detail::exact_knn_rows_of_blocks(ex, matrix_view<const float>(detail::raw(queries), m, d), 0, n, n, k, false,
                                    options_.query_tile, options_.class_tile, detail::raw(found_ids),
                                    detail::raw(found_sims), [&](auto visit) { visit(x, index_t(0)); });
-  detail::parallel_for(ex, m, detail::replace_graph_rows{detail::raw(order), detail::raw(found_ids),
-                                                         detail::raw(found_sims), k, ids, sims});
+  detail::parallel_for(ex, m, detail::write_graph_rows{detail::raw(order), detail::raw(found_sims),
+                                                       detail::raw(found_ids), nullptr, k, ids, sims});
 }
 
 inline double knn_graph_recall(const knn_graph& approx, const knn_graph& exact) {

@@ -221,22 +221,6 @@ struct row_turn {
   }
 };
 
-/// Graph row rows[i] = found row i (k ids and similarities), for i in [0, count).
-struct replace_graph_rows {
-  const index_t* rows;
-  const index_t* found_ids;
-  const float* found_sims;
-  index_t k;
-  index_t* ids;
-  float* sims;
-  XSOFTMAX_HD void operator()(index_t i) const {
-    for (index_t j = 0; j < k; ++j) {
-      ids[rows[i] * k + j] = found_ids[i * k + j];
-      sims[rows[i] * k + j] = found_sims[i * k + j];
-    }
-  }
-};
-
 /// The rows whose inner products are the graph's similarities, in `ex`'s memory as fp32: `w`
 /// scaled to unit rows under cosine, `w` itself under the inner product.
 template <class Ex, class T>
