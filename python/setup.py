@@ -190,7 +190,8 @@ def _extensions():
     ptx_only = cuda and _ptx_only()
     _write_build_config(cuda, archs, cblas or "", why_no_cuda, ptx_only)
     print("xsoftmax: include directories: %s" % include_dirs, file=sys.stderr)
-    sources = [os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "sharded_ops.cpp")]
+    sources = [os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "sharded_ops.cpp"),
+               os.path.join("csrc", "tree_builders.cpp")]
     if not cuda:
         print("xsoftmax: building the CPU operators only (%s)" % why_no_cuda, file=sys.stderr)
         return [CppExtension(name="xsoftmax._C", sources=sources, include_dirs=include_dirs,

@@ -10,7 +10,9 @@ identity recognition):
   c arrives as the feature vector t_c + noise; classes that share a tree node (a group of
   `branching` consecutive ids) look alike, as a good tree makes them;
 * the model is a residual linear layer (h = x + W x, W starting at zero) followed by
-  `HierarchicalSoftmaxLoss` over a two-level uniform tree with branching ceil(sqrt(N)). The head's
+  `HierarchicalSoftmaxLoss` over a two-level uniform tree with branching ceil(sqrt(N)) (or, with
+  `--tree kmeans`, the balanced k-means tree of the class vectors t_c, as class embeddings from
+  elsewhere would give, with the node weights initialised from them). The head's
   weight gradient is sparse (only the rows on the batch's paths) and is applied by plain SGD;
   the linear layer gets the hidden gradient the head passes back.
 
@@ -19,6 +21,7 @@ At the end: held-out loss and top-1 / top-5 accuracy by exact best-first tree se
     python examples/python/train_hs.py                        # 1M classes, 300 steps
     python examples/python/train_hs.py --classes 10000 --steps 200 --dim 32 --batch 128
     python examples/python/train_hs.py --device cuda --batch 8192 --dim 256   # on a GPU
+    python examples/python/train_hs.py --classes 100000 --tree kmeans        # label tree of the class vectors
 
 Needs the xsoftmax package (pip install --no-build-isolation ./python); --device cuda needs a build
 with its CUDA operators (xsoftmax.build_info()['cuda']). The data are drawn on the CPU and copied to
@@ -144,9 +147,11 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=300, help="SGD steps")
     p.add_argument("--lr", type=float, default=None, help="head learning rate (default: 0.025 * batch)")
     p.add_argument("--proj-lr", type=float, default=0.01, help="learning rate of the linear layer")
-    p.add_argument("--tree", choices=["uniform", "huffman"], default="uniform",
+    p.add_argument("--tree", choices=["uniform", "huffman", "kmeans"], default="uniform",
                    help="uniform: two levels of ceil(sqrt(N)) (matches the data); huffman: binary Huffman "
-                        "tree of the Zipf frequencies (word2vec style; ignores the data's groups)")
+                        "tree of the Zipf frequencies (word2vec style; ignores the data's groups); kmeans: "
+                        "Tree.kmeans of the class vectors (two levels of ceil(sqrt(N))), node weights "
+                        "initialised from them")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weight storage of the head")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (a build with the CUDA operators)")
@@ -175,11 +180,18 @@ def main(argv=None):
     problem = ZipfProblem(n, d, branching, seed=args.seed)
 
     t0 = time.perf_counter()
+    class_vectors = None
     if args.tree == "uniform":
         tree = Tree.uniform(n, 2 if n > branching else 1, branching)
-    else:
+    elif args.tree == "huffman":
         tree = Tree.huffman(problem.prob)
-    model = Model(n, d, tree, dtype).to(device)
+    else:  # the classes' vectors as embeddings: similar classes share nodes, the nodes start at their means
+        class_vectors = problem.true_vectors(torch.arange(n))
+        tree = Tree.kmeans(class_vectors, branching, 2 if n > branching else 1)
+    model = Model(n, d, tree, dtype)
+    if class_vectors is not None:
+        model.head.init_weights_from_class_vectors(class_vectors, class_bias=torch.zeros(n))
+    model = model.to(device)
     setup_s = time.perf_counter() - t0
     log = functools.partial(print, flush=True)
     log(f"xsoftmax {xsoftmax.__version__}: hierarchical softmax, {n:,} classes, dim {d}, {tree}, "

@@ -11,6 +11,7 @@
 #include <xsoftmax/hierarchical_softmax.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/tree/kmeans_tree.hpp>
+#include <xsoftmax/tree/parent_array.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
 #include <xsoftmax/tree/tree_types.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>

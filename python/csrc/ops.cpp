@@ -313,6 +313,8 @@ TORCH_LIBRARY_IMPL(xsoftmax, CUDA, m) {
 namespace xsoftmax_torch {
 /// The torch.distributed operators (sharded_ops.cpp).
 void register_sharded_ops(pybind11::module& m);
+/// Label trees from class vectors (tree_builders.cpp).
+void register_tree_builders(pybind11::module& m);
 }  // namespace xsoftmax_torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -338,4 +340,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_cblas", &has_cblas);
   m.def("build_info", &build_info);
   xsoftmax_torch::register_sharded_ops(m);
+  xsoftmax_torch::register_tree_builders(m);
 }

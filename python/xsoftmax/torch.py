@@ -383,6 +383,58 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         best-first tree search, or a beam search keeping ``beam_width`` open nodes when > 0."""
         return self._predict(hidden, k, self._handle.value, beam_width)
 
+    @torch.no_grad()
+    def init_weights_from_class_vectors(self, class_vectors, class_bias=None):
+        """Sets the node weights from one vector per class (num_classes x dim: embeddings, mean
+        features, or a trained softmax's weight rows), so that a head over a new tree -- say
+        ``Tree.kmeans`` of the same vectors -- starts where the classes are: with softmax nodes
+        each row is the mean of the vectors of the classes beneath its child (h . row is then the
+        mean logit of those classes); with sigmoid nodes each internal node's row is the first
+        child's mean minus the second's (sigmoid(h . row) is the softmax over the two means).
+        ``class_bias`` (num_classes values) sets the bias the same way; it is required when the
+        head has a bias and refused when it has none. Means are taken in float64 on the CPU and
+        written into ``weight`` (and ``bias``) in place, in their dtype and device. Returns self.
+        """
+        if not isinstance(class_vectors, torch.Tensor):
+            raise TypeError("init_weights_from_class_vectors: class_vectors must be a torch.Tensor, got "
+                            f"{type(class_vectors).__name__}")
+        if class_vectors.dim() != 2 or class_vectors.shape != (self.num_classes, self.dim):
+            raise ValueError(f"init_weights_from_class_vectors: class_vectors has shape {tuple(class_vectors.shape)}, "
+                             f"expected (num_classes, dim) = ({self.num_classes}, {self.dim})")
+        if (class_bias is None) != (self.bias is None):
+            raise ValueError("init_weights_from_class_vectors: class_bias must be given exactly when the head has a "
+                             f"bias (bias={self.bias is not None}, class_bias given: {class_bias is not None})")
+        rows = _C.tree_weights_from_class_vectors(self._handle.value, class_vectors)
+        if class_bias is not None:
+            class_bias = torch.as_tensor(class_bias)
+            if class_bias.numel() != self.num_classes:
+                raise ValueError(f"init_weights_from_class_vectors: class_bias has {class_bias.numel()} values, "
+                                 f"expected num_classes = {self.num_classes}")
+            node_bias = _C.tree_weights_from_class_vectors(self._handle.value, class_bias.reshape(-1, 1))
+            self.bias.copy_(node_bias.reshape(-1))
+        self.weight.copy_(rows)
+        return self
+
+    @classmethod
+    def from_class_vectors(cls, class_vectors, branching=None, depth=None, node="softmax", class_bias=None,
+                           iterations=8, spherical=True, seed=0, **kwargs):
+        """A head over ``Tree.kmeans(class_vectors, branching, depth, iterations, spherical, seed)``
+        with its weights from ``init_weights_from_class_vectors`` -- e.g. to re-tree a model from
+        its trained class weights, ``HierarchicalSoftmaxLoss.from_class_vectors(full.weight)``
+        for a trained ``FullSoftmaxLoss`` ``full``. ``node='sigmoid'`` needs a binary tree
+        (``branching=2``). The other keyword arguments go to the constructor (``bias`` is set
+        when ``class_bias`` is given; ``dtype`` and ``device`` default to those of
+        ``class_vectors``)."""
+        if not isinstance(class_vectors, torch.Tensor) or class_vectors.dim() != 2:
+            raise TypeError("from_class_vectors: class_vectors must be a 2-D torch.Tensor (num_classes x dim)")
+        tree = Tree.kmeans(class_vectors, branching, depth, iterations, spherical, seed)
+        kwargs.setdefault("dtype", class_vectors.dtype if class_vectors.dtype in _DTYPES else torch.float32)
+        kwargs.setdefault("device", class_vectors.device)
+        kwargs.setdefault("bias", class_bias is not None)
+        n, d = class_vectors.shape
+        head = cls(n, d, tree=tree, node=node, **kwargs)
+        return head.init_weights_from_class_vectors(class_vectors, class_bias)
+
 
 class _SelectiveHead(_SoftmaxHead):
     """Heads whose training loss is a softmax over a per-step active set. Evaluation (``eval()``
