@@ -8,6 +8,7 @@
 #include "support/checkpoint_files.hpp"
 #include "support/small_gradient.hpp"
 #include "support/test_memory.hpp"
+#include "support/tree_contract.hpp"
 
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/hierarchical_softmax.hpp>
@@ -146,12 +147,7 @@ TEST_CASE_TEMPLATE("checkpoint: hierarchical_softmax over a Huffman runtime tree
 
   // The tree rebuilt from the checkpoint is the same tree, array for array.
   const auto rebuilt = xs::load_runtime_tree(dir.path);
-  CHECK(rebuilt.path_offsets() == tree.path_offsets());
-  CHECK(rebuilt.path_rows() == tree.path_rows());
-  CHECK(rebuilt.leaf_ranks() == tree.leaf_ranks());
-  CHECK(rebuilt.row_parents() == tree.row_parents());
-  CHECK(rebuilt.row_children() == tree.row_children());
-  CHECK(rebuilt.block_offsets() == tree.block_offsets());
+  xsoftmax_test::check_same_tree_arrays(rebuilt, tree);
 
   head loaded(rebuilt, 5, true, seeded(3));
   xs::load_checkpoint(dir.path, loaded);

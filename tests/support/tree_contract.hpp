@@ -73,4 +73,19 @@ std::vector<xsoftmax::index_t> check_tree_contract(const Tree& t) {
   return below;
 }
 
+/// Checks that two runtime trees are the same tree, array for array (rows, paths, leaf order,
+/// blocks), as a tree rebuilt from a checkpoint or a parent array must be.
+template <class Tree>
+void check_same_tree_arrays(const Tree& a, const Tree& b) {
+  CHECK(a.num_classes() == b.num_classes());
+  CHECK(a.height() == b.height());
+  CHECK(a.is_binary() == b.is_binary());
+  CHECK(a.path_offsets() == b.path_offsets());
+  CHECK(a.path_rows() == b.path_rows());
+  CHECK(a.leaf_ranks() == b.leaf_ranks());
+  CHECK(a.row_parents() == b.row_parents());
+  CHECK(a.row_children() == b.row_children());
+  CHECK(a.block_offsets() == b.block_offsets());
+}
+
 }  // namespace xsoftmax_test

@@ -5,6 +5,7 @@
 // one-class tree; a forest and an empty tree are refused with typed errors.
 
 #include "support/check_throws.hpp"
+#include "support/tree_contract.hpp"
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/tree/kmeans_tree.hpp>
@@ -27,17 +28,7 @@ void check_round_trip(const tree64& tree) {
   const xsoftmax::tree_parent_array a = xsoftmax::to_parent_array(tree);
   REQUIRE(a.parent.size() == static_cast<std::size_t>(tree.num_rows() + 1));
   CHECK(a.num_classes == tree.num_classes());
-  const tree64 back = tree64::from_parents(a.parent, a.leaf_class, a.num_classes);
-  CHECK(back.num_rows() == tree.num_rows());
-  CHECK(back.num_internal_nodes() == tree.num_internal_nodes());
-  CHECK(back.height() == tree.height());
-  CHECK(back.is_binary() == tree.is_binary());
-  CHECK(back.path_offsets() == tree.path_offsets());
-  CHECK(back.path_rows() == tree.path_rows());
-  CHECK(back.leaf_ranks() == tree.leaf_ranks());
-  CHECK(back.row_parents() == tree.row_parents());
-  CHECK(back.row_children() == tree.row_children());
-  CHECK(back.block_offsets() == tree.block_offsets());
+  xsoftmax_test::check_same_tree_arrays(tree64::from_parents(a.parent, a.leaf_class, a.num_classes), tree);
 }
 
 }  // namespace
