@@ -79,7 +79,7 @@ class Tree:
         recursively. ``class_vectors``: num_classes x dim, e.g. class embeddings, the mean
         training feature of each class, or the weight rows of a trained ``FullSoftmaxLoss``
         (any device and float dtype; the tree is built on the CPU, in float32, with the library's
-        OpenMP threads: about 1-3 s at 1e5 classes and d = 64, 12-30 s at 1e6).
+        OpenMP threads: about 1-3 s at 1e5 classes and d = 64, 12-35 s at 1e6).
 
         Args:
             branching: children per internal node (>= 2); default ceil(sqrt(num_classes)).
