@@ -139,8 +139,15 @@ def test_bad_arguments_name_what_is_wrong():
     head = HierarchicalSoftmaxLoss(60, 12, tree=Tree.kmeans(vectors))
     with pytest.raises(ValueError, match=r"expected \(num_classes, dim\) = \(60, 12\)"):
         head.init_weights_from_class_vectors(vectors[:, :5])
-    with pytest.raises(ValueError, match="class_bias"):
+    with pytest.raises(ValueError, match="class_bias is given but the head has no bias"):
         head.init_weights_from_class_vectors(vectors, torch.zeros(60))
+    biased = HierarchicalSoftmaxLoss(60, 12, tree=head.tree, bias=True)
+    with torch.no_grad():
+        biased.bias.fill_(3.0)
+    biased.init_weights_from_class_vectors(vectors)  # no class_bias: the node biases are zeroed
+    assert torch.count_nonzero(biased.bias) == 0
+    with pytest.raises(ValueError, match="class_bias has 59 values"):
+        biased.init_weights_from_class_vectors(vectors, torch.zeros(59))
     with pytest.raises(ValueError, match="binary"):
         HierarchicalSoftmaxLoss.from_class_vectors(vectors, branching=3, node="sigmoid")
     before = head.weight.detach().clone()

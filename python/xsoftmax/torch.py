@@ -391,9 +391,10 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         each row is the mean of the vectors of the classes beneath its child (h . row is then the
         mean logit of those classes); with sigmoid nodes each internal node's row is the first
         child's mean minus the second's (sigmoid(h . row) is the softmax over the two means).
-        ``class_bias`` (num_classes values) sets the bias the same way; it is required when the
-        head has a bias and refused when it has none. Means are taken in float64 on the CPU and
-        written into ``weight`` (and ``bias``) in place, in their dtype and device. Returns self.
+        ``class_bias`` (num_classes values) sets the bias the same way (without it a head's bias is
+        set to zero; a head without a bias refuses it). Means are taken in float64 on the CPU and
+        written into ``weight`` (and ``bias``) in place, in their dtype and device; on an error
+        nothing is written. Returns self.
         """
         if not isinstance(class_vectors, torch.Tensor):
             raise TypeError("init_weights_from_class_vectors: class_vectors must be a torch.Tensor, got "
@@ -401,18 +402,23 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         if class_vectors.dim() != 2 or class_vectors.shape != (self.num_classes, self.dim):
             raise ValueError(f"init_weights_from_class_vectors: class_vectors has shape {tuple(class_vectors.shape)}, "
                              f"expected (num_classes, dim) = ({self.num_classes}, {self.dim})")
-        if (class_bias is None) != (self.bias is None):
-            raise ValueError("init_weights_from_class_vectors: class_bias must be given exactly when the head has a "
-                             f"bias (bias={self.bias is not None}, class_bias given: {class_bias is not None})")
+        if class_bias is not None and self.bias is None:
+            raise ValueError("init_weights_from_class_vectors: class_bias is given but the head has no bias "
+                             "(construct it with bias=True)")
         rows = _C.tree_weights_from_class_vectors(self._handle.value, class_vectors)
+        node_bias = None
         if class_bias is not None:
             class_bias = torch.as_tensor(class_bias)
             if class_bias.numel() != self.num_classes:
                 raise ValueError(f"init_weights_from_class_vectors: class_bias has {class_bias.numel()} values, "
                                  f"expected num_classes = {self.num_classes}")
-            node_bias = _C.tree_weights_from_class_vectors(self._handle.value, class_bias.reshape(-1, 1))
-            self.bias.copy_(node_bias.reshape(-1))
-        self.weight.copy_(rows)
+            node_bias = _C.tree_weights_from_class_vectors(self._handle.value, class_bias.reshape(-1, 1)).reshape(-1)
+        self.weight.copy_(rows)  # nothing above wrote the parameters: an error leaves them as they were
+        if self.bias is not None:
+            if node_bias is not None:
+                self.bias.copy_(node_bias)
+            else:
+                self.bias.zero_()
         return self
 
     @classmethod
@@ -422,9 +428,9 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         with its weights from ``init_weights_from_class_vectors`` -- e.g. to re-tree a model from
         its trained class weights, ``HierarchicalSoftmaxLoss.from_class_vectors(full.weight)``
         for a trained ``FullSoftmaxLoss`` ``full``. ``node='sigmoid'`` needs a binary tree
-        (``branching=2``). The other keyword arguments go to the constructor (``bias`` is set
-        when ``class_bias`` is given; ``dtype`` and ``device`` default to those of
-        ``class_vectors``)."""
+        (``branching=2``). The other keyword arguments go to the constructor (``bias``
+        defaults to whether ``class_bias`` is given; ``dtype`` and ``device`` default to those of
+        ``class_vectors``, float32 for a dtype the heads do not store)."""
         if not isinstance(class_vectors, torch.Tensor) or class_vectors.dim() != 2:
             raise TypeError("from_class_vectors: class_vectors must be a 2-D torch.Tensor (num_classes x dim)")
         tree = Tree.kmeans(class_vectors, branching, depth, iterations, spherical, seed)
