@@ -2,9 +2,9 @@
 #pragma once
 /// \file
 /// `backend_ops` of the host backends (serial, omp): the GEMM is CBLAS when found (one call that the
-/// BLAS threads itself; on omp, a long-k GEMM as one call per row tile over the OpenMP threads) or the
-/// blocked loop split over the backend's threads; memory is host memory, so reading a value is a
-/// load and there is nothing to wait for.
+/// BLAS threads itself; on omp, a long-k GEMM as one call per part of its sum over k on each OpenMP
+/// thread) or the blocked loop split over the backend's threads; memory is host memory, so reading a
+/// value is a load and there is nothing to wait for.
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/host_gemm.hpp>
@@ -23,7 +23,7 @@ struct host_backend_ops {
   static void gemm(const host_resources& res, const host::gemm_args& g) {
     gemm_parallel(backend_traits<Backend>::policy(res), g, threads());
   }
-  /// Threads a GEMM's row tiles take (`gemm_parallel`): the OpenMP team a parallel region would
+  /// Threads a GEMM's parts take (`gemm_parallel`): the OpenMP team a parallel region would
   /// start for the omp backend (1 inside one already); 1 for serial, whose one BLAS call threads itself.
   [[nodiscard]] static index_t threads() {
 #if defined(_OPENMP)

@@ -165,6 +165,97 @@ void dense_softmax_generic(const Ex& ex, matrix_view<const T> w, const T* bias, 
   dense_softmax_solve<false>(ex, w, bias, a);
 }
 
+/// One chunk of pass 2 in the exponential form (see `dense_softmax_rows`): its scores `s` (rows x
+/// cn; the exponentials e^(s - shift_r) already when kept, the recomputed scores otherwise), its
+/// first column `c0`, each row's shift and log-sum-exp, and the chunk's fp32 weight rows (widened
+/// from bf16/fp16 when `low_precision_weights`).
+struct exp_form_chunk {
+  float* s;
+  index_t c0, cn;
+  bool recomputed;
+  const float* shift;
+  const float* lse;
+  matrix_view<const float> w;
+  bool low_precision_weights;
+};
+/// Its per-chunk buffers: a_r (rows), E W and a H (rows x d each).
+struct exp_form_buffers {
+  float* row_scale;
+  float* exp_times_w;
+  float* scaled_h;
+};
+
+/// Pass 2 of chunk `c` in the exponential form (host backends): grad_h += a (E W) - u w_t,
+/// grad_w[c0 : c0 + cn] (+)= E^T (a H) - [t] u h and grad_b likewise, with a_r = u_r e^(shift_r -
+/// lse_r): the sums of dloss/ds_j = a_r e_j - u_r [j = t_r] without forming them. Rows that share a
+/// target subtract in row order (a fixed order at every thread count).
+template <class Ex>
+void exp_form_backward(const Ex& ex, const exp_form_chunk& c, const exp_form_buffers& b, const dense_softmax_args& a) {
+  const index_t rows = a.h.rows, d = a.h.cols, c0 = c.c0, cn = c.cn;
+  float* s = c.s;
+  const float* m = c.shift;
+  const float* l = c.lse;
+  const float* u = a.upstream;
+  const index_t* t = a.target;
+  if (c.recomputed) {  // e^(s - shift), as pass 1 left a kept chunk (0 in a row with no finite score)
+    XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
+      float* sr = s + r * cn;
+      if (m[r] == -INFINITY) {
+        for (index_t j = 0; j < cn; ++j) sr[j] = 0.f;
+      } else {
+        exp_shifted_scaled(sr, cn, m[r], 1.f);
+      }
+    });
+  }
+  // a_r and a H, a task per row
+  float* scale = b.row_scale;
+  const float* h = a.h.data;
+  const index_t hs = a.h.stride;
+  float* ah = b.scaled_h;
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
+    const float ar = u[r] * fast_exp(m[r] - l[r]);
+    scale[r] = ar;
+    for (index_t p = 0; p < d; ++p) ah[r * d + p] = ar * h[r * hs + p];
+  });
+
+  const float* wd = c.w.data;
+  const index_t ws = c.w.stride;
+  host::gemm_args ew;  // E W: rows x d = E (rows x cn) W (cn x d)
+  ew.m = rows, ew.n = d, ew.k = cn, ew.a = s, ew.lda = cn, ew.b = wd, ew.ldb = ws;
+  ew.beta = 0.f, ew.c = b.exp_times_w, ew.ldc = d;
+  ew.low_precision_inputs = c.low_precision_weights;
+  gemm(ex, ew);
+  host::gemm_args dw;  // grad_w[c0 : c0 + cn] (+)= E^T (cn x rows) (a H) (rows x d)
+  dw.op_a = host::op::transpose;
+  dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = ah, dw.ldb = d;
+  dw.beta = a.accumulate_weight_gradient ? 1.f : 0.f;
+  dw.c = a.grad_w + c0 * d, dw.ldc = d;
+  gemm(ex, dw);
+
+  // The target terms, a task per feature p (rows in order: rows that share a target subtract in a
+  // fixed order): grad_h[r][p] += a_r (E W)[r][p] - u_r w_t[p], grad_w[t][p] -= u_r h_r[p].
+  const float* e_w = b.exp_times_w;
+  float* gh = a.grad_h;
+  float* gw = a.grad_w + c0 * d;
+  XSOFTMAX_PARALLEL_FOR(ex, d, p, {
+    for (index_t r = 0; r < rows; ++r) {
+      const index_t tj = t[r] - c0;
+      const bool here = tj >= 0 && tj < cn;
+      gh[r * d + p] += scale[r] * e_w[r * d + p] - (here ? u[r] * wd[tj * ws + p] : 0.f);
+      if (here) gw[tj * d + p] -= u[r] * h[r * hs + p];
+    }
+  });
+  if (a.grad_b) {
+    float* gb = a.grad_b + c0;
+    const bool accumulate = a.accumulate_weight_gradient;
+    XSOFTMAX_PARALLEL_FOR(ex, cn, j, {
+      float acc = 0.f;  // rows in fixed order: deterministic
+      for (index_t r = 0; r < rows; ++r) acc += scale[r] * s[r * cn + j] - (t[r] - c0 == j ? u[r] : 0.f);
+      gb[j] = accumulate ? gb[j] + acc : acc;
+    });
+  }
+}
+
 template <bool Tuned, class Ex, class T>
 void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a) {
   const index_t rows = a.h.rows, block = a.row_block;
@@ -306,6 +397,24 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     return wf;
   };
 
+  // The exponential form of the backward (host backends; the plain loss without a margin): pass 1
+  // leaves e_j = e^(s_j - m_r) in a kept chunk, m_r being row r's running max then (kept per chunk
+  // in `shifts`), and pass 2 takes dloss/ds_j = a_r e_j - u_r [j = t_r], with
+  // a_r = u_r e^(m_r - lse_r), inside its GEMMs: grad_h += a (E W) - u w_t and
+  // grad_w = E^T (a H) - [t] u h. Why: the gradient's own pass over the chunk (an exponential per
+  // score, and a read and write of the chunk) was 4 % of a CPU step at 1e5 classes, while a and the
+  // target terms cost rows x d (bench/RESULTS.md, "Full softmax on the CPU: the backward from the
+  // kept exponentials"). A recomputed chunk's exponentials are taken against the same m_r, so kept
+  // and recomputed chunks give the same bits, as before. Only over at least d columns: below that
+  // the exponentials it saves cost less than its rows x d passes (narrow hierarchical nodes). Not on
+  // a device: there the plain loss runs the tuned kernels, and each extra pass would be a kernel
+  // launch per chunk, never measured on a GPU.
+  const bool exp_form =
+      !runs_on_device<execution_type> && !tg && a.upstream && a.plain_loss() && !margin && a.n >= d;
+  const index_t chunks = (a.n + chunk - 1) / chunk;
+  fvector shifts(exp_form ? static_cast<std::size_t>(rows * chunks) : 0);
+  auto chunk_shift = [&](index_t c0) { return raw(shifts) + rows * (c0 / chunk); };
+
   basic_online_lse_state<typename execution_type::backend> lse(rows, ex);
   // Label smoothing needs each row's sum and count of finite scores (masked columns are -inf); with
   // class weights, the weighted sum and the total weight of those columns too.
@@ -321,7 +430,16 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     const index_t cn = std::min(chunk, a.n - c0);
     float* s = chunk_scores(c0);
     score_chunk(c0, cn, s);
-    online_lse_update(ex, s, rows, cn, cn, c0, a.target, lse);
+    if (exp_form && c0 / chunk < kept) {
+      online_lse_update_keeping_exp(ex, s, rows, cn, cn, c0, a.target, lse, chunk_shift(c0));
+    } else {
+      online_lse_update(ex, s, rows, cn, cn, c0, a.target, lse);
+      if (exp_form) {  // the shift a recomputed chunk's exponentials are taken against in pass 2
+        float* m = chunk_shift(c0);
+        const float* mx = raw(lse.max);
+        XSOFTMAX_PARALLEL_FOR(ex, rows, r, { m[r] = mx[r]; });
+      }
+    }
     if (eps > 0.f && !cw) {
       XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
         const float* sr = s + r * cn;
@@ -375,12 +493,25 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   }
   if (!a.upstream) return;
 
+  // The exponential form's per-chunk buffers: a_r, E W (rows x d) and a H (rows x d).
+  const std::size_t exp_form_rows = exp_form ? static_cast<std::size_t>(rows) : 0;
+  fvector row_scale(exp_form_rows), exp_times_w(exp_form_rows * static_cast<std::size_t>(d)),
+      scaled_h(exp_times_w.size());
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
     float* s = chunk_scores(c0);
     const matrix_view<const float> wf = score_chunk(c0, cn, c0 / chunk < kept ? nullptr : s);
     const float* u = a.upstream;
     const index_t* t = a.target;
+    if constexpr (!runs_on_device<execution_type>) {
+      if (exp_form) {
+        exp_form_backward(ex,
+                          exp_form_chunk{s, c0, cn, c0 / chunk >= kept, chunk_shift(c0), l, wf,
+                                         !std::is_same_v<T, float>},
+                          exp_form_buffers{raw(row_scale), raw(exp_times_w), raw(scaled_h)}, a);
+        continue;
+      }
+    }
     if (tg) {  // G in place and both gradient GEMMs
       if constexpr (has_tuned) tg->backward(w, c0, cn, s, l);
     } else if (a.plain_loss()) {

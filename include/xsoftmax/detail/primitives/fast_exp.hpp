@@ -153,6 +153,54 @@ __attribute__((target("avx2"), always_inline)) inline __m256 fast_log1p_unit(__m
   return _mm256_add_ps(two_u, _mm256_mul_ps(two_u, p));
 }
 }  // namespace avx2
+
+namespace avx512 {
+/// The arithmetic of `fast_exp` below, with explicit rounding (to nearest, the default mode): GCC
+/// contracts a plain multiply and add into an FMA wherever the target has one (-ffp-contract=fast,
+/// and AVX-512F has them), which would change the bits; it leaves these alone.
+/// (Here and below, the zero-masked forms with every lane kept: GCC 12's unmasked ones start from
+/// an `_mm512_undefined_*` that -Wmaybe-uninitialized reports.)
+constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+constexpr __mmask16 all_lanes = 0xFFFF;
+__attribute__((target("avx512f"), always_inline)) inline __m512 mul(__m512 a, __m512 b) {
+  return _mm512_maskz_mul_round_ps(all_lanes, a, b, nearest);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 add(__m512 a, __m512 b) {
+  return _mm512_maskz_add_round_ps(all_lanes, a, b, nearest);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 sub(__m512 a, __m512 b) {
+  return _mm512_maskz_sub_round_ps(all_lanes, a, b, nearest);
+}
+/// `avx2::fast_exp` on 16 lanes (AVX-512F CPUs only: callers check `row_simd::has_avx512`), each
+/// lane bitwise the scalar function's value (tests/primitives/exp_rows_test.cpp). Inlined only into
+/// AVX-512F functions.
+__attribute__((target("avx512f"), always_inline)) inline __m512 fast_exp(__m512 x) {
+  const __m512i sign = _mm512_set1_epi32(static_cast<std::int32_t>(0x80000000u));
+  const __m512i hi = _mm512_set1_epi32(0x42B0C0A5), lo = _mm512_set1_epi32(static_cast<std::int32_t>(0xC2AEAC50u));
+  const __m512i xb = _mm512_castps_si512(x);
+  const __mmask16 below = _mm512_cmpgt_epi32_mask(_mm512_xor_si512(xb, sign), _mm512_xor_si512(lo, sign));
+  const __mmask16 above = _mm512_cmpgt_epi32_mask(xb, hi);
+  const __m512 xc = _mm512_castsi512_ps(_mm512_mask_blend_epi32(below, _mm512_mask_blend_epi32(above, xb, hi), lo));
+  const __m512 magic = _mm512_set1_ps(12582912.f);
+  const __m512 n = sub(add(mul(xc, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
+  const __m512 r = sub(sub(xc, mul(n, _mm512_set1_ps(0.693359375f))), mul(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = add(mul(p, r), _mm512_set1_ps(1.3981999507e-3f));
+  p = add(mul(p, r), _mm512_set1_ps(8.3334519073e-3f));
+  p = add(mul(p, r), _mm512_set1_ps(4.1665795894e-2f));
+  p = add(mul(p, r), _mm512_set1_ps(1.6666665459e-1f));
+  p = add(mul(p, r), _mm512_set1_ps(5.0000001201e-1f));
+  p = add(add(mul(mul(p, r), r), r), _mm512_set1_ps(1.f));
+  const __m512i biased = _mm512_add_epi32(_mm512_maskz_cvttps_epi32(all_lanes, n), _mm512_set1_epi32(127));
+  const __m512i scale = _mm512_maskz_slli_epi32(all_lanes, biased, 23);
+  const __m512 y = mul(p, _mm512_castsi512_ps(_mm512_maskz_mov_epi32(static_cast<__mmask16>(~below), scale)));
+  const __m512i inf = _mm512_set1_epi32(0x7F800000);
+  const __m512i finite = _mm512_mask_blend_epi32(above, _mm512_castps_si512(y), inf);
+  // NaN in, NaN out, as the scalar function: |x|'s bits above infinity's
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(xb, _mm512_set1_epi32(0x7FFFFFFF)), inf);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, finite, xb));
+}
+}  // namespace avx512
 #endif
 
 }  // namespace xsoftmax::detail

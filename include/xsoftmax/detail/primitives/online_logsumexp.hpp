@@ -83,6 +83,38 @@ void online_lse_update_generic(const Ex& ex, const float* s, index_t rows, index
   });
 }
 
+/// `online_lse_update_generic`'s update (the same state, bitwise) that also leaves each score's
+/// exponential in place: s[r, j] <- e^(s[r, j] - shift[r]), with shift[r] the row's running max
+/// after this chunk, which the sum was taken against (a row that has seen no finite score yet: -inf,
+/// and zeros in s). The dense softmax's backward then takes a kept chunk's p_j u as
+/// s[r, j] u e^(shift[r] - lse) inside its GEMMs, with no second exponential (dense_softmax.hpp).
+/// Generic only: the tuned dense kernels keep the scores themselves.
+template <class Ex, class State>
+void online_lse_update_keeping_exp(const Ex& ex, float* s, index_t rows, index_t cols, index_t lds,
+                                   index_t col_offset, const index_t* targets, State& state, float* shift) {
+  float* mx = thrust::raw_pointer_cast(state.max.data());
+  float* sm = thrust::raw_pointer_cast(state.sum.data());
+  float* tl = thrust::raw_pointer_cast(state.target_logit.data());
+  XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
+    float* row = s + r * lds;
+    if (targets) {  // before the score is replaced
+      const index_t t = targets[r] - col_offset;
+      if (t >= 0 && t < cols) tl[r] = row[t];
+    }
+    float m = mx[r];
+    XSOFTMAX_SIMD_REDUCTION(max, m)
+    for (index_t j = 0; j < cols; ++j) m = row[j] > m ? row[j] : m;
+    if (m != -INFINITY) {
+      const float acc = exp_shifted_sum(row, cols, m);
+      sm[r] = sm[r] * fast_exp(mx[r] - m) + acc;
+      mx[r] = m;
+    } else {
+      for (index_t j = 0; j < cols; ++j) row[j] = 0.f;
+    }
+    shift[r] = m;
+  });
+}
+
 /// `online_lse_update_generic`'s problem, solved by the backend's tuned version when it has one.
 template <class Ex, class State>
 void online_lse_update(const Ex& ex, const float* s, index_t rows, index_t cols, index_t lds, index_t col_offset,

@@ -62,6 +62,11 @@ inline const bool has_avx2 = [] {
   __builtin_cpu_init();  // may run before libgcc's own constructor (static initialisation order)
   return __builtin_cpu_supports("avx2") != 0;
 }();
+/// Whether this CPU runs AVX-512F (the dense softmax's exponential loops on 16 lanes, exp_rows.hpp).
+inline const bool has_avx512 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") != 0;
+}();
 }  // namespace row_simd
 
 /// `dot_row8_avx2`'s tail and reduction for one row: its 8-lane sums `acc` after the 8-steps, the
