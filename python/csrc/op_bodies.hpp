@@ -12,6 +12,7 @@
 // `_async` verb (on CUDA queued on torch's stream: no wait at the end; on CPU done on return), and
 // returns tensors on the weight's device. The loss stays on the device.
 
+#include "gradient_pool.hpp"
 #include "head_states.hpp"
 #include "tensor_args.hpp"
 
@@ -200,7 +201,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fuse
     const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
     at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
     at::Tensor loss = at::empty({}, float_on(weight));
-    auto g = std::make_shared<gradient<Backend>>();
+    auto g = call_gradient<Backend>();
     bool every_row = false;
     with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
       every_row = every_row_in_order;
@@ -228,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
     const at::Tensor go = grad_output.to(at::kFloat).contiguous();
     const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
     at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
-    auto g = std::make_shared<gradient<Backend>>();
+    auto g = call_gradient<Backend>();
     bool every_row = false;
     with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
       every_row = every_row_in_order;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // PyTorch bindings of xsoftmax: the operators' schemas and their CPU registration (the `omp`
-// backend), the head handles (module functions) and `build_info`. The operators' bodies are
+// backend), the head handles (module functions), `build_info` and `release_cached_gradients` (the
+// idle host gradients of gradient_pool.hpp). The operators' bodies are
 // op_bodies.hpp, one per verb for every device; ops_cuda.cu registers them for CUDA tensors when the
 // extension is built with its CUDA operators (XSOFTMAX_TORCH_WITH_CUDA).
 //
@@ -337,6 +338,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_loss_terms", &set_loss_terms, pybind11::arg("head"), pybind11::arg("label_smoothing"),
         pybind11::arg("z_loss"), pybind11::arg("margin"), pybind11::arg("margin_scale"), pybind11::arg("margin_m"),
         pybind11::arg("softcap"));
+  m.def("release_cached_gradients", [] { return xsoftmax_torch::release_idle_gradients<host_backend>(); });
   m.def("has_cblas", &has_cblas);
   m.def("build_info", &build_info);
   xsoftmax_torch::register_sharded_ops(m);

@@ -82,7 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run_on(
         return;
       }
       grad_hidden = at::empty({b, d}, float_on(weight));
-      auto g = std::make_shared<gradient<Backend>>();
+      auto g = call_gradient<Backend>();
       const xs::vector_view<const float> upstream =
           go.defined() ? xs::vector_view<const float>(go.data_ptr<float>(), go.numel()) : xs::vector_view<const float>{};
       head.forward_backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden), *g,
