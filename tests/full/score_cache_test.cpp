@@ -72,7 +72,11 @@ void check_budgets(Head& head, const hidden_batch<float>& hb, const test_vector<
 TEST_CASE_TEMPLATE("full_softmax score cache: bitwise the same results at every budget (loss terms, margin, bf16)",
                    B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(71);
-  const index_t n = 53, d = 8, batch = 17;
+  // 17 rows; then 96 (about 77 counted), enough for the host's exponential form of the plain loss's
+  // backward (dense_softmax.hpp: rows >= 64, n >= 4 d), whose kept and recomputed chunks must agree
+  // to the bit as well.
+  const index_t n = 53, d = 8;
+  for (index_t batch : {index_t(17), index_t(96)})
   for (bool bias : {false, true}) {
     problem p = make_problem(rng, n, n, d, batch, bias, 0.2);
     xsoftmax::full_softmax<xsoftmax::fp32, B> head(mview(p.w, p.rows, p.dim), bias ? p.b.data() : nullptr);
@@ -82,7 +86,7 @@ TEST_CASE_TEMPLATE("full_softmax score cache: bitwise the same results at every 
     loss_options terms;
     terms.label_smoothing = 0.1f;
     terms.z_loss = 1e-3f;
-    const std::string b = bias ? "bias" : "no bias";
+    const std::string b = std::string(bias ? "bias" : "no bias") + ", batch " + std::to_string(batch);
     for (index_t chunk : {index_t(7), index_t(13)}) {  // 8 chunks (last of 4), 5 chunks (last of 1)
       check_budgets(head, hb, p.targets, plain, up, chunk, "fp32, " + b);
       check_budgets(head, hb, p.targets, terms, up, chunk, "fp32, label smoothing + z-loss, " + b);
@@ -101,15 +105,18 @@ TEST_CASE_TEMPLATE("full_softmax score cache: bitwise the same results at every 
 TEST_CASE_TEMPLATE("full_softmax score cache: gradients at a budget holding every score match finite differences", B,
                    XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(72);
-  const index_t n = 29, d = 6, batch = 11;
-  problem p = make_problem(rng, n, n, d, batch, true, 0.1);
-  xsoftmax::full_softmax<xsoftmax::fp32, B> head(mview(p.w, p.rows, p.dim), p.b.data());
-  head.set_chunk_size(5);
-  head.set_score_cache_bytes(index_t(1) << 30);
-  const auto hb = make_hidden<float>(p.h, batch, d, 2);
-  loss_options opt;
-  opt.reduce = reduction::sum;
-  check_gradients(head, full_reference(), p.params(), hb, p.targets, opt, {}, "all scores kept");
+  const index_t n = 29, d = 6;
+  for (index_t batch : {index_t(11), index_t(80)}) {  // 80: the host's exponential form (rows >= 64)
+    problem p = make_problem(rng, n, n, d, batch, true, 0.1);
+    xsoftmax::full_softmax<xsoftmax::fp32, B> head(mview(p.w, p.rows, p.dim), p.b.data());
+    head.set_chunk_size(5);
+    head.set_score_cache_bytes(index_t(1) << 30);
+    const auto hb = make_hidden<float>(p.h, batch, d, 2);
+    loss_options opt;
+    opt.reduce = reduction::sum;
+    check_gradients(head, full_reference(), p.params(), hb, p.targets, opt, {},
+                    "all scores kept, batch " + std::to_string(batch));
+  }
 }
 
 // The probe: combine_rows runs between the passes; it changes the weights, so a recomputed chunk's

@@ -145,15 +145,30 @@ TEST_CASE_TEMPLATE("generic primitives: data checks name the first bad element a
 
 TEST_CASE_TEMPLATE("generic primitives: dense_softmax equals a float64 softmax cross-entropy and its gradients", B,
                    XSOFTMAX_TEST_BACKENDS) {
+  // Few rows; then enough rows and columns for the host's exponential form of the backward
+  // (dense_softmax.hpp: rows >= 64, n >= 4 d), with half the chunks kept and half recomputed, rows
+  // sharing targets (their target terms subtract in order) and masked (-inf) columns.
+  struct shape {
+    index_t rows, n, d, chunk, cache_chunks, distinct_targets;
+    bool masked;
+  };
+  for (const shape& sh : {shape{9, 37, 5, 8, 0, 37, false}, shape{70, 60, 5, 16, 2, 7, true}}) {
+  INFO("rows ", sh.rows, ", n ", sh.n, ", d ", sh.d);
   std::mt19937 g(2);
-  const index_t rows = 9, n = 37, d = 5;
+  const index_t rows = sh.rows, n = sh.n, d = sh.d;
   const std::vector<float> h_host = random_floats(g, static_cast<std::size_t>(rows * d));
   const std::vector<float> w_host = random_floats(g, static_cast<std::size_t>(n * d));
   const std::vector<float> b_host = random_floats(g, static_cast<std::size_t>(n));
   std::vector<index_t> t_host(static_cast<std::size_t>(rows));
-  for (auto& x : t_host) x = static_cast<index_t>(g() % n);
+  for (auto& x : t_host) x = static_cast<index_t>(g() % sh.distinct_targets) * (n / sh.distinct_targets);
+  // Masked columns: -inf offsets on every fifth column that is no row's target.
+  std::vector<float> offset_host(static_cast<std::size_t>(n), 0.f);
+  if (sh.masked)
+    for (index_t c = 1; c < n; c += 5)
+      if (std::find(t_host.begin(), t_host.end(), c) == t_host.end()) offset_host[c] = -INFINITY;
   std::vector<float> up_host = random_floats(g, static_cast<std::size_t>(rows));
-  const test_vector<float> h = to_test(h_host), w = to_test(w_host), b = to_test(b_host), up = to_test(up_host);
+  const test_vector<float> h = to_test(h_host), w = to_test(w_host), b = to_test(b_host), up = to_test(up_host),
+                           offset = to_test(offset_host);
   const test_vector<index_t> t = to_test(t_host);
   test_vector<float> loss(static_cast<std::size_t>(rows), 0.f), gh(static_cast<std::size_t>(rows * d), 0.f);
   test_vector<float> gw(static_cast<std::size_t>(n * d)), gb(static_cast<std::size_t>(n));
@@ -163,12 +178,14 @@ TEST_CASE_TEMPLATE("generic primitives: dense_softmax equals a float64 softmax c
   a.h = xs::matrix_view<const float>(h.data(), rows, d);
   a.target = t.data();
   a.n = n;
-  a.chunk = 8;  // several chunks, the last one short
+  a.chunk = sh.chunk;  // several chunks, the last one short
+  a.score_cache_bytes = sh.cache_chunks * rows * sh.chunk * index_t(sizeof(float));
   a.loss = loss.data();
   a.upstream = up.data();
   a.grad_h = gh.data();
   a.grad_w = gw.data();
   a.grad_b = gb.data();
+  if (sh.masked) a.negative_offset = offset.data();
   xs::detail::dense_softmax(ex, xs::matrix_view<const float>(w.data(), n, d), b.data(), a);
   xs::detail::backend_ops<B>::synchronize(res);
 
@@ -177,7 +194,7 @@ TEST_CASE_TEMPLATE("generic primitives: dense_softmax equals a float64 softmax c
     std::vector<double> s(static_cast<std::size_t>(n));
     double m = -1e300;
     for (index_t c = 0; c < n; ++c) {
-      double acc = b_host[c];
+      double acc = b_host[c] + (c == t_host[r] ? 0.0 : double(offset_host[c]));
       for (index_t p = 0; p < d; ++p) acc += double(h_host[r * d + p]) * w_host[c * d + p];
       s[c] = acc;
       m = std::max(m, acc);
@@ -200,6 +217,7 @@ TEST_CASE_TEMPLATE("generic primitives: dense_softmax equals a float64 softmax c
   }
   for (index_t i = 0; i < n * d; ++i) CHECK(gw[i] == doctest::Approx(ref_gw[i]).epsilon(1e-4).scale(1.0));
   for (index_t c = 0; c < n; ++c) CHECK(gb[c] == doctest::Approx(ref_gb[c]).epsilon(1e-4).scale(1.0));
+  }
 }
 
 TEST_CASE_TEMPLATE("generic primitives: running row top-k equals a stable sort (ties towards the smaller id)", B,

@@ -405,12 +405,13 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   // score, and a read and write of the chunk) was 4 % of a CPU step at 1e5 classes, while a and the
   // target terms cost rows x d (bench/RESULTS.md, "Full softmax on the CPU: the backward from the
   // kept exponentials"). A recomputed chunk's exponentials are taken against the same m_r, so kept
-  // and recomputed chunks give the same bits, as before. Only over at least d columns: below that
-  // the exponentials it saves cost less than its rows x d passes (narrow hierarchical nodes). Not on
-  // a device: there the plain loss runs the tuned kernels, and each extra pass would be a kernel
-  // launch per chunk, never measured on a GPU.
-  const bool exp_form =
-      !runs_on_device<execution_type> && !tg && a.upstream && a.plain_loss() && !margin && a.n >= d;
+  // and recomputed chunks give the same bits, as before. Only for at least 64 rows over at least
+  // 4 d columns: a hierarchical softmax's nodes (317 columns at d = 256, a few rows a run) took 8 %
+  // longer a step with it (its buffers and passes cost more than the exponentials they save;
+  // bench/tools/hs_uniform_step.cpp). Not on a device: there the plain loss runs the tuned kernels,
+  // and each extra pass would be a kernel launch per chunk, never measured on a GPU.
+  const bool exp_form = !runs_on_device<execution_type> && !tg && a.upstream && a.plain_loss() && !margin &&
+                        rows >= 64 && a.n >= 4 * d;
   const index_t chunks = (a.n + chunk - 1) / chunk;
   fvector shifts(exp_form ? static_cast<std::size_t>(rows * chunks) : 0);
   auto chunk_shift = [&](index_t c0) { return raw(shifts) + rows * (c0 / chunk); };
