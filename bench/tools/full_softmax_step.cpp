@@ -4,18 +4,20 @@
 // `perf record` sees only the step (bench/RESULTS.md, "Full softmax on the CPU: the backward from
 // the kept exponentials"). N classes (default 1e5), d = 256, B = 1,024, as
 // bench/full_softmax_vs_torch_cpu.py; prints each step and the best and mean after the first, with
-// the rate of the three GEMMs' 6 B N d FLOPs.
+// the rate of the three GEMMs' 6 B N d FLOPs. `fresh`: a new gradient object every step, allocated
+// and freed inside the timed step (what the PyTorch package did before it reused its gradients).
 //
 // g++ -std=c++17 -O3 -DNDEBUG -fopenmp -DXSOFTMAX_HAS_CBLAS=1 -Iinclude -I/usr/local/cuda/include/cccl
 //   -isystem /usr/include/x86_64-linux-gnu/openblas-openmp bench/tools/full_softmax_step.cpp -lopenblas
 //   -o /tmp/full_softmax_step
-// OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive /tmp/full_softmax_step [classes] [steps]
+// OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive /tmp/full_softmax_step [classes] [steps] [fresh]
 #include <xsoftmax/full_softmax.hpp>
 
-#include <algorithm>
-#include <chrono>
+#include "step_timing.hpp"
+
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -26,7 +28,7 @@ int main(int argc, char** argv) {
   const index_t n = argc > 1 ? std::atol(argv[1]) : 100000, d = 256, b = 1024;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 5;
   if (n < 1 || steps < 2) {
-    std::fprintf(stderr, "usage: %s [classes >= 1] [steps >= 2]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [classes >= 1] [steps >= 2] [fresh]\n", argv[0]);
     return 2;
   }
   std::mt19937 rng(0);
@@ -38,17 +40,16 @@ int main(int argc, char** argv) {
   for (float& x : h) x = uniform(rng) * 1.7f;
   std::vector<index_t> t(static_cast<std::size_t>(b));
   for (index_t& x : t) x = static_cast<index_t>(rng() % static_cast<unsigned>(n));
-  xs::full_softmax<xs::fp32, xs::omp>::gradient_type grad;
-  double best = 1e30, sum = 0;
-  for (int s = 0; s < steps; ++s) {  // the first step also pays for the gradient's page faults
-    const auto start = std::chrono::steady_clock::now();
-    const float loss = head.forward_backward(xs::matrix_view<const float>(h.data(), b, d),
-                                             xs::vector_view<const index_t>(t.data(), b),
-                                             xs::matrix_view<float>(grad_h.data(), b, d), grad);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("step %d: %.1f ms, loss %.4f\n", s, seconds * 1e3, loss);
-    if (s > 0) best = std::min(best, seconds), sum += seconds;
-  }
-  std::printf("N = %lld: best %.1f ms, mean %.1f ms after the first (%.1f GFLOP/s of the three GEMMs)\n",
-              static_cast<long long>(n), best * 1e3, sum / (steps - 1) * 1e3, 6.0 * b * n * d / best / 1e9);
+  const bool fresh = argc > 3 && std::strcmp(argv[3], "fresh") == 0;
+  using gradient_type = xs::full_softmax<xs::fp32, xs::omp>::gradient_type;
+  gradient_type kept;
+  const step_times times = time_steps(steps, [&] {
+    gradient_type per_step;
+    return head.forward_backward(xs::matrix_view<const float>(h.data(), b, d),
+                                 xs::vector_view<const index_t>(t.data(), b),
+                                 xs::matrix_view<float>(grad_h.data(), b, d), fresh ? per_step : kept);
+  });
+  std::printf("N = %lld%s: best %.1f ms, mean %.1f ms after the first (%.1f GFLOP/s of the three GEMMs)\n",
+              static_cast<long long>(n), fresh ? ", a fresh gradient each step" : "", times.best * 1e3, times.mean * 1e3,
+              6.0 * b * n * d / times.best / 1e9);
 }

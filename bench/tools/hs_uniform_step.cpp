@@ -13,8 +13,8 @@
 #include <xsoftmax/hierarchical_softmax.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
 
-#include <algorithm>
-#include <chrono>
+#include "step_timing.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -40,16 +40,11 @@ int main(int argc, char** argv) {
   std::vector<index_t> t(static_cast<std::size_t>(b));
   for (index_t& x : t) x = static_cast<index_t>(rng() % static_cast<unsigned>(n));
   head_type::gradient_type grad;
-  double best = 1e30, sum = 0;
-  for (int s = 0; s < steps; ++s) {  // the first step also pays for the gradient's page faults
-    const auto start = std::chrono::steady_clock::now();
-    const float loss = head.forward_backward(xs::matrix_view<const float>(h.data(), b, d),
-                                             xs::vector_view<const index_t>(t.data(), b),
-                                             xs::matrix_view<float>(grad_h.data(), b, d), grad);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("step %d: %.1f ms, loss %.4f\n", s, seconds * 1e3, loss);
-    if (s > 0) best = std::min(best, seconds), sum += seconds;
-  }
-  std::printf("N = %lld: best %.1f ms, mean %.1f ms after the first\n", static_cast<long long>(n), best * 1e3,
-              sum / (steps - 1) * 1e3);
+  const step_times times = time_steps(steps, [&] {
+    return head.forward_backward(xs::matrix_view<const float>(h.data(), b, d),
+                                 xs::vector_view<const index_t>(t.data(), b),
+                                 xs::matrix_view<float>(grad_h.data(), b, d), grad);
+  });
+  std::printf("N = %lld: best %.1f ms, mean %.1f ms after the first\n", static_cast<long long>(n), times.best * 1e3,
+              times.mean * 1e3);
 }

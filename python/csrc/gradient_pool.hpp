@@ -2,10 +2,10 @@
 //
 // The host weight gradients of the operators, reused between calls. An operator returns its weight
 // gradient as tensors over the gradient object's buffers (`gradient_tensors`, no copy); a fresh
-// object per call meant a fresh N x d buffer per training step, whose first touch cost the calling
-// thread 55-65 ms at 1e5 x 256 (page faults and the kernel's zeroing: 6 % of a full-softmax step on
-// two Zen 4 cores; bench/RESULTS.md, "Full softmax on the CPU: the backward from the kept
-// exponentials"). Once PyTorch has dropped every tensor over a pooled gradient (after
+// object per call meant a fresh N x d buffer per training step, which cost 58-76 ms at 1e5 x 256
+// (page faults, zeroing and the free: 6-7 % of a full-softmax step on two Zen 4 cores;
+// bench/tools/full_softmax_step.cpp's `fresh`, bench/RESULTS.md, "Full softmax on the CPU: the
+// backward from the kept exponentials"). Once PyTorch has dropped every tensor over a pooled gradient (after
 // `optimizer.zero_grad()`, the default `set_to_none=True`), the next call takes it again: emptied,
 // so the head refills it exactly as a fresh one (its value-initialisation then writes pages already
 // mapped). At most `kept_gradients` objects are pooled, each as large as the largest gradient it

@@ -77,7 +77,7 @@ def release_cached_gradients():
     A loss module's backward returns its weight gradient as a tensor over a buffer of the extension;
     on CPU tensors the extension keeps up to two such buffers once PyTorch has dropped every tensor
     over them (``optimizer.zero_grad()``), and the next backward fills one again instead of a fresh
-    allocation (whose first touch cost 55-65 ms a step at 100,000 x 256: page faults and zeroing).
+    allocation (a fresh one cost 58-76 ms a step at 100,000 x 256: page faults, zeroing and the free).
     A kept buffer is as large as the largest gradient it held; buffers still in use (e.g. as a
     parameter's ``.grad``) are left alone. CUDA gradients come from PyTorch's caching allocator and
     are not kept here (``torch.cuda.empty_cache`` releases those)."""
