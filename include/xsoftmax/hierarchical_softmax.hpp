@@ -44,6 +44,12 @@ enum class dense_grouping { automatic, grouped, per_run };
 struct search_options {
   /// 0: exact best-first search. > 0: keep at most this many open nodes (faster, approximate).
   index_t beam_width = 0;
+  /// Empty (default), or one entry per hidden row in the backend's memory: each row's count of
+  /// node expansions -- nodes whose children the search scored, the search's work (a forward
+  /// scores one node per level of the target's path). A sigmoid tree's exact search scores some
+  /// children early (two levels per pop) and counts those too. Throws `shape_error` for another
+  /// length.
+  vector_view<index_t> expansions = {};
 };
 
 namespace detail {

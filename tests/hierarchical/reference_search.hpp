@@ -38,14 +38,18 @@ struct worse {
 /// The k best classes of one fp32 row `h` (cls, lps: k entries each; -1 / -inf past the tree's
 /// classes) over the tree view `tv` with one weight row per child (softmax nodes) or per internal
 /// node (sigmoid nodes). `ties`, when given, counts the children pushed below the root whose value
-/// equals their parent's (float saturation).
+/// equals their parent's (float saturation); `expansions`, when given, is set to the number of
+/// nodes whose children were scored (the root included).
 template <bool Sigmoid, class View>
 void plain_search(const View& tv, const float* h, xsoftmax::matrix_view<const float> w, const float* bias,
-                  xsoftmax::index_t k, xsoftmax::index_t* cls, float* lps, xsoftmax::index_t* ties = nullptr) {
+                  xsoftmax::index_t k, xsoftmax::index_t* cls, float* lps, xsoftmax::index_t* ties = nullptr,
+                  xsoftmax::index_t* expansions = nullptr) {
   using xsoftmax::index_t;
   std::priority_queue<open_entry, std::vector<open_entry>, worse> open;
   std::vector<float> child(64);
+  if (expansions) *expansions = 0;
   const auto expand = [&](float base, index_t block_begin, index_t block_size) {
+    if (expansions) ++*expansions;
     child.resize(static_cast<std::size_t>(block_size));
     xsoftmax::detail::child_log_probs<Sigmoid>(h, w, bias, block_begin, block_size, child.data());
     for (index_t j = 0; j < block_size; ++j) {

@@ -10,6 +10,7 @@
 #include <xsoftmax/detail/hierarchical/range_log_probs.hpp>
 #include <xsoftmax/detail/hierarchical/tree_search.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/validation.hpp>
 
 #include <type_traits>
 #include <utility>
@@ -32,6 +33,8 @@ void hierarchical_softmax<Tree, P, B, F>::topk_(matrix_view<const H> hidden, ind
   // hidden, k and the outputs were checked by head_verbs; the search options are this head's own.
   detail::expects(options.beam_width >= 0, "hierarchical_softmax::topk: beam_width = ", options.beam_width,
                   " must be >= 0");
+  if (options.expansions.size != 0)
+    detail::check_output("hierarchical_softmax::topk", "search_options::expansions", options.expansions, hidden.rows);
   // The search packs a weight row into 32 bits of its open-list keys (tree_search.hpp).
   detail::expects(tree_.num_rows() <= index_t(0xFFFFFFFF), "hierarchical_softmax::topk: the tree has ",
                   tree_.num_rows(), " weight rows; the search supports at most 2^32 - 1");
@@ -45,7 +48,8 @@ void hierarchical_softmax<Tree, P, B, F>::topk_(matrix_view<const H> hidden, ind
   const auto tv = detail::tree_access<B, Tree>::view(tree_, backend_cache_, resources_);
   const auto search = [&](matrix_view<const float> h) {
     detail::tree_topk<sigmoid_form>(ex, tv, h, matrix_view<const storage_type>(weights()), store_.bias(),
-                                    widest, k, options.beam_width, classes, log_probs);
+                                    widest, k, options.beam_width, classes, log_probs, nullptr, nullptr,
+                                    options.expansions.size != 0 ? options.expansions.data : nullptr);
   };
   // Contiguous fp32 rows are searched in place: packing would only copy them (about a tenth of an
   // exact top-1 call's instructions at d = 100, binary Huffman tree).

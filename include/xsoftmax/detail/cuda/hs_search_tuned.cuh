@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<f
     const index_t r = step.row0 + t;
     // The search's state, thread 0's alone (as one thread's in the generic kernel).
     open_heap heap{step.open_key + t * step.capacity, 0, step.capacity};
-    index_t found = 0, leaves = 0, node = 0, size = 0;
+    index_t found = 0, leaves = 0, node = 0, size = 0, expanded = 0;
     float base = 0.f;
     if (threadIdx.x == 0) {
       node = step.start_begin ? step.start_begin[r] : 0;
@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<f
       for (index_t j = threadIdx.x; j < ns; j += Threads) lp[j] -= lse;
       __syncthreads();
       if (threadIdx.x == 0) {
+        ++expanded;
         if (!step.push_children(heap, lp, nb, ns, base, step.leaf_lp + t * step.k, leaves)) {
           step.overflow[t] = 1;
           more = 0;
@@ -66,11 +67,13 @@ __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<f
       }
       __syncthreads();
     }
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
       for (index_t f = found; f < step.k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
         step.classes(r, f) = -1;
         step.log_probs(r, f) = -INFINITY;
       }
+      if (step.expansions) step.expansions[r] = expanded;
+    }
     __syncthreads();  // `more` and the node are rewritten for the next row only after all have read them
   }
 }

@@ -55,6 +55,9 @@ struct sigmoid_pair_step {
   /// Per row of the call, or null: the first row of the block its search starts at instead of the
   /// root's (a forest's rows, each searched in its own tree; every sigmoid block has 2 rows).
   const index_t* start_begin = nullptr;
+  /// Per row of the call, or null: the row's node expansions (both passes' nodes; see
+  /// `search_options::expansions`).
+  index_t* expansions = nullptr;
 
   /// One lockstep row's search state, together (one base address per row in the round's loops).
   struct row_state {
@@ -64,6 +67,7 @@ struct sigmoid_pair_step {
     index_t leaves; ///< entries of `best` filled (<= k)
     index_t node;   ///< the node being expanded: its block's first row
     float base;     ///< its log-probability
+    index_t expanded;  ///< nodes scored (both passes)
   };
 
   /// Second-pass entries (internal children being expanded early) per round: two per row.
@@ -78,7 +82,7 @@ struct sigmoid_pair_step {
     index_t live[G], nlive = m;
     for (index_t j = 0; j < m; ++j) {
       st[j] = row_state{open_heap{open_key + (i0 + j) * capacity, 0, capacity}, leaf_lp + (i0 + j) * k, 0, 0,
-                        start_begin ? start_begin[row0 + i0 + j] : 0, 0.f};
+                        start_begin ? start_begin[row0 + i0 + j] : 0, 0.f, 0};
       hrow[j] = h + (row0 + i0 + j) * d;
       live[j] = j;
       overflow[i0 + j] = 0;
@@ -99,6 +103,7 @@ struct sigmoid_pair_step {
       for (index_t a = 0; a < nlive; ++a) {
         hr1[a] = hrow[live[a]];
         wr1[a] = st[live[a]].node / 2;
+        ++st[live[a]].expanded;
       }
       constexpr index_t L1 = G < node_lanes ? G : (G + node_lanes - 1) / node_lanes * node_lanes;
       float minus1[L1 < node_lanes ? node_lanes : L1], plus1[L1 < node_lanes ? node_lanes : L1];
@@ -130,6 +135,7 @@ struct sigmoid_pair_step {
             e_slot[m2] = live[a];
             e_lp[m2] = v[c];
             ++m2;
+            ++s.expanded;
           }
         }
       }
@@ -160,11 +166,13 @@ struct sigmoid_pair_step {
       }
       nlive = q;
     }
-    for (index_t j = 0; j < m; ++j)
+    for (index_t j = 0; j < m; ++j) {
       for (index_t f = st[j].found < 0 ? k : st[j].found; f < k; ++f) {  // nothing open before k leaves
         classes(row0 + i0 + j, f) = -1;
         log_probs(row0 + i0 + j, f) = -INFINITY;
       }
+      if (expansions) expansions[row0 + i0 + j] = st[j].expanded;
+    }
   }
 
   /// Whether both keys are below kc.

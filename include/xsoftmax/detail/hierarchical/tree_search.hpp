@@ -65,11 +65,13 @@ struct topk_search_step {
   /// (a forest's rows, each searched in its own tree).
   const index_t* start_begin = nullptr;
   const index_t* start_size = nullptr;
+  /// Per row of the call, or null: the row's node expansions (`search_options::expansions`).
+  index_t* expansions = nullptr;
 
   XSOFTMAX_HD void operator()(index_t t) const {
     const index_t i0 = t * G, m = n - i0 < G ? n - i0 : G;
     open_heap heap[G];
-    index_t found[G], node[G], size[G], leaves[G];
+    index_t found[G], node[G], size[G], leaves[G], expanded[G];
     float base[G];
     // The rows still searching (and not overflowed), as a list: a round's loops visit only those
     // (the searches' lengths vary a lot, so most rounds have finished rows).
@@ -78,6 +80,7 @@ struct topk_search_step {
       heap[j] = open_heap{open_key + (i0 + j) * capacity, 0, capacity};
       found[j] = 0;
       leaves[j] = 0;
+      expanded[j] = 0;
       node[j] = start_begin ? start_begin[row0 + i0 + j] : 0;
       size[j] = start_begin ? start_size[row0 + i0 + j] : tv.root_block_size();
       base[j] = 0.f;
@@ -95,6 +98,7 @@ struct topk_search_step {
         nlive = q;
       }
       if (nlive == 0) break;
+      for (index_t a = 0; a < nlive; ++a) ++expanded[live[a]];
       if constexpr (Sigmoid) {
         sigmoid_child_log_probs_group<T, G>(h + (row0 + i0) * d, d, w, bias, live, node, nlive,
                                             child_lp + i0 * max_block, max_block);
@@ -115,11 +119,13 @@ struct topk_search_step {
       }
       nlive = q;
     }
-    for (index_t j = 0; j < m; ++j)
+    for (index_t j = 0; j < m; ++j) {
       for (index_t f = found[j]; f < k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
         classes(row0 + i0 + j, f) = -1;
         log_probs(row0 + i0 + j, f) = -INFINITY;
       }
+      if (expansions) expansions[row0 + i0 + j] = expanded[j];
+    }
   }
 
   /// Pops row r's best entries into its output while they are leaves; false when the search is
@@ -200,12 +206,13 @@ inline constexpr std::size_t tree_search_budget_bytes = std::size_t(256) << 20;
 
 /// Top-k classes and their log-probabilities of every row of `h` (fp32, the execution's memory).
 /// `start_begin` / `start_size`: null (every search starts at the root), or per row the block its
-/// search starts at (a forest's root blocks; `max_block` must cover them).
+/// search starts at (a forest's root blocks; `max_block` must cover them). `expansions`: null, or
+/// per row (the execution's memory) its count of node expansions.
 template <bool Sigmoid, class B, class T, class View>
 void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> h, matrix_view<const T> w,
                const T* bias, index_t max_block, index_t k, index_t beam, matrix_view<index_t> classes,
                matrix_view<float> log_probs, const index_t* start_begin = nullptr,
-               const index_t* start_size = nullptr) {
+               const index_t* start_size = nullptr, index_t* expansions = nullptr) {
   const index_t rows = h.rows;
   if (rows == 0 || k == 0) return;
   // An exact search grows by (block - 1) per expansion and may expand many nodes before its k-th
@@ -228,11 +235,12 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
       if (Sigmoid && beam == 0) {  // exact on a binary tree: two levels per pop (sigmoid_pair_search.hpp)
         parallel_for(ex, (n + G - 1) / G,
                      sigmoid_pair_step<T, View, G>{tv, h.data, h.cols, w, bias, k, capacity, row0, n, open_key.data(),
-                                                   leaf_lp.data(), classes, log_probs, raw(overflow), start_begin});
+                                                   leaf_lp.data(), classes, log_probs, raw(overflow), start_begin,
+                                                   expansions});
       } else {
         const topk_search_step<Sigmoid, T, View, G> step{
             tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0, n, open_key.data(), child_lp.data(),
-            leaf_lp.data(), classes, log_probs, raw(overflow), start_begin, start_size};
+            leaf_lp.data(), classes, log_probs, raw(overflow), start_begin, start_size, expansions};
         if constexpr (!Sigmoid && G == 1 && tree_search_tuning<B>::available) tree_search_tuning<B>::run(ex, step);
         else parallel_for(ex, (n + G - 1) / G, step);
       }
