@@ -8,6 +8,7 @@
 #include <xsoftmax/detail/hierarchical/search_nodes.hpp>
 #include <xsoftmax/types.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -63,6 +64,49 @@ void plain_search(const View& tv, const float* h, xsoftmax::matrix_view<const fl
   while (found < k && !open.empty()) {
     const open_entry e = open.top();
     open.pop();
+    const xsoftmax::child_ref c = tv.child(e.row);
+    if (c.is_leaf) {
+      cls[found] = c.leaf_class;
+      lps[found++] = e.lp;
+    } else {
+      expand(e.lp, c.block_begin, c.block_size);
+    }
+  }
+  for (; found < k; ++found) {
+    cls[found] = -1;
+    lps[found] = -INFINITY;
+  }
+}
+
+/// The beam search the library's beam option runs, written plainly: the open entries in a vector;
+/// the best one is taken out (a leaf to the output, an internal node expanded: its children added,
+/// then all but the `beam` best dropped, by a full sort). Same arguments as `plain_search`, plus
+/// `beam` (>= 1); `expansions`, when given, counts the nodes expanded (the root included).
+template <bool Sigmoid, class View>
+void plain_beam_search(const View& tv, const float* h, xsoftmax::matrix_view<const float> w, const float* bias,
+                       xsoftmax::index_t k, xsoftmax::index_t beam, xsoftmax::index_t* cls, float* lps,
+                       xsoftmax::index_t* expansions = nullptr) {
+  using xsoftmax::index_t;
+  std::vector<open_entry> open;
+  std::vector<float> child(64);
+  const auto better = [](const open_entry& a, const open_entry& b) { return worse{}(b, a); };
+  if (expansions) *expansions = 0;
+  const auto expand = [&](float base, index_t block_begin, index_t block_size) {
+    if (expansions) ++*expansions;
+    child.resize(static_cast<std::size_t>(block_size));
+    xsoftmax::detail::child_log_probs<Sigmoid>(h, w, bias, block_begin, block_size, child.data());
+    for (index_t j = 0; j < block_size; ++j) open.push_back({base + child[static_cast<std::size_t>(j)], block_begin + j});
+    if (static_cast<index_t>(open.size()) > beam) {
+      std::sort(open.begin(), open.end(), better);
+      open.resize(static_cast<std::size_t>(beam));
+    }
+  };
+  expand(0.f, 0, tv.root_block_size());
+  index_t found = 0;
+  while (found < k && !open.empty()) {
+    const auto best = std::min_element(open.begin(), open.end(), better);
+    const open_entry e = *best;
+    open.erase(best);
     const xsoftmax::child_ref c = tv.child(e.row);
     if (c.is_leaf) {
       cls[found] = c.leaf_class;

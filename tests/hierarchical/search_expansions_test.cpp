@@ -9,6 +9,8 @@
 //    the exact search's two-levels-per-pop form scores every node the one-level search expands
 //    and at most two children early per pop (so at most three times as many);
 //  * beam 1 on top-1 is greedy descent: one expansion per internal node on the returned leaf's path;
+//  * beam searches of widths 1-50 equal a plain beam search (sort and truncate after every
+//    expansion) entry for entry, with the same expansions;
 //  * counting changes no result (bitwise), and a wrong length is a typed error.
 
 #include "hierarchical/reference_search.hpp"
@@ -22,6 +24,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -151,6 +154,52 @@ TEST_CASE_TEMPLATE("hs search: beam 1 on top-1 expands the returned leaf's path 
     deeper += depth[static_cast<size_t>(cls[static_cast<size_t>(i)])] > 1 ? 1 : 0;
   }
   CHECK(deeper > 0);
+}
+
+/// Beam searches of every width against the plain beam search (full sort and truncate after each
+/// expansion): the same classes and log-probabilities, bit for bit, and the same expansions; on
+/// softmax nodes (Huffman arity 3, blocks up to 3; a uniform tree of 40-child blocks, where a
+/// beam's selection sees far more entries than it keeps) and on sigmoid nodes.
+template <class B, class Form, class Tree>
+void check_beams(const Tree& tree, index_t n, index_t d, const std::string& what) {
+  constexpr bool sigmoid = std::is_same_v<Form, xsoftmax::sigmoid_nodes>;
+  using head_t = xsoftmax::hierarchical_softmax<Tree, xsoftmax::fp32, B, Form>;
+  const index_t batch = 37, wrows = head_t::weight_rows(tree);
+  test_rng rng(41);
+  problem p = make_problem(rng, wrows, n, d, batch, true);
+  const head_t head(tree, mview(p.w, wrows, d), p.b.data());
+  const auto hb = make_hidden<float>(p.h, batch, d);
+  for (const index_t beam : {index_t(1), index_t(2), index_t(3), index_t(8), index_t(50)})
+    for (const index_t k : {index_t(1), index_t(5), index_t(20)}) {
+      test_vector<index_t> cls(static_cast<size_t>(batch * k)), counts(static_cast<size_t>(batch));
+      test_vector<float> lps(cls.size());
+      xsoftmax::search_options so;
+      so.beam_width = beam;
+      so.expansions = mvec(counts);
+      head.topk(hb.view(), k, mview(cls, batch, k), mview(lps, batch, k), so);
+      std::vector<index_t> rc(static_cast<size_t>(k));
+      std::vector<float> rl(static_cast<size_t>(k));
+      for (index_t i = 0; i < batch; ++i) {
+        index_t ref_expansions = -1;
+        plain_beam_search<sigmoid>(tree.view(), p.h.data() + i * d, xsoftmax::matrix_view<const float>(p.w.data(), wrows, d),
+                                   p.b.data(), k, beam, rc.data(), rl.data(), &ref_expansions);
+        INFO(what, ", beam ", beam, ", k = ", k, ", row ", i);
+        CHECK(counts[static_cast<size_t>(i)] == ref_expansions);
+        for (index_t j = 0; j < k; ++j) {
+          CHECK(cls[static_cast<size_t>(i * k + j)] == rc[static_cast<size_t>(j)]);
+          CHECK(bits(lps[static_cast<size_t>(i * k + j)]) == bits(rl[static_cast<size_t>(j)]));
+        }
+      }
+    }
+}
+
+TEST_CASE_TEMPLATE("hs search: beam searches equal the plain beam search, entry for entry", B, XSOFTMAX_TEST_BACKENDS) {
+  const index_t n = 300;
+  std::vector<double> freq(static_cast<size_t>(n));
+  for (index_t c = 0; c < n; ++c) freq[static_cast<size_t>(c)] = 1.0 / double(c + 1);
+  check_beams<B, xsoftmax::softmax_nodes>(xsoftmax::runtime_tree<>::huffman(freq, 3), n, 7, "Huffman arity 3");
+  check_beams<B, xsoftmax::softmax_nodes>(xsoftmax::uniform_tree<2, 40>(1600), 1600, 13, "uniform 2 x 40");
+  check_beams<B, xsoftmax::sigmoid_nodes>(xsoftmax::runtime_tree<>::huffman(freq, 2), n, 9, "sigmoid Huffman");
 }
 
 TEST_CASE_TEMPLATE("hs search: an expansions vector of the wrong length is a shape_error", B, XSOFTMAX_TEST_BACKENDS) {

@@ -6,8 +6,9 @@
 /// thread. The search itself is the generic one, run by the block's thread 0 (`next_node`,
 /// `push_children`, the open heap in global memory); what the block shares is the expansion, the
 /// costly part: each thread scores children j = tid, tid + Threads, ... of the expanded node with
-/// the generic `dot_row` (each child's dot product is its own, so the values are bitwise the
-/// generic kernel's), thread 0 takes their log-sum-exp with the generic `row_logsumexp` (its order),
+/// the generic `softmax_child_score` (each child's dot product is its own, so the values are
+/// bitwise the generic kernel's), thread 0 takes their log-sum-exp with the generic
+/// `children_logsumexp` (its order),
 /// and the threads subtract it. Bitwise the generic device search; the generic one is its oracle
 /// in the GPU tests.
 
@@ -45,12 +46,10 @@ __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<f
     const float* h = step.h + r * d;
     while (more) {
       const index_t nb = expand_begin, ns = expand_size;
-      for (index_t j = threadIdx.x; j < ns; j += Threads) {  // gather_dot's values, child by child
-        const float acc = dot_row(h, step.w.row(nb + j), d);
-        lp[j] = step.bias ? acc + to_float(step.bias[nb + j]) : acc;
-      }
+      for (index_t j = threadIdx.x; j < ns; j += Threads)  // softmax_child_scores' values, child by child
+        lp[j] = softmax_child_score(h, step.w, step.bias, nb + j);
       __syncthreads();
-      if (threadIdx.x == 0) lse = row_logsumexp(lp, ns);
+      if (threadIdx.x == 0) lse = children_logsumexp(lp, ns);
       __syncthreads();
       for (index_t j = threadIdx.x; j < ns; j += Threads) lp[j] -= lse;
       __syncthreads();

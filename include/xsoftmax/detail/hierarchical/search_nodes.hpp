@@ -9,6 +9,7 @@
 #include <xsoftmax/detail/hierarchical/node_runs.hpp>
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/detail/primitives/dot_rows.hpp>
+#include <xsoftmax/detail/primitives/exp_rows.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
@@ -28,6 +29,39 @@ XSOFTMAX_HD float sigmoid_node_score(const float* h, matrix_view<const T> w, con
   return sigmoid_score_of_dot(dot_row8(h, w.row(node), w.cols), bias, node);
 }
 
+/// A softmax node's child score: h . w_row (+ bias_row), the fp32 row `h`, in `dot_row8`'s order.
+template <class T>
+XSOFTMAX_HD float softmax_child_score(const float* h, matrix_view<const T> w, const T* bias, index_t row) {
+  const float dot = dot_row8(h, w.row(row), w.cols);
+  return bias ? dot + to_float(bias[row]) : dot;
+}
+
+/// out[j] = `softmax_child_score` of row first + j, for j < count, bitwise: four rows a pass
+/// (`dot_rows8`, each bitwise `dot_row8`; on a host with AVX2 the four sums side by side and one
+/// transposed reduction, where a dot of its own per child spent more on its reduction than on
+/// its products at d = 64).
+template <class T>
+XSOFTMAX_HD void softmax_child_scores(const float* h, matrix_view<const T> w, const T* bias, index_t first,
+                                      index_t count, float* out) {
+  const float* hr[4] = {h, h, h, h};
+  index_t j = 0;
+  for (; j + 4 <= count; j += 4) {
+    const T* wr[4] = {w.row(first + j), w.row(first + j + 1), w.row(first + j + 2), w.row(first + j + 3)};
+    dot_rows8<4>(hr, wr, w.cols, out + j);
+  }
+  for (; j < count; ++j) out[j] = dot_row8(h, w.row(first + j), w.cols);
+  if (bias)
+    for (j = 0; j < count; ++j) out[j] += to_float(bias[first + j]);
+}
+
+/// The log-sum-exp of a node's n child scores: the max, then `sum_exp_shifted` (fast_exp in 8
+/// lanes; AVX2 / AVX-512 on hosts that have them, the same bits); its value on every backend.
+XSOFTMAX_HD inline float children_logsumexp(const float* s, index_t n) {
+  float m = -INFINITY;
+  for (index_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+  return finish_logsumexp(m, sum_exp_shifted(s, n, m));
+}
+
 /// log p(child j | node) for the node whose block is [block_begin, block_begin + block_size), of
 /// the fp32 row `h`, into out[0, block_size) (two entries for sigmoid nodes).
 template <bool Sigmoid, class T>
@@ -40,8 +74,8 @@ XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T
     out[0] = -out[0];
     out[1] = -out[1];
   } else {
-    gather_dot(h, w, bias, block_begin, block_size, out);
-    const float lse = row_logsumexp(out, block_size);
+    softmax_child_scores(h, w, bias, block_begin, block_size, out);
+    const float lse = children_logsumexp(out, block_size);
     for (index_t j = 0; j < block_size; ++j) out[j] -= lse;
   }
 }
@@ -172,17 +206,54 @@ struct open_heap {
     rise_from(i, x);
     key[size] = top;
   }
-  /// Keeps the `keep` best entries: heap-sorts, reverses into descending order (which is a valid
-  /// heap) and truncates.
+  /// Appends the key x without restoring the heap order (`keep_best` restores it); the caller has
+  /// checked that there is room.
+  XSOFTMAX_HD void append_key(std::uint64_t x) { key[size++] = x; }
+  /// Keeps the `keep` best of the entries key[0, size), which need not be in heap order (a heap
+  /// whose last entries were appended), and leaves them a heap. Keys are distinct (each holds its
+  /// row), so which entries stay is defined whatever the layout: a selection (quickselect, the
+  /// middle of three as pivot) moves the `keep` largest to the front, then they are heapified.
+  /// O(size) where sorting them all (a beam search's former way, one heap sort per expansion) was
+  /// O(size log size) and most of a beam search's time.
   XSOFTMAX_HD void keep_best(index_t keep) {
-    const index_t n = size;
-    while (size > 1) pop_to_back();
-    for (index_t i = 0, j = n - 1; i < j; ++i, --j) {
-      const std::uint64_t t = key[i];
-      key[i] = key[j];
-      key[j] = t;
+    if (keep < size) {
+      index_t lo = 0, hi = size - 1;  // the keep-th largest goes to position keep - 1
+      while (lo < hi) {
+        const index_t mid = lo + (hi - lo) / 2;
+        // Middle of three (key[lo], key[mid], key[hi]) as pivot, moved to hi.
+        if (key[mid] > key[lo]) swap_keys(mid, lo);
+        if (key[hi] > key[lo]) swap_keys(hi, lo);
+        if (key[mid] > key[hi]) swap_keys(mid, hi);
+        const std::uint64_t pivot = key[hi];
+        index_t store = lo;  // [lo, store): larger than the pivot
+        for (index_t i = lo; i < hi; ++i)
+          if (key[i] > pivot) swap_keys(i, store++);
+        swap_keys(store, hi);
+        if (store == keep - 1) break;
+        if (store < keep - 1) lo = store + 1;
+        else hi = store - 1;
+      }
+      size = keep;
     }
-    size = keep < n ? keep : n;
+    for (index_t i = size / 2; i-- > 0;) sift_down(i);
+  }
+
+ private:
+  XSOFTMAX_HD void swap_keys(index_t a, index_t b) {
+    const std::uint64_t t = key[a];
+    key[a] = key[b];
+    key[b] = t;
+  }
+  /// Moves key[i] down below every larger child (heap construction).
+  XSOFTMAX_HD void sift_down(index_t i) {
+    const std::uint64_t x = key[i];
+    for (index_t c = 2 * i + 1; c < size; c = 2 * i + 1) {
+      if (c + 1 < size && key[c + 1] > key[c]) ++c;
+      if (key[c] <= x) break;
+      key[i] = key[c];
+      i = c;
+    }
+    key[i] = x;
   }
 };
 

@@ -158,10 +158,10 @@ struct topk_search_step {
   XSOFTMAX_HD bool push_children(open_heap& heap, const float* lp, index_t block_begin, index_t block_size,
                                  float base, float* best, index_t& leaves) const {
     const index_t children = Sigmoid ? 2 : block_size;  // known: the compiler unrolls a sigmoid node's pair
-    if (beam > 0) {
-      for (index_t j = 0; j < children; ++j)
-        if (!heap.push(base + lp[j], block_begin + j)) return false;
-      if (heap.size > beam) heap.keep_best(beam);
+    if (beam > 0) {  // appended in any order, then the beam's best kept as a heap
+      if (heap.size + children > heap.capacity) return false;
+      for (index_t j = 0; j < children; ++j) heap.append_key(open_heap::pack(base + lp[j], block_begin + j));
+      heap.keep_best(beam);
       return true;
     }
     for (index_t j = 0; j < children; ++j) {
