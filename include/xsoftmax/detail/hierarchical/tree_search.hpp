@@ -183,7 +183,9 @@ struct topk_search_step {
 /// results bit for bit. The cuda backend's (detail/cuda/hs_search_tuned.cuh) gives each row a
 /// block whose threads score the expanded node's children side by side: a thread alone per row
 /// scored every child of a 1024-child node in turn, and a top-10 over 65536 classes took over 10 s
-/// on an H100 (bench/RESULTS.md, "second GPU session").
+/// on an H100 (bench/RESULTS.md, "second GPU session"). The host backends' (search_rounds.hpp)
+/// runs the tile's rows in lockstep rounds and each round's expansions node by node, so that rows
+/// at the same node read its weights once.
 template <class B>
 struct tree_search_tuning {
   static constexpr bool available = false;
@@ -237,12 +239,16 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
                      sigmoid_pair_step<T, View, G>{tv, h.data, h.cols, w, bias, k, capacity, row0, n, open_key.data(),
                                                    leaf_lp.data(), classes, log_probs, raw(overflow), start_begin,
                                                    expansions});
+      } else if constexpr (!Sigmoid && tree_search_tuning<B>::available) {  // a row a step, its runner
+        const topk_search_step<false, T, View, 1> step{
+            tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0, n, open_key.data(), child_lp.data(),
+            leaf_lp.data(), classes, log_probs, raw(overflow), start_begin, start_size, expansions};
+        tree_search_tuning<B>::run(ex, step);
       } else {
         const topk_search_step<Sigmoid, T, View, G> step{
             tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0, n, open_key.data(), child_lp.data(),
             leaf_lp.data(), classes, log_probs, raw(overflow), start_begin, start_size, expansions};
-        if constexpr (!Sigmoid && G == 1 && tree_search_tuning<B>::available) tree_search_tuning<B>::run(ex, step);
-        else parallel_for(ex, (n + G - 1) / G, step);
+        parallel_for(ex, (n + G - 1) / G, step);
       }
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The host backends' runner of the softmax-node top-k searches (`tree_search_tuning` for serial
+/// and omp; the generic `topk_search_step` is its oracle): every row of a tile searches in
+/// lockstep rounds, and a round's expansions run node by node.
+///
+/// Why: a search expands nodes one row at a time, and each expansion reads the node's whole block
+/// of weight rows (317 x 64 floats, 81 KB, for a 2-level tree over 1e5 classes). An exact top-10
+/// on weights trained for 300 steps expands ~107 nodes a row, a third of that tree: 8.6 MB of
+/// weights a row, read from beyond the L2 cache, so the search ran at the memory's pace
+/// (bench/RESULTS.md, "HS top-k on trained weights"). Rows that expand the same node in a round
+/// now do it together: the node's rows are read once into cache and scored against up to four
+/// hidden rows at a time (`dot_rows8`).
+///
+/// Exactness: each row's search is the one-row search (`topk_search_step`'s `next_node` and
+/// `push_children`, in the same order); only which rows' expansions run side by side changes, and
+/// a child's log-probability is `child_log_probs<false>`'s to the bit (the same dots, bias, log-sum-
+/// exp and subtraction). So the results, the expansions and the overflow flags are the generic
+/// search's.
+
+#include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/hierarchical/tree_search.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// Rows of one expansion task at most: a round's rows at one node are split into tasks of this many,
+/// so that the root's round (every row at one node) spreads over the threads.
+inline constexpr index_t search_round_task_rows = 32;
+
+/// One row's search state between rounds (the generic step keeps the same in registers).
+struct round_row_state {
+  open_heap heap;
+  index_t found, leaves, node, size, expanded;
+  float base;
+};
+
+/// Log-probabilities of the children of the node whose block is [nb, nb + ns) for the m hidden rows
+/// `rows` (tile rows) of `step`: row i's into step.child_lp + i * max_block, each bitwise
+/// `child_log_probs<false>`'s. Four hidden rows at a time child by child, each child's weight row
+/// read once for the four (`dot_rows8`, each dot bitwise `dot_row8`'s); the last m mod 4 rows one
+/// at a time, four children a pass (`softmax_child_scores`); then each row's log-sum-exp.
+template <class Step>
+void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, const index_t* rows, index_t m) {
+  const index_t d = step.d, stride = step.max_block;
+  index_t a = 0;
+  for (; a + 4 <= m; a += 4) {
+    const float* hr[4];
+    float* out[4];
+    for (int q = 0; q < 4; ++q) {
+      hr[q] = step.h + (step.row0 + rows[a + q]) * d;
+      out[q] = step.child_lp + rows[a + q] * stride;
+    }
+    for (index_t j = 0; j < ns; ++j) {
+      const auto* wj = step.w.row(nb + j);
+      const decltype(wj) wr[4] = {wj, wj, wj, wj};
+      float dots[4];
+      dot_rows8<4>(hr, wr, d, dots);
+      for (int q = 0; q < 4; ++q) out[q][j] = step.bias ? dots[q] + to_float(step.bias[nb + j]) : dots[q];
+    }
+  }
+  for (; a < m; ++a)
+    softmax_child_scores(step.h + (step.row0 + rows[a]) * d, step.w, step.bias, nb, ns,
+                         step.child_lp + rows[a] * stride);
+  for (a = 0; a < m; ++a) {
+    float* lp = step.child_lp + rows[a] * stride;
+    const float lse = children_logsumexp(lp, ns);
+    for (index_t j = 0; j < ns; ++j) lp[j] -= lse;
+  }
+}
+
+/// The runner (see the file comment).
+template <class B>
+struct host_search_rounds {
+  static constexpr bool available = true;
+
+  template <class T, class View>
+  static void run(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step) {
+    const index_t n = step.n;
+    if (n == 0) return;
+    std::vector<round_row_state> st(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) {
+      const index_t r = step.row0 + i;
+      st[i] = round_row_state{open_heap{step.open_key + i * step.capacity, 0, step.capacity}, 0, 0,
+                              step.start_begin ? step.start_begin[r] : 0,
+                              step.start_begin ? step.start_size[r] : step.tv.root_block_size(), 0, 0.f};
+      step.overflow[i] = 0;
+    }
+    // A round: the live rows sorted by (node, row); tasks of up to search_round_task_rows rows at
+    // one node; each task expands its rows, pushes their children and finds their next nodes.
+    std::vector<std::uint64_t> order(static_cast<std::size_t>(n));
+    std::vector<index_t> rows(static_cast<std::size_t>(n)), task_begin;
+    std::vector<unsigned char> live(static_cast<std::size_t>(n), 1);
+    index_t nlive = n;
+    for (;;) {
+      index_t q = 0;
+      for (index_t i = 0; i < n; ++i)
+        if (live[i]) order[q++] = (static_cast<std::uint64_t>(st[i].node) << 32) | static_cast<std::uint64_t>(i);
+      std::sort(order.begin(), order.begin() + nlive);
+      task_begin.clear();
+      for (index_t a = 0; a < nlive; ++a) {
+        rows[a] = static_cast<index_t>(order[a] & 0xFFFFFFFFu);
+        if (a == 0 || (order[a] >> 32) != (order[a - 1] >> 32) ||
+            a - task_begin.back() == search_round_task_rows)
+          task_begin.push_back(a);
+      }
+      task_begin.push_back(nlive);
+      const index_t tasks = static_cast<index_t>(task_begin.size()) - 1;
+      round_row_state* s = st.data();
+      unsigned char* alive = live.data();
+      const index_t* tb = task_begin.data();
+      const index_t* rr = rows.data();
+      parallel_for_uneven(ex, tasks, [=, &step](index_t t) {
+        const index_t a0 = tb[t], m = tb[t + 1] - a0;
+        const index_t* tr = rr + a0;
+        node_child_log_probs_of_rows(step, s[tr[0]].node, s[tr[0]].size, tr, m);
+        for (index_t a = 0; a < m; ++a) {
+          const index_t i = tr[a];
+          round_row_state& x = s[i];
+          ++x.expanded;
+          if (!step.push_children(x.heap, step.child_lp + i * step.max_block, x.node, x.size, x.base,
+                                  step.leaf_lp + i * step.k, x.leaves)) {
+            step.overflow[i] = 1;
+            alive[i] = 0;
+          } else {
+            alive[i] = step.next_node(x.heap, step.row0 + i, x.found, x.node, x.size, x.base) ? 1 : 0;
+          }
+        }
+      });
+      nlive = 0;
+      for (index_t i = 0; i < n; ++i) nlive += live[i];
+      if (nlive == 0) break;
+    }
+    for (index_t i = 0; i < n; ++i) {
+      const index_t r = step.row0 + i;
+      for (index_t f = st[i].found; f < step.k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
+        step.classes(r, f) = -1;
+        step.log_probs(r, f) = -INFINITY;
+      }
+      if (step.expansions) step.expansions[r] = st[i].expanded;
+    }
+  }
+};
+
+template <>
+struct tree_search_tuning<serial> : host_search_rounds<serial> {};
+template <>
+struct tree_search_tuning<omp> : host_search_rounds<omp> {};
+
+}  // namespace xsoftmax::detail
