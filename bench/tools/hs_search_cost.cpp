@@ -22,6 +22,8 @@
 // g++ -std=c++17 -O3 -DNDEBUG -fopenmp -DXSOFTMAX_HAS_CBLAS=1 -Iinclude -Ibench -I/usr/local/cuda/include/cccl
 //   -isystem /usr/include/x86_64-linux-gnu/openblas-openmp bench/tools/hs_search_cost.cpp -lopenblas
 //   -o /tmp/hs_search_cost
+// (-DHS_SEARCH_COST_NO_COUNTS: for a library from before search_options::expansions, e.g. the
+// include/ of f13ce6f, to time the search as it was; the expansions then print as 0.)
 // OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive /tmp/hs_search_cost [classes=100000] [dim=64] [tree=uniform2]
 //   [data=clustered] [steps=300] [batch=256] [lr=512] [rows=1024] [k=10] [beams=1,2,4,10,32] [reps=3] [seed=2024]
 #include "synthetic_classes.hpp"
@@ -169,7 +171,9 @@ void measure(const Head& head, const config& c, const dataset& ds, const char* w
   for (const index_t beam : beams) {
     xs::search_options so;
     so.beam_width = beam;
+#if !defined(HS_SEARCH_COST_NO_COUNTS)
     so.expansions = xs::vector_view<index_t>(counts.data(), c.rows);
+#endif
     std::vector<index_t>& out = beam == 0 ? exact_cls : cls;
     const double ms = best_ms(static_cast<int>(c.reps), [&] {
       head.topk(h, c.k, xs::matrix_view<index_t>(out.data(), c.rows, c.k), xs::matrix_view<float>(lps.data(), c.rows, c.k),

@@ -36,22 +36,14 @@ XSOFTMAX_HD float softmax_child_score(const float* h, matrix_view<const T> w, co
   return bias ? dot + to_float(bias[row]) : dot;
 }
 
-/// out[j] = `softmax_child_score` of row first + j, for j < count, bitwise: four rows a pass
-/// (`dot_rows8`, each bitwise `dot_row8`; on a host with AVX2 the four sums side by side and one
-/// transposed reduction, where a dot of its own per child spent more on its reduction than on
-/// its products at d = 64).
+/// out[j] = `softmax_child_score` of row first + j, for j < count: the block's rows in order, each
+/// read once as a stream. (Four children a pass, `dot_rows8<4>`, was slower: 36 against 20 us a
+/// 317-child expansion at d = 256 with the weights in memory, 1.9 against 1.5 us at d = 64 in
+/// cache; bench/RESULTS.md, "HS top-k on trained weights".)
 template <class T>
 XSOFTMAX_HD void softmax_child_scores(const float* h, matrix_view<const T> w, const T* bias, index_t first,
                                       index_t count, float* out) {
-  const float* hr[4] = {h, h, h, h};
-  index_t j = 0;
-  for (; j + 4 <= count; j += 4) {
-    const T* wr[4] = {w.row(first + j), w.row(first + j + 1), w.row(first + j + 2), w.row(first + j + 3)};
-    dot_rows8<4>(hr, wr, w.cols, out + j);
-  }
-  for (; j < count; ++j) out[j] = dot_row8(h, w.row(first + j), w.cols);
-  if (bias)
-    for (j = 0; j < count; ++j) out[j] += to_float(bias[first + j]);
+  for (index_t j = 0; j < count; ++j) out[j] = softmax_child_score(h, w, bias, first + j);
 }
 
 /// The log-sum-exp of a node's n child scores: the max, then `sum_exp_shifted` (fast_exp in 8

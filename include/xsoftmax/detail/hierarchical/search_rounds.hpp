@@ -40,36 +40,36 @@ struct round_row_state {
 };
 
 /// Log-probabilities of the children of the node whose block is [nb, nb + ns) for the m hidden rows
-/// `rows` (tile rows) of `step`: row i's into step.child_lp + i * max_block, each bitwise
-/// `child_log_probs<false>`'s. Four hidden rows at a time child by child, each child's weight row
-/// read once for the four (`dot_rows8`, each dot bitwise `dot_row8`'s); the last m mod 4 rows one
-/// at a time, four children a pass (`softmax_child_scores`); then each row's log-sum-exp.
+/// `rows` (tile rows; m <= search_round_task_rows) of `step`: row i's into step.child_lp + i *
+/// max_block, each bitwise `child_log_probs<false>`'s. Child by child, so that each child's weight row is read once for
+/// all m rows: four hidden rows a pass (`dot_rows8`, each dot bitwise `dot_row8`'s), the last
+/// m mod 4 one at a time; then each row's log-sum-exp.
 template <class Step>
 void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, const index_t* rows, index_t m) {
-  const index_t d = step.d, stride = step.max_block;
-  index_t a = 0;
-  for (; a + 4 <= m; a += 4) {
-    const float* hr[4];
-    float* out[4];
-    for (int q = 0; q < 4; ++q) {
-      hr[q] = step.h + (step.row0 + rows[a + q]) * d;
-      out[q] = step.child_lp + rows[a + q] * stride;
-    }
-    for (index_t j = 0; j < ns; ++j) {
-      const auto* wj = step.w.row(nb + j);
-      const decltype(wj) wr[4] = {wj, wj, wj, wj};
+  const index_t d = step.d, stride = step.max_block, m4 = m / 4 * 4;
+  const float* hr[search_round_task_rows];
+  float* out[search_round_task_rows];
+  for (index_t a = 0; a < m; ++a) {
+    hr[a] = step.h + (step.row0 + rows[a]) * d;
+    out[a] = step.child_lp + rows[a] * stride;
+  }
+  for (index_t j = 0; j < ns; ++j) {
+    const auto* wj = step.w.row(nb + j);
+    const decltype(wj) wr[4] = {wj, wj, wj, wj};
+    const float bias = step.bias ? to_float(step.bias[nb + j]) : 0.f;
+    for (index_t a = 0; a < m4; a += 4) {
       float dots[4];
-      dot_rows8<4>(hr, wr, d, dots);
-      for (int q = 0; q < 4; ++q) out[q][j] = step.bias ? dots[q] + to_float(step.bias[nb + j]) : dots[q];
+      dot_rows8<4>(hr + a, wr, d, dots);
+      for (int q = 0; q < 4; ++q) out[a + q][j] = step.bias ? dots[q] + bias : dots[q];
+    }
+    for (index_t a = m4; a < m; ++a) {
+      const float dot = dot_row8(hr[a], wj, d);
+      out[a][j] = step.bias ? dot + bias : dot;
     }
   }
-  for (; a < m; ++a)
-    softmax_child_scores(step.h + (step.row0 + rows[a]) * d, step.w, step.bias, nb, ns,
-                         step.child_lp + rows[a] * stride);
-  for (a = 0; a < m; ++a) {
-    float* lp = step.child_lp + rows[a] * stride;
-    const float lse = children_logsumexp(lp, ns);
-    for (index_t j = 0; j < ns; ++j) lp[j] -= lse;
+  for (index_t a = 0; a < m; ++a) {
+    const float lse = children_logsumexp(out[a], ns);
+    for (index_t j = 0; j < ns; ++j) out[a][j] -= lse;
   }
 }
 
