@@ -37,9 +37,9 @@ XSOFTMAX_HD float softmax_child_score(const float* h, matrix_view<const T> w, co
 }
 
 /// out[j] = `softmax_child_score` of row first + j, for j < count: the block's rows in order, each
-/// read once as a stream. (Four children a pass, `dot_rows8<4>`, was slower: 36 against 20 us a
-/// 317-child expansion at d = 256 with the weights in memory, 1.9 against 1.5 us at d = 64 in
-/// cache; bench/RESULTS.md, "HS top-k on trained weights".)
+/// read once as a stream. (Four children a pass, `dot_rows8<4>`, was slower from memory: 33.8
+/// against 18.2 us a 317-child expansion at d = 256, and within 10 % of it in cache;
+/// bench/tools/search_expansion_kernels.cpp.)
 template <class T>
 XSOFTMAX_HD void softmax_child_scores(const float* h, matrix_view<const T> w, const T* bias, index_t first,
                                       index_t count, float* out) {
