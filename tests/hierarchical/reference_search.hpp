@@ -36,6 +36,29 @@ struct worse {
   }
 };
 
+/// The pop loop both reference searches share: while fewer than k classes are found and something
+/// is open, take the best open entry (`take_best()`): a leaf goes to the output, an internal node is
+/// expanded (`expand(lp, block_begin, block_size)`); then -1 / -inf past the last class found.
+template <class View, class HasOpen, class TakeBest, class Expand>
+void pop_best_until_k(const View& tv, xsoftmax::index_t k, xsoftmax::index_t* cls, float* lps, HasOpen has_open,
+                      TakeBest take_best, Expand expand) {
+  xsoftmax::index_t found = 0;
+  while (found < k && has_open()) {
+    const open_entry e = take_best();
+    const xsoftmax::child_ref c = tv.child(e.row);
+    if (c.is_leaf) {
+      cls[found] = c.leaf_class;
+      lps[found++] = e.lp;
+    } else {
+      expand(e.lp, c.block_begin, c.block_size);
+    }
+  }
+  for (; found < k; ++found) {
+    cls[found] = -1;
+    lps[found] = -INFINITY;
+  }
+}
+
 /// The k best classes of one fp32 row `h` (cls, lps: k entries each; -1 / -inf past the tree's
 /// classes) over the tree view `tv` with one weight row per child (softmax nodes) or per internal
 /// node (sigmoid nodes). `ties`, when given, counts the children pushed below the root whose value
@@ -60,22 +83,14 @@ void plain_search(const View& tv, const float* h, xsoftmax::matrix_view<const fl
     }
   };
   expand(0.f, 0, tv.root_block_size());
-  index_t found = 0;
-  while (found < k && !open.empty()) {
-    const open_entry e = open.top();
-    open.pop();
-    const xsoftmax::child_ref c = tv.child(e.row);
-    if (c.is_leaf) {
-      cls[found] = c.leaf_class;
-      lps[found++] = e.lp;
-    } else {
-      expand(e.lp, c.block_begin, c.block_size);
-    }
-  }
-  for (; found < k; ++found) {
-    cls[found] = -1;
-    lps[found] = -INFINITY;
-  }
+  pop_best_until_k(
+      tv, k, cls, lps, [&] { return !open.empty(); },
+      [&] {
+        const open_entry e = open.top();
+        open.pop();
+        return e;
+      },
+      expand);
 }
 
 /// The beam search the library's beam option runs, written plainly: the open entries in a vector;
@@ -102,23 +117,15 @@ void plain_beam_search(const View& tv, const float* h, xsoftmax::matrix_view<con
     }
   };
   expand(0.f, 0, tv.root_block_size());
-  index_t found = 0;
-  while (found < k && !open.empty()) {
-    const auto best = std::min_element(open.begin(), open.end(), better);
-    const open_entry e = *best;
-    open.erase(best);
-    const xsoftmax::child_ref c = tv.child(e.row);
-    if (c.is_leaf) {
-      cls[found] = c.leaf_class;
-      lps[found++] = e.lp;
-    } else {
-      expand(e.lp, c.block_begin, c.block_size);
-    }
-  }
-  for (; found < k; ++found) {
-    cls[found] = -1;
-    lps[found] = -INFINITY;
-  }
+  pop_best_until_k(
+      tv, k, cls, lps, [&] { return !open.empty(); },
+      [&] {
+        const auto best = std::min_element(open.begin(), open.end(), better);
+        const open_entry e = *best;
+        open.erase(best);
+        return e;
+      },
+      expand);
 }
 
 }  // namespace xsoftmax_test

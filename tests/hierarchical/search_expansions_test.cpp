@@ -32,6 +32,13 @@ namespace {
 using namespace xsoftmax_test;
 using xsoftmax::index_t;
 
+/// Class frequencies 1 / (c + 1): the Huffman trees' counts.
+std::vector<double> harmonic_frequencies(index_t n) {
+  std::vector<double> freq(static_cast<size_t>(n));
+  for (index_t c = 0; c < n; ++c) freq[static_cast<size_t>(c)] = 1.0 / double(c + 1);
+  return freq;
+}
+
 /// The head's top-k of `hb` with and without counting; checks the results agree bit for bit and
 /// returns the per-row counts.
 template <class Head, class H>
@@ -84,8 +91,7 @@ void check_softmax_nodes(const Tree& tree, index_t n, const std::string& what) {
 TEST_CASE_TEMPLATE("hs search: softmax nodes, each row's expansions equal the reference search's", B,
                    XSOFTMAX_TEST_BACKENDS) {
   const index_t n = 300;
-  std::vector<double> freq(static_cast<size_t>(n));
-  for (index_t c = 0; c < n; ++c) freq[static_cast<size_t>(c)] = 1.0 / double(c + 1);
+  const std::vector<double> freq = harmonic_frequencies(n);
   check_softmax_nodes<B>(xsoftmax::runtime_tree<>::huffman(freq, 3), n, "Huffman arity 3");
   check_softmax_nodes<B>(xsoftmax::runtime_tree<>::huffman(freq, 4), n, "Huffman arity 4");
   check_softmax_nodes<B>(xsoftmax::uniform_tree<3, 7>(n), n, "uniform 3 x 7");
@@ -94,8 +100,7 @@ TEST_CASE_TEMPLATE("hs search: softmax nodes, each row's expansions equal the re
 TEST_CASE_TEMPLATE("hs search: sigmoid nodes, the one-level count exactly, the two-level search's within its bounds",
                    B, XSOFTMAX_TEST_BACKENDS) {
   const index_t n = 300, d = 9, batch = 37;
-  std::vector<double> freq(static_cast<size_t>(n));
-  for (index_t c = 0; c < n; ++c) freq[static_cast<size_t>(c)] = 1.0 / double(c + 1);
+  const std::vector<double> freq = harmonic_frequencies(n);
   const auto tree = xsoftmax::runtime_tree<>::huffman(freq, 2);
   using head_t = xsoftmax::hierarchical_softmax<xsoftmax::runtime_tree<>, xsoftmax::fp32, B, xsoftmax::sigmoid_nodes>;
   const index_t wrows = head_t::weight_rows(tree);
@@ -195,8 +200,7 @@ void check_beams(const Tree& tree, index_t n, index_t d, const std::string& what
 
 TEST_CASE_TEMPLATE("hs search: beam searches equal the plain beam search, entry for entry", B, XSOFTMAX_TEST_BACKENDS) {
   const index_t n = 300;
-  std::vector<double> freq(static_cast<size_t>(n));
-  for (index_t c = 0; c < n; ++c) freq[static_cast<size_t>(c)] = 1.0 / double(c + 1);
+  const std::vector<double> freq = harmonic_frequencies(n);
   check_beams<B, xsoftmax::softmax_nodes>(xsoftmax::runtime_tree<>::huffman(freq, 3), n, 7, "Huffman arity 3");
   check_beams<B, xsoftmax::softmax_nodes>(xsoftmax::uniform_tree<2, 40>(1600), 1600, 13, "uniform 2 x 40");
   check_beams<B, xsoftmax::sigmoid_nodes>(xsoftmax::runtime_tree<>::huffman(freq, 2), n, 9, "sigmoid Huffman");
