@@ -243,9 +243,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
 }
 
 template <class Backend>
-std::tuple<at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden, const at::Tensor& weight,
-                                             const c10::optional<at::Tensor>& bias, int64_t k, int64_t head,
-                                             int64_t beam_width) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden, const at::Tensor& weight,
+                                                         const c10::optional<at::Tensor>& bias, int64_t k,
+                                                         int64_t head, int64_t beam_width) {
   return guarded([&] {
     const char* op = "topk";
     check_weight(weight, bias, op);
@@ -256,6 +256,8 @@ std::tuple<at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden, const at::T
     const c10::DeviceGuard on_device(weight.device());
     at::Tensor log_probs = at::empty({b, k}, float_on(weight));
     at::Tensor classes = at::empty({b, k}, at::TensorOptions().dtype(at::kLong).device(weight.device()));
+    // A tree search's expansions per row (search_options::expansions); -1 for a head without one.
+    at::Tensor expansions = at::empty({b}, at::TensorOptions().dtype(at::kLong).device(weight.device()));
     with_head<Backend, false>(head, weight, bias, c10::nullopt, op, [&](auto& hd, bool) {
       using head_t = std::decay_t<decltype(hd)>;
       const xs::matrix_view<index_t> cv(classes.data_ptr<int64_t>(), b, k);
@@ -263,12 +265,14 @@ std::tuple<at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden, const at::T
       if constexpr (std::is_same_v<typename head_t::search_options_type, xs::search_options>) {
         xs::search_options so;
         so.beam_width = beam_width;
+        so.expansions = xs::vector_view<index_t>(expansions.data_ptr<int64_t>(), b);
         hd.topk_async(hidden_view(h), k, cv, lv, so);
       } else {
+        expansions.fill_(-1);
         hd.topk_async(hidden_view(h), k, cv, lv);
       }
     });
-    return std::make_tuple(log_probs, classes);
+    return std::make_tuple(log_probs, classes, expansions);
   });
 }
 

@@ -18,7 +18,8 @@
 //       the library's fused forward_backward with an upstream gradient of 1.
 //   backward(...same but class_weight..., grad_output, class_weight?) -> (grad_hidden, grad_rows, grad_values, grad_bias)
 //       the library's backward with the upstream gradient `grad_output` (a scalar or B values).
-//   topk(hidden, weight, bias?, k, head, beam_width) -> (log_probs, classes)
+//   topk(hidden, weight, bias?, k, head, beam_width) -> (log_probs, classes, expansions)
+//       expansions: B int64, a tree search's node expansions per row; -1 for heads without one.
 //
 // Weight gradients: with sparse_grad = false, grad_values is the dense (rows x dim) gradient and
 // grad_rows is empty; with sparse_grad = true, grad_rows holds the touched rows and grad_values
@@ -276,7 +277,7 @@ TORCH_LIBRARY(xsoftmax, m) {
   m.def("backward(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
         "int head, Tensor? step, bool sparse_grad, Tensor grad_output, Tensor? class_weight=None) -> (Tensor, Tensor, "
         "Tensor, Tensor)");
-  m.def("topk(Tensor hidden, Tensor weight, Tensor? bias, int k, int head, int beam_width) -> (Tensor, Tensor)");
+  m.def("topk(Tensor hidden, Tensor weight, Tensor? bias, int k, int head, int beam_width) -> (Tensor, Tensor, Tensor)");
 }
 
 // CPU tensors: the bodies of op_bodies.hpp on the `omp` backend (CUDA tensors: ops_cuda.cu).
@@ -307,7 +308,7 @@ TORCH_LIBRARY_IMPL(xsoftmax, CUDA, m) {
            no_cuda_operators("backward");
          });
   m.impl("topk", [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, int64_t, int64_t,
-                    int64_t) -> std::tuple<at::Tensor, at::Tensor> { no_cuda_operators("topk"); });
+                    int64_t) -> std::tuple<at::Tensor, at::Tensor, at::Tensor> { no_cuda_operators("topk"); });
 }
 #endif
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from xsoftmax import _ops
 from xsoftmax import FullSoftmaxLoss
 
 # Every test runs on the CPU and on CUDA (conftest.py: skipped, and counted, without a GPU).
@@ -121,6 +122,9 @@ def test_log_prob_and_predict():
     assert values.shape == (2, 4, 5) and indices.shape == (2, 4, 5)
     torch.testing.assert_close(values, ref_v, rtol=1e-5, atol=1e-5)
     assert torch.equal(indices, ref_i)
+    # The functional top-k says "no tree search" in its expansions for this head.
+    _, _, expansions = _ops.topk(hidden[0], head.weight, head.bias, 5, return_expansions=True)
+    assert expansions.tolist() == [-1] * 4
 
 
 def test_weight_is_used_in_place():

@@ -172,6 +172,25 @@ def test_distribution_sums_to_one_and_predict(name, dtype):
     torch.testing.assert_close(beam_v, values, rtol=1e-5, atol=1e-5)
 
 
+def test_predict_returns_expansions():
+    tree = Tree.uniform(50, 2, 8)  # the root's block: 7 internal nodes of up to 8 classes each
+    head = HierarchicalSoftmaxLoss(50, D, tree=tree, bias=True, init_scale=0.8)
+    hidden = torch.randn(6, D)
+    values, classes, expansions = head.predict(hidden, k=1, beam_width=1, return_expansions=True)
+    assert expansions.dtype == torch.int64 and expansions.shape == (6,)
+    assert expansions.device == hidden.device
+    assert expansions.tolist() == [2] * 6  # greedy descent: the root, then one node
+    _, _, every = head.predict(hidden, k=50, return_expansions=True)
+    assert every.tolist() == [1 + 7] * 6  # every class: each internal node once
+    v2, c2 = head.predict(hidden, k=1, beam_width=1)  # without the flag: the 2-tuple, same values
+    torch.testing.assert_close(v2, values)
+    assert torch.equal(c2, classes)
+    _, _, lead = head.predict(hidden.reshape(2, 3, D), k=2, return_expansions=True)
+    assert lead.shape == (2, 3)
+    _, _, none = head.predict(hidden[:0], k=2, return_expansions=True)
+    assert none.shape == (0,)
+
+
 def test_sparse_grad_equals_dense():
     tree = Tree.uniform(50, 2, 8)
     dense = HierarchicalSoftmaxLoss(50, D, tree=tree, bias=True)

@@ -132,7 +132,8 @@ def _backward_fake(hidden, weight, bias, targets, reduction, ignore_index, head,
 @torch.library.register_fake("xsoftmax::topk")
 def _topk_fake(hidden, weight, bias, k, head, beam_width):
     b = hidden.shape[0]
-    return (hidden.new_empty((b, k), dtype=torch.float32), hidden.new_empty((b, k), dtype=torch.int64))
+    return (hidden.new_empty((b, k), dtype=torch.float32), hidden.new_empty((b, k), dtype=torch.int64),
+            hidden.new_empty((b,), dtype=torch.int64))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,7 +281,10 @@ def loss(hidden, weight, bias, targets, reduction, ignore_index, head=0, step=No
     return _ops.loss(hidden, weight, bias, targets, reduction, ignore_index, head, step, sparse_grad, class_weight)
 
 
-def topk(hidden, weight, bias, k, head=0, beam_width=0):
-    """(log-probabilities, classes) of the k most probable classes of each row, best first."""
+def topk(hidden, weight, bias, k, head=0, beam_width=0, return_expansions=False):
+    """(log-probabilities, classes) of the k most probable classes of each row, best first; with
+    ``return_expansions``, also each row's node expansions (int64: the nodes whose children a tree
+    search scored; -1 for heads without a tree search)."""
     _refuse_functorch()
-    return _ops.topk(hidden, weight, bias, k, head, beam_width)
+    values, classes, expansions = _ops.topk(hidden, weight, bias, k, head, beam_width)
+    return (values, classes, expansions) if return_expansions else (values, classes)

@@ -232,17 +232,21 @@ class _SoftmaxHead(nn.Module):
         except IndexError as e:
             raise IndexError(str(e).replace(f" and is not ignore_index ({_ops.INT64_MIN})", "")) from None
 
-    def _predict(self, hidden, k, head, beam_width=0):
+    def _predict(self, hidden, k, head, beam_width=0, return_expansions=False):
         h = self._hidden_2d(hidden)
-        lead = hidden.shape[:-1]
+        lead = tuple(hidden.shape[:-1])
         if not 1 <= int(k) <= self.num_classes:
             raise ValueError(f"k = {k} must be in [1, num_classes = {self.num_classes}]")
         if h.shape[0] == 0:
-            return (h.new_empty(tuple(lead) + (k,), dtype=torch.float32),
-                    h.new_empty(tuple(lead) + (k,), dtype=torch.int64))
-        with torch.no_grad():
-            values, indices = _ops.topk(h, self.weight, self.bias, int(k), head, int(beam_width))
-        return values.reshape(tuple(lead) + (k,)), indices.reshape(tuple(lead) + (k,))
+            values = h.new_empty(lead + (k,), dtype=torch.float32)
+            indices = h.new_empty(lead + (k,), dtype=torch.int64)
+            expansions = h.new_empty(lead, dtype=torch.int64)
+        else:
+            with torch.no_grad():
+                values, indices, expansions = _ops.topk(h, self.weight, self.bias, int(k), head, int(beam_width))
+            values, indices, expansions = (values.reshape(lead + (k,)), indices.reshape(lead + (k,)),
+                                           expansions.reshape(lead))
+        return (values, indices, expansions) if return_expansions else (values, indices)
 
 
 class FullSoftmaxLoss(_SoftmaxHead):
@@ -378,10 +382,13 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         """log p(targets | hidden), shape of ``targets`` (differentiable)."""
         return self._log_prob(hidden, targets, self._handle.value)
 
-    def predict(self, hidden, k=1, beam_width=0):
+    def predict(self, hidden, k=1, beam_width=0, return_expansions=False):
         """(log-probabilities, classes) of the k most probable classes, best first: exact
-        best-first tree search, or a beam search keeping ``beam_width`` open nodes when > 0."""
-        return self._predict(hidden, k, self._handle.value, beam_width)
+        best-first tree search, or a beam search keeping ``beam_width`` open nodes when > 0. With
+        ``return_expansions``, also each row's node expansions (int64, shape of ``hidden`` without
+        its last dimension): the nodes whose children the search scored, its cost -- a forward
+        scores one node per level of the target's path."""
+        return self._predict(hidden, k, self._handle.value, beam_width, return_expansions)
 
     @torch.no_grad()
     def init_weights_from_class_vectors(self, class_vectors, class_bias=None):
