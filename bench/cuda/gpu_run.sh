@@ -40,6 +40,8 @@
 #   bench/cuda/gpu_run.sh rowblocks  the full softmax at the PyTorch peer's shape in row blocks that keep
 #                                    every score ($ROW_BLOCKS) at several chunk sizes ($CHUNKS), then the
 #                                    peer (PyTorch, Cut Cross-Entropy, Liger) on the same machine
+#   bench/cuda/gpu_run.sh hstopk     the HS top-10 before and after 300 SGD steps on the bench's inputs,
+#                                    with the search's expansions a row (issue 26, target 4)
 #   bench/cuda/gpu_run.sh hsab       the HS's wide gather levels a node at a time (the default) against a
 #                                    block per sample (XSOFTMAX_CUDA_HS_GATHER=per_sample), alternated
 #   bench/cuda/gpu_run.sh session    a whole session's plan in one call of about 9 minutes on carried
@@ -436,6 +438,19 @@ hsab() {
   done | tee "$out/hsab.txt" | grep -E '^round|^hs_' | tee -a "$out/phases.txt"
 }
 
+# The HS top-10 on trained weights (issue 26, target 4): each head's measurements, then
+# $HSTOPK_STEPS SGD steps (default 300, rate $HSTOPK_LR, default 1) on its inputs, then the forward
+# and the top-10 again; the search's expansions a row before and after.
+hstopk() {
+  local bench head
+  bench=$(bench_binary)
+  log "hstopk $(date -u +%FT%TZ)"
+  for head in ${HSTOPK_HEADS:-hs_uniform2_1m hs_uniform3_1m hs_huffman_sigmoid_1m}; do
+    "$bench" --filter "$head" --reps "${HSTOPK_REPS:-3}" --train-steps "${HSTOPK_STEPS:-300}" \
+      --train-lr "${HSTOPK_LR:-1}" 2>&1
+  done | tee "$out/hstopk.txt" | grep -E '^hs_' | tee -a "$out/phases.txt"
+}
+
 # The PyTorch package for the GPU machine, built here: in a copy of python/ and include/, against the
 # torch of $PY_FOR_GPU (default /tmp/py312/bin/python: `python3.12 -m venv /tmp/py312 &&
 # /tmp/py312/bin/pip install torch==2.11.0 numpy pytest`, the GPU image's Python and torch), for sm_90,
@@ -608,6 +623,7 @@ case "${1:-all}" in
   scale) scale ;;
   rowblocks) rowblocks ;;
   hsab) hsab ;;
+  hstopk) hstopk ;;
   session) session ;;
   profiles) profiles ;;
   carry_python) carry_python ;;

@@ -9,6 +9,9 @@
 //   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
 //                               forward_backward_async, topk; the others print nan), e.g. under a profiler
 //   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
+//   heads_cuda_bench --filter hs_uniform --train-steps 300 [--train-lr 1]   then 300 SGD steps on
+//                               the head's inputs and the forward and top-10 again, with the HS
+//                               search's expansions a row before and after (issue 26, target 4)
 //   heads_cuda_bench --filter hs_scale [--scale-n 100000000]   one HS and one KNN softmax training
 //                               step at scale (the KNN softmax on a given random graph, K = 10)
 //   heads_cuda_bench --sweep bench/heads_tree_shapes_gpu.json [--sweep-n 1000000,10000000]
@@ -33,6 +36,8 @@
 #include <xsoftmax/tree/uniform_tree.hpp>
 
 #include <thrust/device_vector.h>
+#include <thrust/functional.h>
+#include <thrust/reduce.h>
 
 #include <cuda_runtime_api.h>
 
@@ -48,6 +53,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <thread>
 #include <vector>
 
@@ -73,6 +79,10 @@ std::size_t used_bytes() {
 
 /// The measurement `--only` names (empty: all).
 std::string only_measurement;
+/// --train-steps S / --train-lr L: after the measurements, S steps of plain SGD (mean loss, rate L)
+/// on the head's own inputs, then the top-10 again (issue 26 target 4: the search on trained weights).
+int train_steps = 0;
+float train_lr = 1.0f;
 
 /// A comma-separated list of integers >= `least` ("0,1024"), or false.
 bool parse_list(const char* text, long long least, std::vector<index_t>& out) {
@@ -163,6 +173,38 @@ struct inputs {
   xs::matrix_view<float> ghv() { return {thrust::raw_pointer_cast(grad_h.data()), rows, dim}; }
 };
 
+/// The search options of a head's top-k: `extra` (or the defaults), with each row's expansions into
+/// `counts` when the head's search counts them (the hierarchical softmax).
+template <class Head>
+typename Head::search_options_type counted_search(thrust::device_vector<index_t>& counts, index_t rows,
+                                                  typename Head::search_options_type extra = {}) {
+  if constexpr (std::is_same_v<typename Head::search_options_type, xs::search_options>) {
+    counts.resize(static_cast<std::size_t>(rows));
+    extra.expansions = xs::vector_view<index_t>(thrust::raw_pointer_cast(counts.data()), rows);
+  }
+  return extra;
+}
+
+/// One untimed top-10 of `h`, and a line with the mean and largest expansions a row (heads whose
+/// search counts them).
+template <class Head, class... TopkExtra>
+void report_expansions(const std::string& name, const char* when, const Head& head,
+                       xs::matrix_view<const __nv_bfloat16> h, TopkExtra... topk_extra) {
+  if constexpr (std::is_same_v<typename Head::search_options_type, xs::search_options>) {
+    const index_t rows = h.rows, k = 10;
+    thrust::device_vector<index_t> cls(static_cast<std::size_t>(rows * k)), counts;
+    thrust::device_vector<float> lp(static_cast<std::size_t>(rows * k));
+    head.topk(h, k, xs::matrix_view<index_t>(thrust::raw_pointer_cast(cls.data()), rows, k),
+              xs::matrix_view<float>(thrust::raw_pointer_cast(lp.data()), rows, k),
+              counted_search<Head>(counts, rows, topk_extra...));
+    const index_t sum = thrust::reduce(counts.begin(), counts.end(), index_t(0));
+    const index_t most = thrust::reduce(counts.begin(), counts.end(), index_t(0), thrust::maximum<index_t>());
+    std::printf("%-34s top10 expansions a row (%s): mean %.1f, max %lld\n", name.c_str(), when,
+                double(sum) / double(rows), static_cast<long long>(most));
+    std::fflush(stdout);
+  }
+}
+
 template <class Head, class... TopkExtra>
 void run_head(const std::string& name, Head& head, index_t rows, index_t num_classes, bool zipf, int reps,
               std::size_t base, TopkExtra... topk_extra) {
@@ -205,6 +247,30 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
                   xs::matrix_view<float>(thrust::raw_pointer_cast(lp.data()), rows, k), topk_extra...);
       },
       std::max(1, reps / 2), peak);
+  report_expansions(name, "untrained", head, in.hv(), topk_extra...);
+  if (train_steps > 0) {  // the top-10 again on weights trained on these inputs (target 4)
+    progress("training");
+    xs::loss_options mean;
+    mean.reduce = xs::reduction::mean;
+    float trained_loss = 0;
+    for (int s = 0; s < train_steps; ++s) {
+      trained_loss = head.forward_backward(in.hv(), in.tv(), in.ghv(), g, mean);
+      head.apply_sgd(g, train_lr);
+    }
+    progress("topk, trained");
+    std::size_t trained_peak = peak;
+    const double trained_fwd = time_ms("forward", [&] { head.forward(in.hv(), in.tv()); }, reps, trained_peak);
+    const double trained_tk = time_ms("topk",
+        [&] {
+          head.topk(in.hv(), k, xs::matrix_view<index_t>(thrust::raw_pointer_cast(cls.data()), rows, k),
+                    xs::matrix_view<float>(thrust::raw_pointer_cast(lp.data()), rows, k), topk_extra...);
+        },
+        std::max(1, reps / 2), trained_peak);
+    std::printf("%-34s after %d SGD steps (lr %g, loss %.4f): fwd %9.3f ms  top10 %9.3f ms (%.2fx fwd)\n",
+                name.c_str(), train_steps, double(train_lr), trained_loss, trained_fwd, trained_tk,
+                trained_tk / trained_fwd);
+    report_expansions(name, "trained", head, in.hv(), topk_extra...);
+  }
   progress("done");
   const double grad_mb = (static_cast<double>(g.values.size()) * 4 + static_cast<double>(g.rows.size()) * 8) / 1e6;
   std::printf("%-34s B=%-6lld d=%-5lld N=%-10lld fwd %9.3f ms  fwd+bwd %9.3f ms  fwd+bwd async %9.3f ms  "
@@ -331,6 +397,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only_measurement = argv[++i];
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps_option = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--train-steps") && i + 1 < argc) train_steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--train-lr") && i + 1 < argc) train_lr = static_cast<float>(std::atof(argv[++i]));
     else if (!std::strcmp(argv[i], "--sweep") && i + 1 < argc) sweep_path = argv[++i];
     else if (!std::strcmp(argv[i], "--scale-n") && i + 1 < argc) scale_n = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--sweep-n") && i + 1 < argc) {
