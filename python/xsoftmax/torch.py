@@ -243,7 +243,8 @@ class _SoftmaxHead(nn.Module):
             expansions = h.new_empty(lead, dtype=torch.int64)
         else:
             with torch.no_grad():
-                values, indices, expansions = _ops.topk(h, self.weight, self.bias, int(k), head, int(beam_width))
+                values, indices, expansions = _ops.topk(h, self.weight, self.bias, int(k), head, int(beam_width),
+                                                        return_expansions=True)
             values, indices, expansions = (values.reshape(lead + (k,)), indices.reshape(lead + (k,)),
                                            expansions.reshape(lead))
         return (values, indices, expansions) if return_expansions else (values, indices)

@@ -6,12 +6,13 @@
 /// lockstep rounds, and a round's expansions run node by node.
 ///
 /// Why: a search expands nodes one row at a time, and each expansion reads the node's whole block
-/// of weight rows (317 x 64 floats, 81 KB, for a 2-level tree over 1e5 classes). An exact top-10
-/// on weights trained for 300 steps expands ~107 nodes a row, a third of that tree: 8.6 MB of
-/// weights a row, read from beyond the L2 cache, so the search ran at the memory's pace
-/// (bench/RESULTS.md, "HS top-k on trained weights"). Rows that expand the same node in a round
-/// now do it together: the node's rows are read once into cache and scored against up to four
-/// hidden rows at a time (`dot_rows8`).
+/// of weight rows (317 x 256 floats, 325 KB, for a 2-level tree over 1e5 classes at d = 256). An
+/// exact top-10 on weights trained for 300 steps expands ~177 nodes a row there, over half of that
+/// tree, each a stream from memory (18 us on one core), so the search ran at the memory's pace.
+/// Rows that expand the same node in a round now do it together: the node's rows are read once and
+/// scored against up to four hidden rows at a time (`dot_rows8`: 5.4 us a row-expansion). Exact
+/// top-10 1.49-1.56 s -> 0.61-0.64 s for 512 rows, beam 1 10.0-10.4 -> 5.8-6.1 ms (bench/RESULTS.md,
+/// "HS top-k on trained weights"; at d = 64, where the weights fit the last-level cache, no change).
 ///
 /// Exactness: each row's search is the one-row search (`topk_search_step`'s `next_node` and
 /// `push_children`, in the same order); only which rows' expansions run side by side changes, and
@@ -41,9 +42,9 @@ struct round_row_state {
 
 /// Log-probabilities of the children of the node whose block is [nb, nb + ns) for the m hidden rows
 /// `rows` (tile rows; m <= search_round_task_rows) of `step`: row i's into step.child_lp + i *
-/// max_block, each bitwise `child_log_probs<false>`'s. Child by child, so that each child's weight row is read once for
-/// all m rows: four hidden rows a pass (`dot_rows8`, each dot bitwise `dot_row8`'s), the last
-/// m mod 4 one at a time; then each row's log-sum-exp.
+/// max_block, each bitwise `child_log_probs<false>`'s. Child by child, so that each child's weight
+/// row is read once for all m rows: four hidden rows a pass (`dot_rows8`, each dot bitwise
+/// `dot_row8`'s), the last m mod 4 one at a time; then each row's log-sum-exp.
 template <class Step>
 void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, const index_t* rows, index_t m) {
   const index_t d = step.d, stride = step.max_block, m4 = m / 4 * 4;
@@ -73,7 +74,9 @@ void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, cons
   }
 }
 
-/// The runner (see the file comment).
+/// The runner (see the file comment). A round opens one parallel region, and the rounds last as long
+/// as the longest search: a row that expands far more nodes than the others runs its tail alone,
+/// a region a node.
 template <class B>
 struct host_search_rounds {
   static constexpr bool available = true;
