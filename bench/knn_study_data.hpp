@@ -125,18 +125,9 @@ inline const dataset& data() {
     const std::vector<float> centre =
         synthetic_classes::clustered_centres(n, dim, c.cluster_size, c.spread, rng, gauss);
     synthetic_classes::zipf_classes draw_class(n, c.zipf, rng);
-    auto draw = [&](std::vector<float>& xs, std::vector<index_t>& ys, index_t rows) {
-      xs.resize(static_cast<size_t>(rows * dim));
-      ys.resize(static_cast<size_t>(rows));
-      const float sd = static_cast<float>(c.noise / std::sqrt(double(dim)));
-      for (index_t i = 0; i < rows; ++i) {
-        const index_t y = draw_class(rng);
-        ys[i] = y;
-        for (index_t p = 0; p < dim; ++p) xs[i * dim + p] = centre[y * dim + p] + sd * gauss(rng);
-      }
-    };
-    draw(ds->train_x, ds->train_y, c.steps * c.batch);
-    draw(ds->test_x, ds->test_y, c.test);
+    synthetic_classes::draw_samples(centre, dim, c.noise, draw_class, rng, gauss, c.steps * c.batch, ds->train_x,
+                                    ds->train_y);
+    synthetic_classes::draw_samples(centre, dim, c.noise, draw_class, rng, gauss, c.test, ds->test_x, ds->test_y);
     ds->train_counts.assign(static_cast<size_t>(n), 0.0);
     for (index_t y : ds->train_y) ds->train_counts[y] += 1;
     return ds;

@@ -77,4 +77,19 @@ class zipf_classes {
   std::uniform_real_distribution<double> u01_;
 };
 
+/// `rows` samples into x (rows x dim) and y: each a class from `draw_class`, then that class's centre
+/// plus Gaussian noise of norm about `noise` (sd noise / sqrt(dim) a coordinate), drawn in that order.
+inline void draw_samples(const std::vector<float>& centre, index_t dim, double noise, zipf_classes& draw_class,
+                         engine& rng, gaussian& gauss, index_t rows, std::vector<float>& x, std::vector<index_t>& y) {
+  x.resize(static_cast<size_t>(rows * dim));
+  y.resize(static_cast<size_t>(rows));
+  const float sd = static_cast<float>(noise / std::sqrt(double(dim)));
+  for (index_t i = 0; i < rows; ++i) {
+    const index_t c = draw_class(rng);
+    y[static_cast<size_t>(i)] = c;
+    for (index_t p = 0; p < dim; ++p)
+      x[static_cast<size_t>(i * dim + p)] = centre[static_cast<size_t>(c * dim + p)] + sd * gauss(rng);
+  }
+}
+
 }  // namespace synthetic_classes

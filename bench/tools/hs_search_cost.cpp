@@ -110,16 +110,8 @@ dataset make_data(const config& c) {
   } else {
     const std::vector<float> centre = synthetic_classes::clustered_centres(c.n, c.dim, 50, 0.7, rng, gauss);
     synthetic_classes::zipf_classes draw_class(c.n, 1.0, rng);
-    const float sd = static_cast<float>(0.6 / std::sqrt(double(c.dim)));
-    auto draw = [&](std::vector<float>& x, std::vector<index_t>& y) {
-      for (size_t i = 0; i < y.size(); ++i) {
-        y[i] = draw_class(rng);
-        for (index_t p = 0; p < c.dim; ++p)
-          x[i * c.dim + p] = centre[static_cast<size_t>(y[i] * c.dim + p)] + sd * gauss(rng);
-      }
-    };
-    draw(ds.train_x, ds.train_y);
-    draw(ds.test_x, ds.test_y);
+    synthetic_classes::draw_samples(centre, c.dim, 0.6, draw_class, rng, gauss, train_rows, ds.train_x, ds.train_y);
+    synthetic_classes::draw_samples(centre, c.dim, 0.6, draw_class, rng, gauss, c.rows, ds.test_x, ds.test_y);
   }
   ds.train_counts.assign(static_cast<size_t>(c.n), 1.0);  // + 1: every class has a Huffman leaf weight
   for (index_t y : ds.train_y) ds.train_counts[static_cast<size_t>(y)] += 1;

@@ -6,7 +6,7 @@
 /// thread. The search itself is the generic one, run by the block's thread 0 (`next_node`,
 /// `push_children`, the open heap in global memory); what the block shares is the expansion, the
 /// costly part: each thread scores children j = tid, tid + Threads, ... of the expanded node with
-/// the generic `softmax_child_score` (each child's dot product is its own, so the values are
+/// the generic `weight_row_score` (each child's dot product is its own, so the values are
 /// bitwise the generic kernel's), thread 0 takes their log-sum-exp with the generic
 /// `children_logsumexp` (its order),
 /// and the threads subtract it. Bitwise the generic device search; the generic one is its oracle
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<f
     while (more) {
       const index_t nb = expand_begin, ns = expand_size;
       for (index_t j = threadIdx.x; j < ns; j += Threads)  // softmax_child_scores' values, child by child
-        lp[j] = softmax_child_score(h, step.w, step.bias, nb + j);
+        lp[j] = weight_row_score(h, step.w, step.bias, nb + j);
       __syncthreads();
       if (threadIdx.x == 0) lse = children_logsumexp(lp, ns);
       __syncthreads();
@@ -66,13 +66,7 @@ __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<f
       }
       __syncthreads();
     }
-    if (threadIdx.x == 0) {
-      for (index_t f = found; f < step.k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
-        step.classes(r, f) = -1;
-        step.log_probs(r, f) = -INFINITY;
-      }
-      if (step.expansions) step.expansions[r] = expanded;
-    }
+    if (threadIdx.x == 0) step.finish_row(r, found, expanded);
     __syncthreads();  // `more` and the node are rewritten for the next row only after all have read them
   }
 }

@@ -17,33 +17,28 @@
 #include <cstdint>
 
 namespace xsoftmax::detail {
-/// A sigmoid node's score from its dot product h . w_node: + bias_node when there is a bias.
+/// A node row's score from its dot product h . w_row: + bias_row when there is a bias (a sigmoid
+/// node's score; a softmax node's child's).
 template <class T>
-XSOFTMAX_HD float sigmoid_score_of_dot(float dot, const T* bias, index_t node) {
-  return bias ? dot + to_float(bias[node]) : dot;
-}
-
-/// A sigmoid node's score: h . w_node (+ bias_node), the fp32 row `h`, in `dot_row8`'s order.
-template <class T>
-XSOFTMAX_HD float sigmoid_node_score(const float* h, matrix_view<const T> w, const T* bias, index_t node) {
-  return sigmoid_score_of_dot(dot_row8(h, w.row(node), w.cols), bias, node);
-}
-
-/// A softmax node's child score: h . w_row (+ bias_row), the fp32 row `h`, in `dot_row8`'s order.
-template <class T>
-XSOFTMAX_HD float softmax_child_score(const float* h, matrix_view<const T> w, const T* bias, index_t row) {
-  const float dot = dot_row8(h, w.row(row), w.cols);
+XSOFTMAX_HD float score_of_dot(float dot, const T* bias, index_t row) {
   return bias ? dot + to_float(bias[row]) : dot;
 }
 
-/// out[j] = `softmax_child_score` of row first + j, for j < count: the block's rows in order, each
+/// A weight row's score: h . w_row (+ bias_row), the fp32 row `h`, in `dot_row8`'s order -- a
+/// sigmoid node's score, or a softmax node's child's.
+template <class T>
+XSOFTMAX_HD float weight_row_score(const float* h, matrix_view<const T> w, const T* bias, index_t row) {
+  return score_of_dot(dot_row8(h, w.row(row), w.cols), bias, row);
+}
+
+/// out[j] = `weight_row_score` of row first + j, for j < count: the block's rows in order, each
 /// read once as a stream. (Four children a pass, `dot_rows8<4>`, was slower from memory: 33.8
 /// against 18.2 us a 317-child expansion at d = 256, and within 10 % of it in cache;
 /// bench/tools/search_expansion_kernels.cpp.)
 template <class T>
 XSOFTMAX_HD void softmax_child_scores(const float* h, matrix_view<const T> w, const T* bias, index_t first,
                                       index_t count, float* out) {
-  for (index_t j = 0; j < count; ++j) out[j] = softmax_child_score(h, w, bias, first + j);
+  for (index_t j = 0; j < count; ++j) out[j] = weight_row_score(h, w, bias, first + j);
 }
 
 /// The log-sum-exp of a node's n child scores: the max, then `sum_exp_shifted` (fast_exp in 8
@@ -54,6 +49,12 @@ XSOFTMAX_HD inline float children_logsumexp(const float* s, index_t n) {
   return finish_logsumexp(m, sum_exp_shifted(s, n, m));
 }
 
+/// A node's n child scores into their log-probabilities: each less their `children_logsumexp`.
+XSOFTMAX_HD inline void scores_to_child_log_probs(float* s, index_t n) {
+  const float lse = children_logsumexp(s, n);
+  for (index_t j = 0; j < n; ++j) s[j] -= lse;
+}
+
 /// log p(child j | node) for the node whose block is [block_begin, block_begin + block_size), of
 /// the fp32 row `h`, into out[0, block_size) (two entries for sigmoid nodes).
 template <bool Sigmoid, class T>
@@ -62,13 +63,12 @@ XSOFTMAX_HD void child_log_probs(const float* h, matrix_view<const T> w, const T
   if constexpr (Sigmoid) {
     // softplus(-s) and softplus(s) share log1p(exp(-|s|)) (see `softplus_pair`): one exp and one
     // log1p per node instead of two each, bitwise the same values.
-    softplus_pair(sigmoid_node_score(h, w, bias, block_begin / 2), out[0], out[1]);
+    softplus_pair(weight_row_score(h, w, bias, block_begin / 2), out[0], out[1]);
     out[0] = -out[0];
     out[1] = -out[1];
   } else {
     softmax_child_scores(h, w, bias, block_begin, block_size, out);
-    const float lse = children_logsumexp(out, block_size);
-    for (index_t j = 0; j < block_size; ++j) out[j] -= lse;
+    scores_to_child_log_probs(out, block_size);
   }
 }
 
@@ -93,9 +93,9 @@ XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix
       wr[r] = w.row(block_begin[slot[a + r]] / 2);
     }
     dot_rows8<4>(hr, wr, w.cols, sc + a);
-    for (int r = 0; r < 4; ++r) sc[a + r] = sigmoid_score_of_dot(sc[a + r], bias, block_begin[slot[a + r]] / 2);
+    for (int r = 0; r < 4; ++r) sc[a + r] = score_of_dot(sc[a + r], bias, block_begin[slot[a + r]] / 2);
   }
-  for (; a < m; ++a) sc[a] = sigmoid_node_score(h + slot[a] * d, w, bias, block_begin[slot[a]] / 2);
+  for (; a < m; ++a) sc[a] = weight_row_score(h + slot[a] * d, w, bias, block_begin[slot[a]] / 2);
   if constexpr (G % node_lanes == 0)
     for (a = 0; a < m; a += node_lanes) softplus_pair8(sc + a, minus + a, plus + a);
   else
@@ -107,7 +107,7 @@ XSOFTMAX_HD void sigmoid_child_log_probs_group(const float* h, index_t d, matrix
 }
 
 /// For m <= L entries a: the sigmoid node score s_a of the fp32 row hr[a] at weight row wrow[a]
-/// (`sigmoid_node_score`'s value), then minus[a] = softplus(-s_a) and plus[a] = softplus(s_a):
+/// (`weight_row_score`'s value), then minus[a] = softplus(-s_a) and plus[a] = softplus(s_a):
 /// the node's children's log-probabilities negated, bitwise `child_log_probs<true>`'s (x + (-y)
 /// and x - y are the same IEEE operation, so a caller may subtract them from a parent's value).
 /// Rows are scored four at a time (`dot_rows8`), the softplus pairs 8 lanes at a time when L
@@ -126,9 +126,9 @@ XSOFTMAX_HD void sigmoid_pair_terms(const float** hr, index_t* wrow, index_t m, 
   for (; a + 4 <= m; a += 4) {
     const T* wr[4] = {w.row(wrow[a]), w.row(wrow[a + 1]), w.row(wrow[a + 2]), w.row(wrow[a + 3])};
     dot_rows8<4>(hr + a, wr, w.cols, sc + a);
-    for (int r = 0; r < 4; ++r) sc[a + r] = sigmoid_score_of_dot(sc[a + r], bias, wrow[a + r]);
+    for (int r = 0; r < 4; ++r) sc[a + r] = score_of_dot(sc[a + r], bias, wrow[a + r]);
   }
-  for (; a < m; ++a) sc[a] = sigmoid_node_score(hr[a], w, bias, wrow[a]);
+  for (; a < m; ++a) sc[a] = weight_row_score(hr[a], w, bias, wrow[a]);
   if constexpr (L % node_lanes == 0)
     for (a = 0; a < m; a += node_lanes) softplus_pair8(sc + a, minus + a, plus + a);
   else

@@ -10,9 +10,11 @@
 /// exact top-10 on weights trained for 300 steps expands ~177 nodes a row there, over half of that
 /// tree, each a stream from memory (18 us on one core), so the search ran at the memory's pace.
 /// Rows that expand the same node in a round now do it together: the node's rows are read once and
-/// scored against up to four hidden rows at a time (`dot_rows8`: 5.4 us a row-expansion). Exact
-/// top-10 1.49-1.56 s -> 0.61-0.64 s for 512 rows, beam 1 10.0-10.4 -> 5.8-6.1 ms (bench/RESULTS.md,
-/// "HS top-k on trained weights"; at d = 64, where the weights fit the last-level cache, no change).
+/// scored against up to four hidden rows at a time (`dot_rows8`: 5.4 us a row-expansion;
+/// bench/tools/search_expansion_kernels.cpp). Exact top-10 1.49-1.56 s -> 0.61-0.64 s for 512 rows,
+/// beam 1 10.0-10.4 -> 5.8-6.1 ms (bench/tools/hs_search_cost.cpp at baae76d against 5dce5f1;
+/// bench/RESULTS.md, "HS top-k on trained weights"; at d = 64, where the weights fit the last-level
+/// cache, no change).
 ///
 /// Exactness: each row's search is the one-row search (`topk_search_step`'s `next_node` and
 /// `push_children`, in the same order); only which rows' expansions run side by side changes, and
@@ -57,21 +59,14 @@ void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, cons
   for (index_t j = 0; j < ns; ++j) {
     const auto* wj = step.w.row(nb + j);
     const decltype(wj) wr[4] = {wj, wj, wj, wj};
-    const float bias = step.bias ? to_float(step.bias[nb + j]) : 0.f;
     for (index_t a = 0; a < m4; a += 4) {
       float dots[4];
       dot_rows8<4>(hr + a, wr, d, dots);
-      for (int q = 0; q < 4; ++q) out[a + q][j] = step.bias ? dots[q] + bias : dots[q];
+      for (int q = 0; q < 4; ++q) out[a + q][j] = score_of_dot(dots[q], step.bias, nb + j);
     }
-    for (index_t a = m4; a < m; ++a) {
-      const float dot = dot_row8(hr[a], wj, d);
-      out[a][j] = step.bias ? dot + bias : dot;
-    }
+    for (index_t a = m4; a < m; ++a) out[a][j] = score_of_dot(dot_row8(hr[a], wj, d), step.bias, nb + j);
   }
-  for (index_t a = 0; a < m; ++a) {
-    const float lse = children_logsumexp(out[a], ns);
-    for (index_t j = 0; j < ns; ++j) out[a][j] -= lse;
-  }
+  for (index_t a = 0; a < m; ++a) scores_to_child_log_probs(out[a], ns);
 }
 
 /// The runner (see the file comment). A round opens one parallel region, and the rounds last as long
@@ -138,14 +133,7 @@ struct host_search_rounds {
       for (index_t i = 0; i < n; ++i) nlive += live[i];
       if (nlive == 0) break;
     }
-    for (index_t i = 0; i < n; ++i) {
-      const index_t r = step.row0 + i;
-      for (index_t f = st[i].found; f < step.k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
-        step.classes(r, f) = -1;
-        step.log_probs(r, f) = -INFINITY;
-      }
-      if (step.expansions) step.expansions[r] = st[i].expanded;
-    }
+    for (index_t i = 0; i < n; ++i) step.finish_row(step.row0 + i, st[i].found, st[i].expanded);
   }
 };
 

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -119,13 +120,18 @@ struct topk_search_step {
       }
       nlive = q;
     }
-    for (index_t j = 0; j < m; ++j) {
-      for (index_t f = found[j]; f < k; ++f) {  // only a narrow beam (or an overflow, retried) leaves slots
-        classes(row0 + i0 + j, f) = -1;
-        log_probs(row0 + i0 + j, f) = -INFINITY;
-      }
-      if (expansions) expansions[row0 + i0 + j] = expanded[j];
+    for (index_t j = 0; j < m; ++j) finish_row(row0 + i0 + j, found[j], expanded[j]);
+  }
+
+  /// A finished search of row r (of the call), `found` classes out after `expanded` expansions: the
+  /// slots past them at class -1 / -inf (only a narrow beam, or an overflow that is retried, leaves
+  /// slots), and its expansions counted.
+  XSOFTMAX_HD void finish_row(index_t r, index_t found, index_t expanded) const {
+    for (index_t f = found; f < k; ++f) {
+      classes(r, f) = -1;
+      log_probs(r, f) = -INFINITY;
     }
+    if (expansions) expansions[r] = expanded;
   }
 
   /// Pops row r's best entries into its output while they are leaves; false when the search is
@@ -239,16 +245,18 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
                      sigmoid_pair_step<T, View, G>{tv, h.data, h.cols, w, bias, k, capacity, row0, n, open_key.data(),
                                                    leaf_lp.data(), classes, log_probs, raw(overflow), start_begin,
                                                    expansions});
-      } else if constexpr (!Sigmoid && tree_search_tuning<B>::available) {  // a row a step, its runner
-        const topk_search_step<false, T, View, 1> step{
-            tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0, n, open_key.data(), child_lp.data(),
-            leaf_lp.data(), classes, log_probs, raw(overflow), start_begin, start_size, expansions};
-        tree_search_tuning<B>::run(ex, step);
       } else {
-        const topk_search_step<Sigmoid, T, View, G> step{
-            tv, h.data, h.cols, w, bias, k, beam, capacity, max_block, row0, n, open_key.data(), child_lp.data(),
-            leaf_lp.data(), classes, log_probs, raw(overflow), start_begin, start_size, expansions};
-        parallel_for(ex, (n + G - 1) / G, step);
+        // The one-row search of this tile, `Rows` rows a task.
+        const auto step_of = [&](auto rows) {
+          return topk_search_step<Sigmoid, T, View, decltype(rows)::value>{
+              tv,        h.data,    h.cols,         w,           bias,       k,         beam,
+              capacity,  max_block, row0,           n,           open_key.data(), child_lp.data(), leaf_lp.data(),
+              classes,   log_probs, raw(overflow),  start_begin, start_size, expansions};
+        };
+        if constexpr (!Sigmoid && tree_search_tuning<B>::available)  // a row a step, the backend's runner
+          tree_search_tuning<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}));
+        else
+          parallel_for(ex, (n + G - 1) / G, step_of(std::integral_constant<index_t, G>{}));
       }
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
