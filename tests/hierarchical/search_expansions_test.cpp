@@ -2,9 +2,11 @@
 // `search_options::expansions`: the hierarchical softmax's top-k reports, per row, how many nodes
 // its search expanded (scored the children of). Checked against the plain reference search
 // (reference_search.hpp), which counts its own expansions:
-//  * softmax nodes, exact search: the same count as the reference (the library's pruning skips
-//    only entries that would never be popped), at k = 1, 5, 40 and every class, on Huffman trees
-//    of arity 3 and 4 and a uniform tree, with a batch that is no multiple of the 16-row groups;
+//  * softmax nodes, exact search: the same count as the reference on a device (the library's
+//    pruning skips only entries that would never be popped), at least the reference's on the host
+//    backends (their level-by-level search expands a superset), at k = 1, 5, 40 and every class, on
+//    Huffman trees of arity 3 and 4 and a uniform tree, with a batch that is no multiple of the
+//    16-row groups;
 //  * sigmoid nodes: a beam wider than the tree is the one-level search (the reference's count);
 //    the exact search's two-levels-per-pop form scores every node the one-level search expands
 //    and at most two children early per pop (so at most three times as many);
@@ -83,7 +85,14 @@ void check_softmax_nodes(const Tree& tree, index_t n, const std::string& what) {
     const test_vector<index_t> counts = counted_topk(head, hb, k, 0);
     for (index_t i = 0; i < batch; ++i) {
       INFO(what, ", k = ", k, ", row ", i);
-      CHECK(counts[static_cast<size_t>(i)] == reference_expansions<false>(tree.view(), p, rows, i, k));
+      const index_t ref = reference_expansions<false>(tree.view(), p, rows, i, k);
+      // The host backends run an exact search level by level (search_levels.hpp): a beam first,
+      // then every node at or above a cut, a superset of the reference's (search_levels_test.cpp
+      // bounds it from above); the device's runner is the best-first search itself.
+      if constexpr (xsoftmax::is_host_backend<B>)
+        CHECK(counts[static_cast<size_t>(i)] >= ref);
+      else
+        CHECK(counts[static_cast<size_t>(i)] == ref);
     }
   }
 }

@@ -9,7 +9,7 @@
 #include <xsoftmax/detail/hierarchical/tree_access.hpp>
 #include <xsoftmax/detail/hierarchical/range_log_probs.hpp>
 #include <xsoftmax/detail/hierarchical/tree_search.hpp>
-#include <xsoftmax/detail/hierarchical/search_rounds.hpp>
+#include <xsoftmax/detail/hierarchical/search_levels.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/validation.hpp>
 

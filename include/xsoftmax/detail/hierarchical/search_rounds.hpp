@@ -42,20 +42,15 @@ struct round_row_state {
   float base;
 };
 
-/// Log-probabilities of the children of the node whose block is [nb, nb + ns) for the m hidden rows
-/// `rows` (tile rows; m <= search_round_task_rows) of `step`: row i's into step.child_lp + i *
-/// max_block, each bitwise `child_log_probs<false>`'s. Child by child, so that each child's weight
-/// row is read once for all m rows: four hidden rows a pass (`dot_rows8`, each dot bitwise
-/// `dot_row8`'s), the last m mod 4 one at a time; then each row's log-sum-exp.
+/// Log-probabilities of the children of the node whose block is [nb, nb + ns) for m hidden rows
+/// (m <= search_round_task_rows): hidden row hr[a]'s into out[a][0, ns), each bitwise
+/// `child_log_probs<false>`'s. Child by child, so that each child's weight row is read once for all
+/// m rows: four hidden rows a pass (`dot_rows8`, each dot bitwise `dot_row8`'s), the last m mod 4
+/// one at a time; then each row's log-sum-exp.
 template <class Step>
-void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, const index_t* rows, index_t m) {
-  const index_t d = step.d, stride = step.max_block, m4 = m / 4 * 4;
-  const float* hr[search_round_task_rows];
-  float* out[search_round_task_rows];
-  for (index_t a = 0; a < m; ++a) {
-    hr[a] = step.h + (step.row0 + rows[a]) * d;
-    out[a] = step.child_lp + rows[a] * stride;
-  }
+void node_child_log_probs(const Step& step, index_t nb, index_t ns, const float* const* hr, float* const* out,
+                          index_t m) {
+  const index_t d = step.d, m4 = m / 4 * 4;
   for (index_t j = 0; j < ns; ++j) {
     const auto* wj = step.w.row(nb + j);
     const decltype(wj) wr[4] = {wj, wj, wj, wj};
@@ -67,6 +62,19 @@ void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, cons
     for (index_t a = m4; a < m; ++a) out[a][j] = score_of_dot(dot_row8(hr[a], wj, d), step.bias, nb + j);
   }
   for (index_t a = 0; a < m; ++a) scores_to_child_log_probs(out[a], ns);
+}
+
+/// `node_child_log_probs` for the m tile rows `rows` of `step`: row i's into step.child_lp + i *
+/// max_block.
+template <class Step>
+void node_child_log_probs_of_rows(const Step& step, index_t nb, index_t ns, const index_t* rows, index_t m) {
+  const float* hr[search_round_task_rows];
+  float* out[search_round_task_rows];
+  for (index_t a = 0; a < m; ++a) {
+    hr[a] = step.h + (step.row0 + rows[a]) * step.d;
+    out[a] = step.child_lp + rows[a] * step.max_block;
+  }
+  node_child_log_probs(step, nb, ns, hr, out, m);
 }
 
 /// The runner (see the file comment). A round opens one parallel region, and the rounds last as long
@@ -136,10 +144,5 @@ struct host_search_rounds {
     for (index_t i = 0; i < n; ++i) step.finish_row(step.row0 + i, st[i].found, st[i].expanded);
   }
 };
-
-template <>
-struct tree_search_tuning<serial> : host_search_rounds<serial> {};
-template <>
-struct tree_search_tuning<omp> : host_search_rounds<omp> {};
 
 }  // namespace xsoftmax::detail

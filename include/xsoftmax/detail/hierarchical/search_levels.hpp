@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// \file
+/// The host backends' exact top-k search over softmax nodes, level by level above a cut: the
+/// runner `tree_search_tuning<serial / omp>` takes for an exact search (a beam search, and an exact
+/// one that does not fit, take the lockstep rounds of search_rounds.hpp). The generic best-first
+/// search (`topk_search_step`) is its oracle: the same classes and log-probabilities, to the bit.
+///
+/// Why: a best-first search expands one node at a time per row, each row at its own node, so the
+/// rows that share an expansion are few (two on average for an exact top-10 at 512 rows of a
+/// 2-level tree over 1e5 classes, d = 256, trained weights: ~177 expansions a row; the search ran
+/// at ~8x the cost of the same expansions done node by node for all their rows). Here every open
+/// node of a level is expanded at once, node by node for all the rows that reach it: hundreds of
+/// rows a node, each weight block read once per 32 rows and scored against four rows a pass.
+///
+/// How, per tile of rows:
+///  1. a beam search of width k (the rounds runner) finds k leaves per row; the k-th's key
+///     (log-probability, then the smaller weight row; `open_heap::pack`) is a cut: the exact top-k
+///     are k leaves at or above it, so only what reaches it matters;
+///  2. from each row's start block, level by level: the level's open nodes sorted by (node, row),
+///     each node's children scored for its rows together (`node_child_log_probs`, tasks of up to
+///     `search_round_task_rows` rows); a child at or above its row's cut is a candidate leaf or an
+///     open node of the next level, anything below is dropped with all it holds (log-probabilities
+///     only fall along a path, and a child's weight row is after its parent's in the breadth-first
+///     layout, so a descendant's key is below its ancestor's). Once a row holds k candidate leaves
+///     the cut rises to the k-th of them;
+///  3. each row's k best candidates by key, descending: the best-first search's output, because with
+///     keys that fall along every path a best-first search pops leaves in key order.
+/// A child's log-probability is `child_log_probs<false>`'s and a path's sum the same additions as
+/// the best-first search's (parent's value + child's), so the keys are the oracle's bit for bit.
+/// The expansions counted are the beam's plus the levels': a superset of the best-first search's
+/// (every node it expands is at or above the k-th leaf's key), the price of the batching.
+
+#include <xsoftmax/detail/hierarchical/search_rounds.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace xsoftmax::detail {
+
+/// How many of a row's open nodes of a level the level search expands first (then twice as many,
+/// and so on, each wave only the nodes at or above the cut the earlier waves' leaves raised).
+inline constexpr index_t search_first_wave = 16;
+
+/// An open node of the level-by-level search: tile row `row` at the node whose children are the
+/// block [block_begin, block_begin + block_size); `key`: the node's (`open_heap::pack` of its
+/// log-probability and weight row; a start block's: log-probability 0).
+struct level_open_node {
+  index_t row, block_begin, block_size;
+  std::uint64_t key;
+};
+
+/// A candidate leaf: tile row `row`, its key (`open_heap::pack`: log-probability and weight row).
+struct level_leaf {
+  index_t row;
+  std::uint64_t key;
+};
+
+/// The runner (see the file comment). `run` returns false, having written nothing the caller
+/// keeps, when the search is not one it takes: a beam search, or a level whose open nodes outgrow
+/// the memory the step's open lists were sized for (n x capacity keys).
+template <class B>
+struct host_level_search {
+  template <class T, class View>
+  static bool run(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step) {
+    const index_t n = step.n, k = step.k;
+    if (step.beam > 0 || n == 0 || k == 0 || step.capacity < k + step.max_block) return false;
+    // 1. The beam's k leaves give each row its first cut.
+    topk_search_step<false, T, View, 1> beam_step = step;
+    beam_step.beam = k;
+    host_search_rounds<B>::run(ex, beam_step);
+    std::vector<std::uint64_t> cut(static_cast<std::size_t>(n), 0);
+    std::vector<index_t> expanded(static_cast<std::size_t>(n), 0);
+    for (index_t i = 0; i < n; ++i) {
+      const index_t r = step.row0 + i;
+      if (step.overflow[i]) return false;
+      if (step.expansions) expanded[i] = step.expansions[r];
+      const float kth = step.log_probs(r, k - 1);
+      // Fewer than k leaves (a small tree), or a NaN: no cut, every node is expanded.
+      if (step.classes(r, k - 1) >= 0 && kth == kth) cut[i] = open_heap::pack(kth, 0) & ~std::uint64_t(0xFFFFFFFFu);
+    }
+    // 2. Level by level from each row's start block.
+    std::vector<level_open_node> open(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) {
+      const index_t r = step.row0 + i;
+      open[i] = level_open_node{i, step.start_begin ? step.start_begin[r] : 0,
+                                step.start_begin ? step.start_size[r] : step.tv.root_block_size(),
+                                open_heap::pack(0.f, 0)};
+    }
+    std::vector<std::vector<std::uint64_t>> found(static_cast<std::size_t>(n));
+    std::vector<index_t> row_begin(static_cast<std::size_t>(n + 1));
+    std::vector<level_open_node> wave, next;
+    while (!open.empty()) {
+      // A level's open nodes, each row's best first, expanded in waves of the next search_first_wave,
+      // 2 search_first_wave, 4 ... of each row's: a wave's leaves raise the cut that the next wave's
+      // nodes must reach, as a best-first search stops at the k-th leaf.
+      std::sort(open.begin(), open.end(), [](const level_open_node& a, const level_open_node& b) {
+        return a.row != b.row ? a.row < b.row : a.key > b.key;
+      });
+      std::fill(row_begin.begin(), row_begin.end(), 0);
+      for (const level_open_node& o : open) ++row_begin[o.row + 1];
+      for (index_t i = 0; i < n; ++i) row_begin[i + 1] += row_begin[i];
+      next.clear();
+      for (index_t rank = 0, width = search_first_wave;; rank += width, width *= 2) {
+        wave.clear();
+        for (index_t i = 0; i < n; ++i)
+          for (index_t a = row_begin[i] + rank, e = std::min(a + width, row_begin[i + 1]); a < e && open[a].key >= cut[i]; ++a)
+            wave.push_back(open[a]);
+        if (wave.empty()) break;  // every row's next node is below its cut (or it has none)
+        for (const level_open_node& o : wave) ++expanded[o.row];
+        expand_wave(ex, step, wave, cut, found, next);
+        if (next.size() > static_cast<std::size_t>(n) * static_cast<std::size_t>(step.capacity) / 2) return false;
+      }
+      open.clear();
+      for (const level_open_node& o : next)
+        if (o.key >= cut[o.row]) open.push_back(o);  // the cut may have risen since
+    }
+    // 3. Each row's k best, in key order.
+    for (index_t i = 0; i < n; ++i) {
+      const index_t r = step.row0 + i;
+      auto& f = found[i];
+      std::sort(f.begin(), f.end(), std::greater<>());
+      const index_t m = std::min<index_t>(k, static_cast<index_t>(f.size()));
+      for (index_t q = 0; q < m; ++q) {
+        step.classes(r, q) = step.tv.child(open_heap::row_of(f[q])).leaf_class;
+        step.log_probs(r, q) = open_heap::lp_of(f[q]);
+      }
+      step.overflow[i] = 0;
+      step.finish_row(r, m, expanded[i]);
+    }
+    return true;
+  }
+
+ private:
+  /// The open nodes of `wave` expanded, node by node for their rows (tasks of up to
+  /// search_round_task_rows rows at one node, on the execution's threads): children at or above
+  /// their rows' cuts appended to `next` (open nodes) or to their rows' `found` leaves, of which a
+  /// row keeps its k best and raises its cut to the k-th once it has k.
+  template <class Step>
+  static void expand_wave(const execution<B>& ex, const Step& step, std::vector<level_open_node>& wave,
+                          std::vector<std::uint64_t>& cut, std::vector<std::vector<std::uint64_t>>& found,
+                          std::vector<level_open_node>& next) {
+    const index_t k = step.k;
+    std::sort(wave.begin(), wave.end(), [](const level_open_node& a, const level_open_node& b) {
+      return a.block_begin != b.block_begin ? a.block_begin < b.block_begin : a.row < b.row;
+    });
+    std::vector<index_t> task_begin;
+    for (index_t a = 0; a < static_cast<index_t>(wave.size()); ++a)
+      if (a == 0 || wave[a].block_begin != wave[a - 1].block_begin || a - task_begin.back() == search_round_task_rows)
+        task_begin.push_back(a);
+    task_begin.push_back(static_cast<index_t>(wave.size()));
+    const index_t tasks = static_cast<index_t>(task_begin.size()) - 1;
+    std::vector<std::vector<level_open_node>> next_parts(static_cast<std::size_t>(tasks));
+    std::vector<std::vector<level_leaf>> leaf_parts(static_cast<std::size_t>(tasks));
+    parallel_for_uneven(ex, tasks, [&](index_t t) {
+      expand_level_task(step, wave.data() + task_begin[t], task_begin[t + 1] - task_begin[t], cut.data(),
+                        next_parts[t], leaf_parts[t]);
+    });
+    for (const auto& part : next_parts) next.insert(next.end(), part.begin(), part.end());
+    std::vector<index_t> touched;
+    for (const auto& part : leaf_parts)
+      for (const level_leaf& l : part) {
+        found[l.row].push_back(l.key);
+        touched.push_back(l.row);
+      }
+    for (const index_t i : touched) {
+      auto& f = found[i];
+      if (static_cast<index_t>(f.size()) < k) continue;
+      std::nth_element(f.begin(), f.begin() + (k - 1), f.end(), std::greater<>());
+      f.resize(static_cast<std::size_t>(k));
+      cut[i] = std::max(cut[i], f[static_cast<std::size_t>(k - 1)]);
+    }
+  }
+
+  /// The m open nodes `e` (one node, distinct rows) expanded: their children's keys against their
+  /// rows' cuts; candidate leaves into `leaves` (each node's k best at most), open nodes into `next`.
+  template <class Step>
+  static void expand_level_task(const Step& step, const level_open_node* e, index_t m, const std::uint64_t* cut,
+                                std::vector<level_open_node>& next, std::vector<level_leaf>& leaves) {
+    const index_t nb = e[0].block_begin, ns = e[0].block_size;
+    std::vector<float> lp(static_cast<std::size_t>(m * ns));
+    const float* hr[search_round_task_rows];
+    float* out[search_round_task_rows];
+    for (index_t a = 0; a < m; ++a) {
+      hr[a] = step.h + (step.row0 + e[a].row) * step.d;
+      out[a] = lp.data() + a * ns;
+    }
+    node_child_log_probs(step, nb, ns, hr, out, m);
+    for (index_t a = 0; a < m; ++a) {
+      const index_t i = e[a].row;
+      const float base = open_heap::lp_of(e[a].key);  // as the best-first search expands it (-0 as +0)
+      const std::size_t first_leaf = leaves.size();
+      for (index_t j = 0; j < ns; ++j) {
+        const std::uint64_t key = open_heap::pack(base + out[a][j], nb + j);
+        if (key < cut[i]) continue;
+        const child_ref c = step.tv.child(nb + j);
+        if (c.is_leaf)
+          leaves.push_back(level_leaf{i, key});
+        else
+          next.push_back(level_open_node{i, c.block_begin, c.block_size, key});
+      }
+      // More than k candidates from one node: its k best are all that can be among the row's.
+      const std::size_t got = leaves.size() - first_leaf;
+      if (got > static_cast<std::size_t>(step.k)) {
+        const auto by_key = [](const level_leaf& x, const level_leaf& y) { return x.key > y.key; };
+        std::nth_element(leaves.begin() + first_leaf, leaves.begin() + first_leaf + (step.k - 1), leaves.end(), by_key);
+        leaves.resize(first_leaf + static_cast<std::size_t>(step.k));
+      }
+    }
+  }
+};
+
+/// The host backends' runner of `tree_topk`'s softmax-node searches: an exact search level by level
+/// (above), else (a beam, or an exact search whose levels outgrow its memory) the lockstep rounds.
+template <class B>
+struct host_tree_search {
+  static constexpr bool available = true;
+  template <class T, class View>
+  static void run(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step) {
+    if (!host_level_search<B>::run(ex, step)) host_search_rounds<B>::run(ex, step);
+  }
+};
+
+template <>
+struct tree_search_tuning<serial> : host_tree_search<serial> {};
+template <>
+struct tree_search_tuning<omp> : host_tree_search<omp> {};
+
+}  // namespace xsoftmax::detail

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// The host backends' exact search level by level above a cut (detail/hierarchical/search_levels.hpp)
+// against its oracle, the generic best-first search (`topk_search_step`, with an open list roomy
+// enough): the same classes and log-probabilities, bitwise, for k = 1, 5, 40 and more than the
+// tree's classes; on a Huffman tree of arity 4 (mixed depths), uniform trees of 2 and 3 levels, with
+// and without bias, from the root and from per-row start blocks, and with zero weights (every
+// child's log-probability equal: the order among ties is the best-first search's, smaller row
+// first). Its expansions are at least the best-first search's and at most the beam's plus every
+// node at or above the beam's k-th leaf (counted by a depth-first walk with the same arithmetic).
+// It declines (returns false) a beam search, an open list too small for the beam it runs first,
+// and a level that outgrows the open lists' memory; through `tree_search_tuning` the rounds then
+// run, bitwise the generic search's.
+
+#include "hierarchical/reference_search.hpp"
+#include "support/head_checks.hpp"
+
+#include <xsoftmax/detail/hierarchical/search_levels.hpp>
+#include <xsoftmax/tree/runtime_tree.hpp>
+#include <xsoftmax/tree/uniform_tree.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace xsoftmax_test;
+using xsoftmax::index_t;
+namespace xd = xsoftmax::detail;
+
+struct search_out {
+  std::vector<index_t> classes, expansions;
+  std::vector<float> log_probs;
+  std::vector<int> overflow;
+  bool taken = true;  ///< the level search ran (`runner` 1)
+};
+
+/// A search's inputs: the tree, rows x d hidden values, the weights (and bias), per-row starts.
+template <class View>
+struct search_in {
+  View tv;
+  std::vector<float> h, w, b;
+  index_t rows, d, wrows, max_block;
+  bool with_bias = false;
+  const std::vector<index_t>* start_begin = nullptr;
+  const std::vector<index_t>* start_size = nullptr;
+};
+
+/// runner 0: the generic search (16 rows a task); 1: host_level_search alone; 2: tree_search_tuning.
+template <class B, class View>
+search_out run_search(int runner, const search_in<View>& in, index_t k, index_t beam, index_t capacity) {
+  search_out o;
+  const index_t rows = in.rows;
+  o.classes.assign(static_cast<size_t>(rows * k), -9);
+  o.log_probs.assign(o.classes.size(), 7.f);
+  o.expansions.assign(static_cast<size_t>(rows), -9);
+  o.overflow.assign(static_cast<size_t>(rows), -9);
+  std::vector<std::uint64_t> open(static_cast<size_t>(rows * capacity));
+  std::vector<float> child(static_cast<size_t>(rows * in.max_block)), leaf(static_cast<size_t>(rows * k));
+  xsoftmax::backend_resources<B> res{};
+  const xd::execution<B> ex{res};
+  const xsoftmax::matrix_view<const float> wv(in.w.data(), in.wrows, in.d);
+  const xsoftmax::matrix_view<index_t> cv(o.classes.data(), rows, k);
+  const xsoftmax::matrix_view<float> lv(o.log_probs.data(), rows, k);
+  const float* bias = in.with_bias ? in.b.data() : nullptr;
+  const index_t* sb = in.start_begin ? in.start_begin->data() : nullptr;
+  const index_t* ss = in.start_size ? in.start_size->data() : nullptr;
+  const auto step_of = [&](auto g) {
+    return xd::topk_search_step<false, float, View, decltype(g)::value>{
+        in.tv, in.h.data(), in.d, wv, bias, k, beam, capacity, in.max_block, 0, rows, open.data(), child.data(),
+        leaf.data(), cv, lv, o.overflow.data(), sb, ss, o.expansions.data()};
+  };
+  if (runner == 0) {
+    constexpr index_t G = 16;
+    xd::parallel_for(ex, (rows + G - 1) / G, step_of(std::integral_constant<index_t, G>{}));
+  } else if (runner == 1) {
+    o.taken = xd::host_level_search<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}));
+  } else {
+    xd::tree_search_tuning<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}));
+  }
+  return o;
+}
+
+/// Row i's internal nodes (the start included) whose key is at or above `cut`, walked depth first
+/// with the best-first search's arithmetic (parent's value + child's log-probability).
+template <class View>
+index_t nodes_at_or_above(const search_in<View>& in, index_t i, std::uint64_t cut) {
+  const xsoftmax::matrix_view<const float> wv(in.w.data(), in.wrows, in.d);
+  const float* bias = in.with_bias ? in.b.data() : nullptr;
+  const float* h = in.h.data() + i * in.d;
+  index_t count = 0;
+  std::vector<float> lp(static_cast<size_t>(in.max_block));
+  struct open_node {
+    index_t begin, size;
+    float base;
+  };
+  std::vector<open_node> stack{{in.start_begin ? (*in.start_begin)[static_cast<size_t>(i)] : 0,
+                                in.start_size ? (*in.start_size)[static_cast<size_t>(i)] : in.tv.root_block_size(), 0.f}};
+  while (!stack.empty()) {
+    const open_node n = stack.back();
+    stack.pop_back();
+    ++count;
+    xd::child_log_probs<false>(h, wv, bias, n.begin, n.size, lp.data());
+    for (index_t j = 0; j < n.size; ++j) {
+      const std::uint64_t key = xd::open_heap::pack(n.base + lp[static_cast<size_t>(j)], n.begin + j);
+      const xsoftmax::child_ref c = in.tv.child(n.begin + j);
+      if (!c.is_leaf && key >= cut) stack.push_back({c.block_begin, c.block_size, xd::open_heap::lp_of(key)});
+    }
+  }
+  return count;
+}
+
+void check_same_results(const search_out& got, const search_out& want) {
+  CHECK(got.classes == want.classes);
+  for (size_t e = 0; e < want.log_probs.size(); ++e) {
+    INFO("entry ", e);
+    CHECK(bits(got.log_probs[e]) == bits(want.log_probs[e]));
+  }
+}
+
+template <class B, class View>
+void check_search(const search_in<View>& in, const std::string& what, index_t classes) {
+  for (const index_t k : {index_t(1), index_t(5), index_t(40), classes + 3}) {
+    INFO(what, ", bias ", in.with_bias, ", k = ", k);
+    const index_t roomy = 4 * (k + 1) * in.max_block + 1024;
+    const search_out gen = run_search<B>(0, in, k, 0, roomy);
+    for (int f : gen.overflow) REQUIRE(f == 0);
+    const search_out lvl = run_search<B>(1, in, k, 0, roomy);
+    REQUIRE(lvl.taken);
+    check_same_results(lvl, gen);
+    for (int f : lvl.overflow) CHECK(f == 0);
+    // Expansions: at least the best-first search's; at most the beam's and every node at or above
+    // the beam's k-th leaf.
+    const search_out beam = run_search<B>(0, in, k, k, roomy);
+    for (index_t i = 0; i < in.rows; ++i) {
+      INFO("row ", i);
+      const size_t r = static_cast<size_t>(i);
+      CHECK(lvl.expansions[r] >= gen.expansions[r]);
+      const float kth = beam.log_probs[r * static_cast<size_t>(k) + static_cast<size_t>(k - 1)];
+      const bool cut_known = beam.classes[r * static_cast<size_t>(k) + static_cast<size_t>(k - 1)] >= 0;
+      const std::uint64_t cut = cut_known ? xd::open_heap::pack(kth, 0) & ~std::uint64_t(0xFFFFFFFFu) : 0;
+      CHECK(lvl.expansions[r] <= beam.expansions[r] + nodes_at_or_above(in, i, cut));
+    }
+    // The open list too small for the beam: declined; through the tuning the rounds run (the
+    // generic search's results and overflow flags at that capacity).
+    const index_t small = k + in.max_block - 1;
+    CHECK_FALSE(run_search<B>(1, in, k, 0, small).taken);
+    const search_out tuned_small = run_search<B>(2, in, k, 0, small), gen_small = run_search<B>(0, in, k, 0, small);
+    CHECK(tuned_small.overflow == gen_small.overflow);
+    check_same_results(tuned_small, gen_small);
+    CHECK(tuned_small.expansions == gen_small.expansions);
+  }
+  // A beam search is declined, and through the tuning equals the generic beam.
+  CHECK_FALSE(run_search<B>(1, in, 5, 3, 64 + in.max_block).taken);
+  const search_out tb = run_search<B>(2, in, 5, 3, 64 + in.max_block), gb = run_search<B>(0, in, 5, 3, 64 + in.max_block);
+  check_same_results(tb, gb);
+  CHECK(tb.expansions == gb.expansions);
+}
+
+template <class B, class Tree>
+void check_tree(const Tree& tree, index_t max_block, index_t classes, const std::string& what) {
+  test_rng rng(71);
+  search_in<decltype(tree.view())> in{tree.view(), {}, {}, {}, 45, 13, tree.num_rows(), max_block};
+  in.w = random_floats(rng, in.wrows * in.d, 1.0);
+  in.b = random_floats(rng, in.wrows, 1.0);
+  in.h = random_floats(rng, in.rows * in.d, 1.0);
+  for (const bool with_bias : {false, true}) {
+    in.with_bias = with_bias;
+    check_search<B>(in, what, classes);
+  }
+  // Per-row starts: the block of one of the root's internal children (a forest's rows).
+  std::vector<index_t> sb(static_cast<size_t>(in.rows)), ss(sb.size());
+  std::vector<xsoftmax::child_ref> inner;
+  for (index_t j = 0; j < tree.root_block_size(); ++j)
+    if (!tree.view().child(j).is_leaf) inner.push_back(tree.view().child(j));
+  REQUIRE(!inner.empty());
+  for (size_t i = 0; i < sb.size(); ++i) {
+    sb[i] = inner[i % inner.size()].block_begin;
+    ss[i] = inner[i % inner.size()].block_size;
+  }
+  in.start_begin = &sb;
+  in.start_size = &ss;
+  check_search<B>(in, what + ", per-row starts", classes);
+  in.start_begin = in.start_size = nullptr;
+  // Zero weights, no bias: within a node every child's log-probability is the same, so keys differ
+  // by row alone and the order among equal log-probabilities decides.
+  in.with_bias = false;
+  std::fill(in.w.begin(), in.w.end(), 0.f);
+  check_search<B>(in, what + ", zero weights", classes);
+}
+
+TEST_CASE_TEMPLATE("hs level search: equal to the generic best-first search, bitwise; its expansions bounded", B,
+                   xsoftmax::serial, xsoftmax::omp) {
+  const index_t n = 400;
+  std::vector<double> freq(static_cast<size_t>(n));
+  for (index_t c = 0; c < n; ++c) freq[static_cast<size_t>(c)] = 1.0 / double(c + 1);
+  check_tree<B>(xsoftmax::runtime_tree<>::huffman(freq, 4), 4, n, "Huffman arity 4");
+  check_tree<B>(xsoftmax::uniform_tree<2, 30>(n), 30, n, "uniform 2 x 30");
+  check_tree<B>(xsoftmax::uniform_tree<3, 8>(n), 8, n, "uniform 3 x 8");
+}
+
+TEST_CASE_TEMPLATE("hs level search: a level that outgrows the open lists' memory is declined", B, xsoftmax::serial,
+                   xsoftmax::omp) {
+  // Uniform 2 x 30 over 900 classes, zero weights: every root child is at the beam's cut, so the
+  // second level holds 30 open nodes a row, more than half an open list of k + 30 = 31 entries.
+  const xsoftmax::uniform_tree<2, 30> tree(900);
+  search_in<decltype(tree.view())> in{tree.view(), {}, {}, {}, 20, 5, tree.num_rows(), 30};
+  in.w.assign(static_cast<size_t>(in.wrows * in.d), 0.f);
+  in.h.assign(static_cast<size_t>(in.rows * in.d), 1.f);
+  CHECK_FALSE(run_search<B>(1, in, 1, 0, 31).taken);
+  const search_out tuned = run_search<B>(2, in, 1, 0, 31), gen = run_search<B>(0, in, 1, 0, 31);
+  CHECK(tuned.overflow == gen.overflow);
+  check_same_results(tuned, gen);
+  // Roomier: taken, and the results are the generic search's with an open list that holds its
+  // ties (it outgrows 200 entries here, the level search does not).
+  const search_out lvl = run_search<B>(1, in, 1, 0, 200), roomy = run_search<B>(0, in, 1, 0, 4 * 2 * 30 + 1024);
+  for (int f : roomy.overflow) REQUIRE(f == 0);
+  CHECK(lvl.taken);
+  check_same_results(lvl, roomy);
+}
+
+}  // namespace
