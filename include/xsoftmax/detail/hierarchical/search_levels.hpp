@@ -181,8 +181,8 @@ struct host_level_search {
                                 std::vector<level_open_node>& next, std::vector<level_leaf>& leaves) {
     const index_t nb = e[0].block_begin, ns = e[0].block_size;
     std::vector<float> lp(static_cast<std::size_t>(m * ns));
-    const float* hr[search_round_task_rows];
-    float* out[search_round_task_rows];
+    const float* hr[search_round_task_rows] = {};
+    float* out[search_round_task_rows] = {};  // initialised: GCC takes the const-pointer argument as a read of every entry
     for (index_t a = 0; a < m; ++a) {
       hr[a] = step.h + (step.row0 + e[a].row) * step.d;
       out[a] = lp.data() + a * ns;
