@@ -7,9 +7,9 @@
 // child's log-probability equal: the order among ties is the best-first search's, smaller row
 // first). Its expansions are at least the best-first search's and at most the beam's plus every
 // node at or above the beam's k-th leaf (counted by a depth-first walk with the same arithmetic).
-// It declines (returns false) a beam search, an open list too small for the beam it runs first,
-// and a level that outgrows the open lists' memory; through `tree_search_tuning` the rounds then
-// run, bitwise the generic search's.
+// It declines (returns false) a beam search and an open list too small for the beam it runs first
+// (through `tree_search_tuning` the rounds then run, bitwise the generic search's); rows whose
+// levels outgrow its memory budget are searched in smaller parts, a lone row by the rounds.
 
 #include "hierarchical/reference_search.hpp"
 #include "support/head_checks.hpp"
@@ -50,7 +50,8 @@ struct search_in {
 
 /// runner 0: the generic search (16 rows a task); 1: host_level_search alone; 2: tree_search_tuning.
 template <class B, class View>
-search_out run_search(int runner, const search_in<View>& in, index_t k, index_t beam, index_t capacity) {
+search_out run_search(int runner, const search_in<View>& in, index_t k, index_t beam, index_t capacity,
+                      std::size_t level_budget = xd::search_level_budget_bytes) {
   search_out o;
   const index_t rows = in.rows;
   o.classes.assign(static_cast<size_t>(rows * k), -9);
@@ -76,7 +77,7 @@ search_out run_search(int runner, const search_in<View>& in, index_t k, index_t 
     constexpr index_t G = 16;
     xd::parallel_for(ex, (rows + G - 1) / G, step_of(std::integral_constant<index_t, G>{}));
   } else if (runner == 1) {
-    o.taken = xd::host_level_search<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}));
+    o.taken = xd::host_level_search<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}), level_budget);
   } else {
     xd::tree_search_tuning<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}));
   }
@@ -201,24 +202,27 @@ TEST_CASE_TEMPLATE("hs level search: equal to the generic best-first search, bit
   check_tree<B>(xsoftmax::uniform_tree<3, 8>(n), 8, n, "uniform 3 x 8");
 }
 
-TEST_CASE_TEMPLATE("hs level search: a level that outgrows the open lists' memory is declined", B, xsoftmax::serial,
-                   xsoftmax::omp) {
+TEST_CASE_TEMPLATE("hs level search: rows whose levels outgrow the budget are searched in parts, a lone row by the "
+                   "rounds", B, xsoftmax::serial, xsoftmax::omp) {
   // Uniform 2 x 30 over 900 classes, zero weights: every root child is at the beam's cut, so the
-  // second level holds 30 open nodes a row, more than half an open list of k + 30 = 31 entries.
+  // second level holds 30 open nodes a row (720 bytes). Budgets of 45 rows' worth (one part), of
+  // 10 rows' (parts of 6), and of less than one row's (every row alone, by the rounds).
   const xsoftmax::uniform_tree<2, 30> tree(900);
-  search_in<decltype(tree.view())> in{tree.view(), {}, {}, {}, 20, 5, tree.num_rows(), 30};
+  search_in<decltype(tree.view())> in{tree.view(), {}, {}, {}, 45, 5, tree.num_rows(), 30};
   in.w.assign(static_cast<size_t>(in.wrows * in.d), 0.f);
   in.h.assign(static_cast<size_t>(in.rows * in.d), 1.f);
-  CHECK_FALSE(run_search<B>(1, in, 1, 0, 31).taken);
-  const search_out tuned = run_search<B>(2, in, 1, 0, 31), gen = run_search<B>(0, in, 1, 0, 31);
-  CHECK(tuned.overflow == gen.overflow);
-  check_same_results(tuned, gen);
-  // Roomier: taken, and the results are the generic search's with an open list that holds its
-  // ties (it outgrows 200 entries here, the level search does not).
-  const search_out lvl = run_search<B>(1, in, 1, 0, 200), roomy = run_search<B>(0, in, 1, 0, 4 * 2 * 30 + 1024);
-  for (int f : roomy.overflow) REQUIRE(f == 0);
-  CHECK(lvl.taken);
-  check_same_results(lvl, roomy);
+  const index_t k = 3, roomy = 4 * (k + 1) * 30 + 1024;
+  const search_out gen = run_search<B>(0, in, k, 0, roomy);
+  for (int f : gen.overflow) REQUIRE(f == 0);
+  const std::size_t row_bytes = 30 * sizeof(xd::level_open_node);
+  for (const std::size_t budget : {45 * row_bytes, 10 * row_bytes, row_bytes - 1}) {
+    INFO("budget ", budget);
+    const search_out lvl = run_search<B>(1, in, k, 0, roomy, budget);
+    CHECK(lvl.taken);
+    for (int f : lvl.overflow) CHECK(f == 0);
+    check_same_results(lvl, gen);
+    for (size_t i = 0; i < gen.expansions.size(); ++i) CHECK(lvl.expansions[i] >= gen.expansions[i]);
+  }
 }
 
 }  // namespace

@@ -46,11 +46,16 @@ inline constexpr index_t search_first_wave = 16;
 
 /// An open node of the level-by-level search: tile row `row` at the node whose children are the
 /// block [block_begin, block_begin + block_size); `key`: the node's (`open_heap::pack` of its
-/// log-probability and weight row; a start block's: log-probability 0).
+/// log-probability and weight row; a start block's: log-probability 0). Rows, blocks and weight
+/// rows are below 2^32 (the head checks its weight rows), so 24 bytes.
 struct level_open_node {
-  index_t row, block_begin, block_size;
   std::uint64_t key;
+  std::uint32_t row, block_begin, block_size;
 };
+
+/// Memory for one level's open nodes (the next level's, as they are made): rows are searched in
+/// parts small enough for it (`host_level_search`).
+inline constexpr std::size_t search_level_budget_bytes = std::size_t(128) << 20;
 
 /// A candidate leaf: tile row `row`, its key (`open_heap::pack`: log-probability and weight row).
 struct level_leaf {
@@ -59,14 +64,49 @@ struct level_leaf {
 };
 
 /// The runner (see the file comment). `run` returns false, having written nothing the caller
-/// keeps, when the search is not one it takes: a beam search, or a level whose open nodes outgrow
-/// the memory the step's open lists were sized for (n x capacity keys).
+/// keeps, when the search is not one it takes: a beam search, or an open list too small for the
+/// beam it runs first (capacity < k + widest block). The tile's rows are searched in parts whose
+/// levels' open nodes fit `budget_bytes`: all of them at once, else halves, quarters ... (a part
+/// that outgrows it is searched again in halves); a lone row that outgrows it takes the rounds.
 template <class B>
 struct host_level_search {
   template <class T, class View>
-  static bool run(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step) {
+  static bool run(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step,
+                  std::size_t budget_bytes = search_level_budget_bytes) {
+    if (step.beam > 0 || step.n == 0 || step.k == 0 || step.capacity < step.k + step.max_block) return false;
+    for (index_t off = 0, part = step.n; off < step.n;) {
+      const auto rows = rows_of(step, off, std::min(part, step.n - off));
+      if (search_rows(ex, rows, budget_bytes)) {
+        off += rows.n;
+      } else if (part > 1) {
+        part = (part + 1) / 2;
+      } else {
+        host_search_rounds<B>::run(ex, rows);
+        off += 1;
+      }
+    }
+    return true;
+  }
+
+ private:
+  /// Rows [off, off + m) of the tile of `step`, as a step of their own.
+  template <class Step>
+  static Step rows_of(const Step& step, index_t off, index_t m) {
+    Step s = step;
+    s.row0 = step.row0 + off;
+    s.n = m;
+    s.open_key = step.open_key + off * step.capacity;
+    s.child_lp = step.child_lp + off * step.max_block;
+    s.leaf_lp = step.leaf_lp + off * step.k;
+    s.overflow = step.overflow + off;
+    return s;
+  }
+
+  /// The search of the step's rows; false when a level's open nodes outgrow `budget_bytes`.
+  template <class T, class View>
+  static bool search_rows(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step,
+                          std::size_t budget_bytes) {
     const index_t n = step.n, k = step.k;
-    if (step.beam > 0 || n == 0 || k == 0 || step.capacity < k + step.max_block) return false;
     // 1. The beam's k leaves give each row its first cut.
     topk_search_step<false, T, View, 1> beam_step = step;
     beam_step.beam = k;
@@ -75,7 +115,6 @@ struct host_level_search {
     std::vector<index_t> expanded(static_cast<std::size_t>(n), 0);
     for (index_t i = 0; i < n; ++i) {
       const index_t r = step.row0 + i;
-      if (step.overflow[i]) return false;
       if (step.expansions) expanded[i] = step.expansions[r];
       const float kth = step.log_probs(r, k - 1);
       // Fewer than k leaves (a small tree), or a NaN: no cut, every node is expanded.
@@ -85,9 +124,9 @@ struct host_level_search {
     std::vector<level_open_node> open(static_cast<std::size_t>(n));
     for (index_t i = 0; i < n; ++i) {
       const index_t r = step.row0 + i;
-      open[i] = level_open_node{i, step.start_begin ? step.start_begin[r] : 0,
-                                step.start_begin ? step.start_size[r] : step.tv.root_block_size(),
-                                open_heap::pack(0.f, 0)};
+      open[i] = level_open_node{open_heap::pack(0.f, 0), static_cast<std::uint32_t>(i),
+                                static_cast<std::uint32_t>(step.start_begin ? step.start_begin[r] : 0),
+                                static_cast<std::uint32_t>(step.start_begin ? step.start_size[r] : step.tv.root_block_size())};
     }
     std::vector<std::vector<std::uint64_t>> found(static_cast<std::size_t>(n));
     std::vector<index_t> row_begin(static_cast<std::size_t>(n + 1));
@@ -111,7 +150,7 @@ struct host_level_search {
         if (wave.empty()) break;  // every row's next node is below its cut (or it has none)
         for (const level_open_node& o : wave) ++expanded[o.row];
         expand_wave(ex, step, wave, cut, found, next);
-        if (next.size() > static_cast<std::size_t>(n) * static_cast<std::size_t>(step.capacity) / 2) return false;
+        if (next.size() * sizeof(level_open_node) > budget_bytes) return false;
       }
       open.clear();
       for (const level_open_node& o : next)
@@ -133,7 +172,6 @@ struct host_level_search {
     return true;
   }
 
- private:
   /// The open nodes of `wave` expanded, node by node for their rows (tasks of up to
   /// search_round_task_rows rows at one node, on the execution's threads): children at or above
   /// their rows' cuts appended to `next` (open nodes) or to their rows' `found` leaves, of which a
@@ -199,7 +237,8 @@ struct host_level_search {
         if (c.is_leaf)
           leaves.push_back(level_leaf{i, key});
         else
-          next.push_back(level_open_node{i, c.block_begin, c.block_size, key});
+          next.push_back(level_open_node{key, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(c.block_begin),
+                                         static_cast<std::uint32_t>(c.block_size)});
       }
       // More than k candidates from one node: its k best are all that can be among the row's.
       const std::size_t got = leaves.size() - first_leaf;
