@@ -10,6 +10,7 @@
 //   bench/tools/search_expansion_kernels.cpp -o /tmp/search_expansion_kernels
 // /tmp/search_expansion_kernels [d=64] [hot=0]
 #include <xsoftmax/detail/hierarchical/search_nodes.hpp>
+#include <xsoftmax/detail/primitives/dot_rows.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 
 #include <chrono>
@@ -34,13 +35,13 @@ int main(int argc, char** argv) {
   std::vector<index_t> order(4000);
   for (index_t& b : order) b = hot ? 5 : static_cast<index_t>(g() % blocks);
   volatile float sink = 0;
-  const auto time = [&](const char* name, auto expand) {
+  const auto time = [&](const char* name, auto expand, int rows_a_call = 1) {
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
       for (const index_t b : order) expand(b * block);
       best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-                                double(order.size()));
+                                double(order.size()) / rows_a_call);
     }
     std::printf("d = %ld, %s: %-58s %6.2f us an expansion\n", static_cast<long>(d), hot ? "hot " : "cold", name, best);
   };
@@ -72,4 +73,36 @@ int main(int argc, char** argv) {
     }
     sink = sink + out[7];
   });
+  time("four hidden rows, two children a pass (dot_grid8<4, 2>)", [&](index_t nb) {
+    const float* hr[4] = {h0, h0 + d, h0 + 2 * d, h0 + 3 * d};
+    for (index_t j = 0; j + 2 <= block; j += 2) {
+      const float* wr[2] = {wv.row(nb + j), wv.row(nb + j + 1)};
+      dot_grid8<4, 2>(hr, wr, d, out.data() + 4 * j);
+    }
+    sink = sink + out[7];
+  });
+  // A level-search task: 32 hidden rows at one node, two children against four rows a pass
+  // (search_rounds.hpp, `node_child_log_probs`), its time divided by 32 (a row-expansion's share).
+  std::vector<float> h32(static_cast<size_t>(32 * d)), out32(static_cast<size_t>(32 * block));
+  for (float& x : h32) x = u(g);
+  time("32 rows at a node, dot_grid8<4, 2> (per row, dots)", [&](index_t nb) {
+    const float* hr[32];
+    for (int r = 0; r < 32; ++r) hr[r] = h32.data() + r * d;
+    for (index_t j = 0; j + 2 <= block; j += 2) {
+      const float* wr[2] = {wv.row(nb + j), wv.row(nb + j + 1)};
+      for (int a = 0; a < 32; a += 4) dot_grid8<4, 2>(hr + a, wr, d, out32.data() + 8 * (j / 2) + 0 * a);
+    }
+    sink = sink + out32[7];
+  }, 32);
+  time("32 rows at a node, dot_grid8<4, 2>, next pair prefetched", [&](index_t nb) {
+    const float* hr[32];
+    for (int r = 0; r < 32; ++r) hr[r] = h32.data() + r * d;
+    for (index_t j = 0; j + 2 <= block; j += 2) {
+      const float* wr[2] = {wv.row(nb + j), wv.row(nb + j + 1)};
+      if (j + 4 <= block)
+        for (index_t q = 0; q < 2 * d; q += 16) __builtin_prefetch(wv.row(nb + j + 2) + q);
+      for (int a = 0; a < 32; a += 4) dot_grid8<4, 2>(hr + a, wr, d, out32.data() + 8 * (j / 2) + 0 * a);
+    }
+    sink = sink + out32[7];
+  }, 32);
 }

@@ -2,34 +2,36 @@
 #pragma once
 /// \file
 /// The host backends' exact top-k search over softmax nodes, level by level above a cut: the
-/// runner `tree_search_tuning<serial / omp>` takes for an exact search (a beam search, and an exact
-/// one that does not fit, take the lockstep rounds of search_rounds.hpp). The generic best-first
-/// search (`topk_search_step`) is its oracle: the same classes and log-probabilities, to the bit.
+/// runner `tree_search_tuning<serial / omp>` takes for an exact search (a beam search takes the
+/// lockstep rounds of search_rounds.hpp). The generic best-first search (`topk_search_step`) is its
+/// oracle: the same classes and log-probabilities, to the bit.
 ///
 /// Why: a best-first search expands one node at a time per row, each row at its own node, so the
 /// rows that share an expansion are few (two on average for an exact top-10 at 512 rows of a
-/// 2-level tree over 1e5 classes, d = 256, trained weights: ~177 expansions a row; the search ran
+/// 2-level tree over 1e5 classes, d = 256, trained weights: ~177 expansions a row; the rounds ran
 /// at ~8x the cost of the same expansions done node by node for all their rows). Here every open
-/// node of a level is expanded at once, node by node for all the rows that reach it: hundreds of
-/// rows a node, each weight block read once per 32 rows and scored against four rows a pass.
+/// node of a level is expanded at once, node by node for all the rows that reach it (~27 rows a
+/// node there), each weight block read once per 32 rows and scored two children against four rows
+/// a pass (`node_child_log_probs`).
 ///
-/// How, per tile of rows:
-///  1. a beam search of width k (the rounds runner) finds k leaves per row; the k-th's key
-///     (log-probability, then the smaller weight row; `open_heap::pack`) is a cut: the exact top-k
-///     are k leaves at or above it, so only what reaches it matters;
-///  2. from each row's start block, level by level: the level's open nodes sorted by (node, row),
-///     each node's children scored for its rows together (`node_child_log_probs`, tasks of up to
-///     `search_round_task_rows` rows); a child at or above its row's cut is a candidate leaf or an
-///     open node of the next level, anything below is dropped with all it holds (log-probabilities
-///     only fall along a path, and a child's weight row is after its parent's in the breadth-first
-///     layout, so a descendant's key is below its ancestor's). Once a row holds k candidate leaves
-///     the cut rises to the k-th of them;
+/// How, per tile of rows (keys: `open_heap::pack`, log-probability, then the smaller weight row):
+///  1. a dive: level by level, each row's k best open nodes expanded; once a row holds k leaves,
+///     the k-th's key is a cut: the exact top-k are k leaves at or above it;
+///  2. from each row's start block again, level by level: the level's open nodes at or above their
+///     rows' cuts, each row's best first in waves (`search_first_wave`, then twice as many ...),
+///     each wave's nodes grouped by node and their children scored for their rows together; a child
+///     at or above its row's cut is a candidate leaf or an open node of the next level, anything
+///     below is dropped with all it holds (log-probabilities only fall along a path, and a child's
+///     weight row is after its parent's in the breadth-first layout, so a descendant's key is below
+///     its ancestor's). Once a row holds k candidate leaves the cut rises to the k-th of them;
 ///  3. each row's k best candidates by key, descending: the best-first search's output, because with
 ///     keys that fall along every path a best-first search pops leaves in key order.
 /// A child's log-probability is `child_log_probs<false>`'s and a path's sum the same additions as
 /// the best-first search's (parent's value + child's), so the keys are the oracle's bit for bit.
-/// The expansions counted are the beam's plus the levels': a superset of the best-first search's
-/// (every node it expands is at or above the k-th leaf's key), the price of the batching.
+/// The expansions counted are the dive's plus the levels': the levels' are a superset of the
+/// best-first search's (every node it expands is at or above the k-th leaf's key), the price of the
+/// batching. No open list of the step is used: its capacity does not bound this search, whose
+/// levels are bounded by `search_level_budget_bytes` instead.
 
 #include <xsoftmax/detail/hierarchical/search_rounds.hpp>
 
@@ -63,9 +65,8 @@ struct level_leaf {
   std::uint64_t key;
 };
 
-/// The runner (see the file comment). `run` returns false, having written nothing the caller
-/// keeps, when the search is not one it takes: a beam search, or an open list too small for the
-/// beam it runs first (capacity < k + widest block). The tile's rows are searched in parts whose
+/// The runner (see the file comment). `run` returns false, having written nothing, for a beam
+/// search (not one it takes). The tile's rows are searched in parts whose
 /// levels' open nodes fit `budget_bytes`: all of them at once, else halves, quarters ... (a part
 /// that outgrows it is searched again in halves); a lone row that outgrows it takes the rounds.
 template <class B>
@@ -73,7 +74,7 @@ struct host_level_search {
   template <class T, class View>
   static bool run(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step,
                   std::size_t budget_bytes = search_level_budget_bytes) {
-    if (step.beam > 0 || step.n == 0 || step.k == 0 || step.capacity < step.k + step.max_block) return false;
+    if (step.beam > 0 || step.n == 0 || step.k == 0) return false;
     for (index_t off = 0, part = step.n; off < step.n;) {
       const auto rows = rows_of(step, off, std::min(part, step.n - off));
       if (search_rows(ex, rows, budget_bytes)) {
@@ -107,40 +108,59 @@ struct host_level_search {
   static bool search_rows(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step,
                           std::size_t budget_bytes) {
     const index_t n = step.n, k = step.k;
-    // 1. The beam's k leaves give each row its first cut.
-    topk_search_step<false, T, View, 1> beam_step = step;
-    beam_step.beam = k;
-    host_search_rounds<B>::run(ex, beam_step);
     std::vector<std::uint64_t> cut(static_cast<std::size_t>(n), 0);
-    std::vector<index_t> expanded(static_cast<std::size_t>(n), 0);
-    for (index_t i = 0; i < n; ++i) {
-      const index_t r = step.row0 + i;
-      if (step.expansions) expanded[i] = step.expansions[r];
-      const float kth = step.log_probs(r, k - 1);
-      // Fewer than k leaves (a small tree), or a NaN: no cut, every node is expanded.
-      if (step.classes(r, k - 1) >= 0 && kth == kth) cut[i] = open_heap::pack(kth, 0) & ~std::uint64_t(0xFFFFFFFFu);
-    }
-    // 2. Level by level from each row's start block.
-    std::vector<level_open_node> open(static_cast<std::size_t>(n));
-    for (index_t i = 0; i < n; ++i) {
-      const index_t r = step.row0 + i;
-      open[i] = level_open_node{open_heap::pack(0.f, 0), static_cast<std::uint32_t>(i),
-                                static_cast<std::uint32_t>(step.start_begin ? step.start_begin[r] : 0),
-                                static_cast<std::uint32_t>(step.start_begin ? step.start_size[r] : step.tv.root_block_size())};
-    }
+    std::vector<index_t> expanded(static_cast<std::size_t>(n), 0), row_begin(static_cast<std::size_t>(n + 1));
     std::vector<std::vector<std::uint64_t>> found(static_cast<std::size_t>(n));
-    std::vector<index_t> row_begin(static_cast<std::size_t>(n + 1));
-    std::vector<level_open_node> wave, next;
+    const auto starts = [&] {
+      std::vector<level_open_node> o(static_cast<std::size_t>(n));
+      for (index_t i = 0; i < n; ++i) {
+        const index_t r = step.row0 + i;
+        o[i] = level_open_node{open_heap::pack(0.f, 0), static_cast<std::uint32_t>(i),
+                               static_cast<std::uint32_t>(step.start_begin ? step.start_begin[r] : 0),
+                               static_cast<std::uint32_t>(step.start_begin ? step.start_size[r] : step.tv.root_block_size())};
+      }
+      return o;
+    };
+    // The open nodes `o` grouped by row (row_begin), each row's best first: the `sorted` best of
+    // each row in order, the rest after them in any order. A counting sort by row, then each row's
+    // own (short) sort: one sort of all of them by (row, key) was 6-8 ms at 512 rows x 317 nodes.
+    std::vector<level_open_node> by_row;
+    const auto group_by_row = [&](std::vector<level_open_node>& o, index_t sorted) {
+      std::fill(row_begin.begin(), row_begin.end(), 0);
+      for (const level_open_node& x : o) ++row_begin[x.row + 1];
+      for (index_t i = 0; i < n; ++i) row_begin[i + 1] += row_begin[i];
+      by_row.resize(o.size());
+      std::vector<index_t> fill_at(row_begin.begin(), row_begin.end() - 1);
+      for (const level_open_node& x : o) by_row[fill_at[x.row]++] = x;
+      const auto better = [](const level_open_node& a, const level_open_node& b) { return a.key > b.key; };
+      for (index_t i = 0; i < n; ++i) {
+        const auto first = by_row.begin() + row_begin[i], last = by_row.begin() + row_begin[i + 1];
+        std::partial_sort(first, first + std::min<index_t>(sorted, row_begin[i + 1] - row_begin[i]), last, better);
+      }
+      o.swap(by_row);
+    };
+    std::vector<level_open_node> open = starts(), wave, next;
+    // 1. A dive: level by level, each row's k best open nodes expanded; once a row holds k leaves,
+    // the k-th is its first cut. Its leaves are found again below: only the cut is kept.
+    while (!open.empty()) {
+      for (const level_open_node& o : open) ++expanded[o.row];
+      next.clear();
+      expand_wave(ex, step, open, cut, found, next);
+      if (next.size() * sizeof(level_open_node) > budget_bytes) return false;
+      group_by_row(next, k);
+      open.clear();
+      for (index_t i = 0; i < n; ++i)
+        for (index_t a = row_begin[i], e = std::min(a + k, row_begin[i + 1]); a < e && next[a].key >= cut[i]; ++a)
+          open.push_back(next[a]);
+    }
+    for (auto& f : found) f.clear();
+    // 2. Level by level from each row's start block.
+    open = starts();
     while (!open.empty()) {
       // A level's open nodes, each row's best first, expanded in waves of the next search_first_wave,
       // 2 search_first_wave, 4 ... of each row's: a wave's leaves raise the cut that the next wave's
       // nodes must reach, as a best-first search stops at the k-th leaf.
-      std::sort(open.begin(), open.end(), [](const level_open_node& a, const level_open_node& b) {
-        return a.row != b.row ? a.row < b.row : a.key > b.key;
-      });
-      std::fill(row_begin.begin(), row_begin.end(), 0);
-      for (const level_open_node& o : open) ++row_begin[o.row + 1];
-      for (index_t i = 0; i < n; ++i) row_begin[i + 1] += row_begin[i];
+      group_by_row(open, static_cast<index_t>(open.size()));
       next.clear();
       for (index_t rank = 0, width = search_first_wave;; rank += width, width *= 2) {
         wave.clear();
@@ -213,7 +233,9 @@ struct host_level_search {
   }
 
   /// The m open nodes `e` (one node, distinct rows) expanded: their children's keys against their
-  /// rows' cuts; candidate leaves into `leaves` (each node's k best at most), open nodes into `next`.
+  /// rows' cuts; candidate leaves into `leaves` (each node's k best at most: pushing every leaf and
+  /// selecting afterwards was 5.7-7.9 us a row-expansion in the dive, whose first leaves meet no
+  /// cut), open nodes into `next`.
   template <class Step>
   static void expand_level_task(const Step& step, const level_open_node* e, index_t m, const std::uint64_t* cut,
                                 std::vector<level_open_node>& next, std::vector<level_leaf>& leaves) {
@@ -226,27 +248,32 @@ struct host_level_search {
       out[a] = lp.data() + a * ns;
     }
     node_child_log_probs(step, nb, ns, hr, out, m);
+    std::vector<std::uint64_t> best;
     for (index_t a = 0; a < m; ++a) {
       const index_t i = e[a].row;
       const float base = open_heap::lp_of(e[a].key);  // as the best-first search expands it (-0 as +0)
-      const std::size_t first_leaf = leaves.size();
+      // This node's k best leaves in a min-heap; once it holds k, its least is a floor above the
+      // row's cut for every later child (a leaf or node below it cannot reach the row's top k).
+      best.clear();
+      std::uint64_t floor = cut[i];
       for (index_t j = 0; j < ns; ++j) {
         const std::uint64_t key = open_heap::pack(base + out[a][j], nb + j);
-        if (key < cut[i]) continue;
+        if (key < floor) continue;
         const child_ref c = step.tv.child(nb + j);
-        if (c.is_leaf)
-          leaves.push_back(level_leaf{i, key});
-        else
+        if (!c.is_leaf) {
           next.push_back(level_open_node{key, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(c.block_begin),
                                          static_cast<std::uint32_t>(c.block_size)});
+        } else {
+          if (static_cast<index_t>(best.size()) == step.k) {
+            std::pop_heap(best.begin(), best.end(), std::greater<>());
+            best.pop_back();
+          }
+          best.push_back(key);
+          std::push_heap(best.begin(), best.end(), std::greater<>());
+          if (static_cast<index_t>(best.size()) == step.k) floor = std::max(floor, best.front());
+        }
       }
-      // More than k candidates from one node: its k best are all that can be among the row's.
-      const std::size_t got = leaves.size() - first_leaf;
-      if (got > static_cast<std::size_t>(step.k)) {
-        const auto by_key = [](const level_leaf& x, const level_leaf& y) { return x.key > y.key; };
-        std::nth_element(leaves.begin() + first_leaf, leaves.begin() + first_leaf + (step.k - 1), leaves.end(), by_key);
-        leaves.resize(first_leaf + static_cast<std::size_t>(step.k));
-      }
+      for (const std::uint64_t key : best) leaves.push_back(level_leaf{i, key});
     }
   }
 };
