@@ -114,10 +114,10 @@ index_t nodes_at_or_above(const search_in<View>& in, index_t i, std::uint64_t cu
   return count;
 }
 
-/// The level search's dive written plainly (no cut while it dives): row i's open nodes level by
-/// level, the k best kept; the k-th best leaf met is the cut (0 with fewer than k). `dived`: the
-/// nodes it expanded. The library's dive drops nodes below the cut as it rises, which changes
-/// neither the k best leaves nor the cut (those nodes sort after every node at or above it).
+/// The level search's dive written plainly (no cut while it dives): from row i's start, the best
+/// child node level by level; the k-th best leaf met is the cut (0 with fewer than k). `dived`:
+/// the nodes it expanded. The library's dive stops where the best child is below the risen cut,
+/// which changes neither the k best leaves nor the cut (nothing below that child reaches it).
 template <class View>
 std::uint64_t plain_dive_cut(const search_in<View>& in, index_t i, index_t k, index_t& dived) {
   const xsoftmax::matrix_view<const float> wv(in.w.data(), in.wrows, in.d);
@@ -127,8 +127,9 @@ std::uint64_t plain_dive_cut(const search_in<View>& in, index_t i, index_t k, in
     std::uint64_t key;
     index_t begin, size;
   };
-  std::vector<open_node> open{{xd::open_heap::pack(0.f, 0), in.start_begin ? (*in.start_begin)[static_cast<size_t>(i)] : 0,
-                               in.start_size ? (*in.start_size)[static_cast<size_t>(i)] : in.tv.root_block_size()}};
+  std::vector<open_node> open;
+  open.push_back({xd::open_heap::pack(0.f, 0), in.start_begin ? (*in.start_begin)[static_cast<size_t>(i)] : 0,
+                  in.start_size ? (*in.start_size)[static_cast<size_t>(i)] : in.tv.root_block_size()});
   std::vector<std::uint64_t> leaves;
   std::vector<float> lp(static_cast<size_t>(in.max_block));
   dived = 0;
@@ -145,8 +146,8 @@ std::uint64_t plain_dive_cut(const search_in<View>& in, index_t i, index_t k, in
       }
     }
     std::sort(next.begin(), next.end(), [](const open_node& a, const open_node& b) { return a.key > b.key; });
-    if (static_cast<index_t>(next.size()) > k) next.resize(static_cast<size_t>(k));
-    open = next;
+    open.clear();
+    if (!next.empty()) open.push_back(next.front());
   }
   if (static_cast<index_t>(leaves.size()) < k) return 0;
   std::sort(leaves.begin(), leaves.end(), std::greater<>());

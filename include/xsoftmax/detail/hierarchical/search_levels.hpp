@@ -9,29 +9,32 @@
 /// Why: a best-first search expands one node at a time per row, each row at its own node, so the
 /// rows that share an expansion are few (two on average for an exact top-10 at 512 rows of a
 /// 2-level tree over 1e5 classes, d = 256, trained weights: ~177 expansions a row; the rounds ran
-/// at ~8x the cost of the same expansions done node by node for all their rows). Here every open
-/// node of a level is expanded at once, node by node for all the rows that reach it (~27 rows a
+/// at ~8x the cost of the same expansions done node by node for all their rows). Here the open
+/// nodes of a level are expanded together, node by node for all the rows that reach it (~27 rows a
 /// node there), each weight block read once per 32 rows and scored two children against four rows
 /// a pass (`node_child_log_probs`).
 ///
 /// How, per tile of rows (keys: `open_heap::pack`, log-probability, then the smaller weight row):
-///  1. a dive: level by level, each row's k best open nodes expanded; once a row holds k leaves,
-///     the k-th's key is a cut: the exact top-k are k leaves at or above it;
-///  2. from each row's start block again, level by level: the level's open nodes at or above their
-///     rows' cuts, each row's best first in waves (`search_first_wave`, then twice as many ...),
-///     each wave's nodes grouped by node and their children scored for their rows together; a child
-///     at or above its row's cut is a candidate leaf or an open node of the next level, anything
-///     below is dropped with all it holds (log-probabilities only fall along a path, and a child's
-///     weight row is after its parent's in the breadth-first layout, so a descendant's key is below
-///     its ancestor's). Once a row holds k candidate leaves the cut rises to the k-th of them;
+///  1. a greedy dive: from each row's start, the best child node level by level, expanded; once a
+///     row holds k leaves, the k-th's key is a cut: the exact top-k are k leaves at or above it;
+///  2. level by level below the start: a level's open nodes are the children nodes of the level
+///     above's expansions (the dive's included; its nodes are not expanded again) at or above their
+///     rows' cuts, taken each row's best first in waves (`search_first_wave`, then twice as many
+///     ...); a wave's nodes are grouped by node and their children scored for their rows together;
+///     a child at or above its row's cut is a candidate leaf or an open node of the next level,
+///     anything below is dropped with all it holds (log-probabilities only fall along a path, and a
+///     child's weight row is after its parent's in the breadth-first layout, so a descendant's key
+///     is below its ancestor's). Once a row holds k candidate leaves the cut rises to the k-th;
 ///  3. each row's k best candidates by key, descending: the best-first search's output, because with
 ///     keys that fall along every path a best-first search pops leaves in key order.
 /// A child's log-probability is `child_log_probs<false>`'s and a path's sum the same additions as
 /// the best-first search's (parent's value + child's), so the keys are the oracle's bit for bit.
-/// The expansions counted are the dive's plus the levels': the levels' are a superset of the
-/// best-first search's (every node it expands is at or above the k-th leaf's key), the price of the
-/// batching. No open list of the step is used: its capacity does not bound this search, whose
-/// levels are bounded by `search_level_budget_bytes` instead.
+/// Every node is expanded once; the expansions counted are a superset of the best-first search's
+/// (every node it expands is at or above the k-th leaf's key): the nodes between the dive's cut and
+/// the k-th leaf, and a wave's nodes that an earlier leaf in the same wave would have cut, are the
+/// price of the batching (177.4 expansions a row against 177.3 on the trained weights above; 4.0
+/// against 3.5 where one node holds a row's top 10). No open list of the step is used: its
+/// capacity does not bound this search, whose levels are bounded by `search_level_budget_bytes`.
 
 #include <xsoftmax/detail/hierarchical/search_rounds.hpp>
 
@@ -43,8 +46,11 @@
 namespace xsoftmax::detail {
 
 /// How many of a row's open nodes of a level the level search expands first (then twice as many,
-/// and so on, each wave only the nodes at or above the cut the earlier waves' leaves raised).
-inline constexpr index_t search_first_wave = 16;
+/// and so on, each wave only the nodes at or above the cut the earlier waves' leaves raised). Small,
+/// so that a row whose best node holds its top k stops soon (weights that learnt only the class
+/// prior: 4.0 expansions a row against 5.5 with waves of 16 and the best-first search's 3.5); the
+/// waves then double, so that rows that expand many nodes do it in few waves.
+inline constexpr index_t search_first_wave = 4;
 
 /// An open node of the level-by-level search: tile row `row` at the node whose children are the
 /// block [block_begin, block_begin + block_size); `key`: the node's (`open_heap::pack` of its
@@ -140,26 +146,45 @@ struct host_level_search {
       o.swap(by_row);
     };
     std::vector<level_open_node> open = starts(), wave, next;
-    // 1. A dive: level by level, each row's k best open nodes expanded; once a row holds k leaves,
-    // the k-th is its first cut. Its leaves are found again below: only the cut is kept.
+    const auto too_big = [&](const std::vector<level_open_node>& o) {
+      return o.size() * sizeof(level_open_node) > budget_bytes;
+    };
+    // 1. A greedy dive: from each row's start, the best child node, level by level, expanded; its
+    // leaves (k of them, a block of k or more leaves at the bottom) give the row its first cut.
+    // What it expanded stays done: per level, each row's dived node (its key) and all the
+    // children nodes of the dived nodes, which the levels below take up.
+    std::vector<std::vector<std::uint64_t>> dived;               // [level][row]: 0 for none
+    std::vector<std::vector<level_open_node>> dived_children;  // [level]: nodes of level + 1
     while (!open.empty()) {
-      for (const level_open_node& o : open) ++expanded[o.row];
+      dived.emplace_back(static_cast<std::size_t>(n), 0);
+      for (const level_open_node& o : open) {
+        dived.back()[o.row] = o.key;
+        ++expanded[o.row];
+      }
       next.clear();
       expand_wave(ex, step, open, cut, found, next);
-      if (next.size() * sizeof(level_open_node) > budget_bytes) return false;
-      group_by_row(next, k);
+      if (too_big(next)) return false;
+      group_by_row(next, 1);
       open.clear();
       for (index_t i = 0; i < n; ++i)
-        for (index_t a = row_begin[i], e = std::min(a + k, row_begin[i + 1]); a < e && next[a].key >= cut[i]; ++a)
-          open.push_back(next[a]);
+        if (row_begin[i] < row_begin[i + 1] && next[row_begin[i]].key >= cut[i]) open.push_back(next[row_begin[i]]);
+      dived_children.push_back(next);
     }
-    for (auto& f : found) f.clear();
-    // 2. Level by level from each row's start block.
-    open = starts();
-    while (!open.empty()) {
-      // A level's open nodes, each row's best first, expanded in waves of the next search_first_wave,
-      // 2 search_first_wave, 4 ... of each row's: a wave's leaves raise the cut that the next wave's
-      // nodes must reach, as a best-first search stops at the k-th leaf.
+    // 2. Level by level below the start (every start was dived): a level's open nodes are the
+    // children of the nodes expanded at the level above, those of the dived nodes included, at or
+    // above their rows' cuts; its dived nodes are not expanded again.
+    for (std::size_t level = 1; level < dived.size() || !open.empty(); ++level) {
+      if (level - 1 < dived_children.size())
+        open.insert(open.end(), dived_children[level - 1].begin(), dived_children[level - 1].end());
+      const std::uint64_t* skip = level < dived.size() ? dived[level].data() : nullptr;
+      std::size_t kept = 0;
+      for (const level_open_node& o : open)  // the cut may have risen since they were made
+        if (o.key >= cut[o.row] && !(skip && o.key == skip[o.row])) open[kept++] = o;
+      open.resize(kept);
+      if (open.empty() && level >= dived.size()) break;
+      // Each row's best first, in waves of the next search_first_wave, 2 search_first_wave, 4 ...
+      // of its nodes: a wave's leaves raise the cut that the next wave's nodes must reach, as a
+      // best-first search stops at the k-th leaf.
       group_by_row(open, static_cast<index_t>(open.size()));
       next.clear();
       for (index_t rank = 0, width = search_first_wave;; rank += width, width *= 2) {
@@ -170,11 +195,9 @@ struct host_level_search {
         if (wave.empty()) break;  // every row's next node is below its cut (or it has none)
         for (const level_open_node& o : wave) ++expanded[o.row];
         expand_wave(ex, step, wave, cut, found, next);
-        if (next.size() * sizeof(level_open_node) > budget_bytes) return false;
+        if (too_big(next)) return false;
       }
-      open.clear();
-      for (const level_open_node& o : next)
-        if (o.key >= cut[o.row]) open.push_back(o);  // the cut may have risen since
+      open.swap(next);
     }
     // 3. Each row's k best, in key order.
     for (index_t i = 0; i < n; ++i) {
