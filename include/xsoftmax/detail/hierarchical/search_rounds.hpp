@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// The host backends' runner of the softmax-node top-k searches (`tree_search_tuning` for serial
-/// and omp; the generic `topk_search_step` is its oracle): every row of a tile searches in
-/// lockstep rounds, and a round's expansions run node by node.
+/// The host backends' runner of the softmax-node beam searches, and of an exact search's rows that
+/// the level search (search_levels.hpp) leaves to it (`tree_search_tuning` for serial and omp; the
+/// generic `topk_search_step` is its oracle): every row of a tile searches in lockstep rounds, and
+/// a round's expansions run node by node. Also the expansion of one node for a group of rows that
+/// both runners share (`node_child_log_probs`).
 ///
 /// Why: a search expands nodes one row at a time, and each expansion reads the node's whole block
 /// of weight rows (317 x 256 floats, 325 KB, for a 2-level tree over 1e5 classes at d = 256). An
 /// exact top-10 on weights trained for 300 steps expands ~177 nodes a row there, over half of that
 /// tree, each a stream from memory (18 us on one core), so the search ran at the memory's pace.
 /// Rows that expand the same node in a round now do it together: the node's rows are read once and
-/// scored against up to four hidden rows at a time (`dot_rows8`: 5.4 us a row-expansion;
-/// bench/tools/search_expansion_kernels.cpp). Exact top-10 1.49-1.56 s -> 0.61-0.64 s for 512 rows,
+/// scored against up to four hidden rows at a time (`dot_rows8`: 5.4 us a row-expansion; since
+/// stop 46 two children a pass, `dot_grid8`: 3.0; bench/tools/search_expansion_kernels.cpp). Exact top-10 1.49-1.56 s -> 0.61-0.64 s for 512 rows,
 /// beam 1 10.0-10.4 -> 5.8-6.1 ms (bench/tools/hs_search_cost.cpp at baae76d against 5dce5f1;
 /// bench/RESULTS.md, "HS top-k on trained weights"; at d = 64, where the weights fit the last-level
 /// cache, no change).

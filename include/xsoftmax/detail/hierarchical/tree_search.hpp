@@ -186,12 +186,15 @@ struct topk_search_step {
 
 /// A backend's tuned runner of the softmax-node searches of one tile (`topk_search_step` with G = 1,
 /// rows [0, step.n)): `available` when there is one; then `run(ex, step)` must give the step's
-/// results bit for bit. The cuda backend's (detail/cuda/hs_search_tuned.cuh) gives each row a
-/// block whose threads score the expanded node's children side by side: a thread alone per row
-/// scored every child of a 1024-child node in turn, and a top-10 over 65536 classes took over 10 s
-/// on an H100 (bench/RESULTS.md, "second GPU session"). The host backends' (search_rounds.hpp)
-/// runs the tile's rows in lockstep rounds and each round's expansions node by node, so that rows
-/// at the same node read its weights once.
+/// classes and log-probabilities bit for bit, for every row it does not flag as overflowed (a
+/// runner that needs no open list flags none; expansions may differ, at least the step's). The
+/// cuda backend's (detail/cuda/hs_search_tuned.cuh) gives each row a block whose threads score the
+/// expanded node's children side by side: a thread alone per row scored every child of a
+/// 1024-child node in turn, and a top-10 over 65536 classes took over 10 s on an H100
+/// (bench/RESULTS.md, "second GPU session"). The host backends' (search_levels.hpp) runs an exact
+/// search level by level, each level's nodes for all the rows that reach them at once, and a beam
+/// search in lockstep rounds whose expansions go node by node (search_rounds.hpp), so that rows at
+/// the same node read its weights once.
 template <class B>
 struct tree_search_tuning {
   static constexpr bool available = false;
