@@ -150,9 +150,10 @@ TEST_CASE("cuda hierarchical_softmax: the grouped GEMM path equals the generic d
 
 namespace {
 
-/// The block-per-row search (detail/cuda/hs_search_tuned.cuh) against the generic thread-per-row
-/// one on the same device: classes, log-probabilities and overflow flags bit for bit, exact and
-/// beam, with and without a bias.
+/// The block-per-row search (detail/cuda/hs_search_tuned.cuh: 8 lanes a child's dot, a warp's
+/// log-sum-exp) against the generic thread-per-row one on the same device: classes,
+/// log-probabilities and overflow flags bit for bit, exact and beam, with and without a bias, at
+/// widths with every kind of dot_row8 tail.
 template <class Tree, class T>
 void tuned_search_equals_generic(index_t rows, index_t d, index_t k, index_t beam, bool with_bias, unsigned seed) {
   const Tree tree(Tree::branching * Tree::branching * (Tree::max_depth > 2 ? Tree::branching : 1) - 3);
@@ -208,4 +209,8 @@ TEST_CASE("cuda hierarchical_softmax: the block-per-row top-k search equals the 
   tuned_search_equals_generic<xs::uniform_tree<3, 9>, __nv_bfloat16>(90, 33, 5, 0, false, 12);
   tuned_search_equals_generic<xs::uniform_tree<3, 9>, float>(50, 24, 7, 4, true, 13);  // beam
   tuned_search_equals_generic<xs::uniform_tree<2, 64>, __half>(40, 64, 1, 0, true, 14);
+  // Widths whose dot_row8 has a 4-wide tail and 1-3 more (47 = 5 x 8 + 4 + 3; 38 = 4 x 8 + 4 + 2),
+  // blocks of 40 children (five 8-lane passes of a 256-thread block, the last one partly idle).
+  tuned_search_equals_generic<xs::uniform_tree<2, 40>, float>(33, 47, 3, 0, true, 15);
+  tuned_search_equals_generic<xs::uniform_tree<3, 9>, __nv_bfloat16>(20, 38, 4, 0, true, 16);
 }
