@@ -151,11 +151,13 @@ TEST_CASE("cuda hierarchical_softmax: the grouped GEMM path equals the generic d
 namespace {
 
 /// The block-per-row search (detail/cuda/hs_search_tuned.cuh: 8 lanes a child's dot, a warp's
-/// log-sum-exp) against the generic thread-per-row one on the same device: classes,
-/// log-probabilities and overflow flags bit for bit, exact and beam, with and without a bias, at
-/// widths with every kind of dot_row8 tail.
+/// log-sum-exp; an exact search's pushes and pops by the block) against the generic thread-per-row
+/// one on the same device: classes, log-probabilities and overflow flags bit for bit, exact and
+/// beam, with and without a bias, at widths with every kind of dot_row8 tail, with open lists that
+/// overflow.
 template <class Tree, class T>
-void tuned_search_equals_generic(index_t rows, index_t d, index_t k, index_t beam, bool with_bias, unsigned seed) {
+void tuned_search_equals_generic(index_t rows, index_t d, index_t k, index_t beam, bool with_bias, unsigned seed,
+                                 index_t capacity_override = 0, bool expect_overflow = false, float w_scale = 0.4f) {
   const Tree tree(Tree::branching * Tree::branching * (Tree::max_depth > 2 ? Tree::branching : 1) - 3);
   const auto tv = tree.view();
   const index_t w_rows = tree.num_rows();
@@ -164,12 +166,13 @@ void tuned_search_equals_generic(index_t rows, index_t d, index_t k, index_t bea
   std::vector<float> h(static_cast<std::size_t>(rows * d));
   std::vector<T> w(static_cast<std::size_t>(w_rows * d)), b(static_cast<std::size_t>(w_rows));
   for (auto& x : h) x = nd(g);
-  for (auto& x : w) x = xs::from_float<T>(0.4f * nd(g));
+  for (auto& x : w) x = xs::from_float<T>(w_scale * nd(g));
   for (auto& x : b) x = xs::from_float<T>(0.2f * nd(g));
   const auto dh = to_device(h);
   const auto dw = to_device(w), db = to_device(b);
   const index_t max_block = xs::detail::widest_block(tv);
-  const index_t capacity = beam > 0 ? beam + max_block : 1024 + 4 * (k + 1) * max_block;
+  const index_t capacity =
+      capacity_override > 0 ? capacity_override : beam > 0 ? beam + max_block : 1024 + 4 * (k + 1) * max_block;
   const xs::cuda_resources res;
   const xs::detail::execution<xs::cuda> ex{res};
   struct outputs {
@@ -197,8 +200,10 @@ void tuned_search_equals_generic(index_t rows, index_t d, index_t k, index_t bea
   CHECK(tuned.classes == generic.classes);
   CHECK(bitwise_equal(tuned.log_probs, generic.log_probs));
   CHECK(tuned.overflow == generic.overflow);
-  CHECK(std::count(generic.classes.begin(), generic.classes.end(), index_t(-1)) <
-        static_cast<std::ptrdiff_t>(generic.classes.size()));
+  CHECK((std::count(generic.overflow.begin(), generic.overflow.end(), 1) > 0) == expect_overflow);
+  if (!expect_overflow)
+    CHECK(std::count(generic.classes.begin(), generic.classes.end(), index_t(-1)) <
+          static_cast<std::ptrdiff_t>(generic.classes.size()));
 }
 
 }  // namespace
@@ -213,4 +218,9 @@ TEST_CASE("cuda hierarchical_softmax: the block-per-row top-k search equals the 
   // blocks of 40 children (five 8-lane passes of a 256-thread block, the last one partly idle).
   tuned_search_equals_generic<xs::uniform_tree<2, 40>, float>(33, 47, 3, 0, true, 15);
   tuned_search_equals_generic<xs::uniform_tree<3, 9>, __nv_bfloat16>(20, 38, 4, 0, true, 16);
+  // Exact searches whose open list overflows (the same rows as the generic heap's), and blocks of
+  // 300 children (two chunks of the block's threads) with ties everywhere (zero weights, no bias).
+  tuned_search_equals_generic<xs::uniform_tree<2, 64>, float>(40, 24, 10, 0, true, 17, 70, true);
+  tuned_search_equals_generic<xs::uniform_tree<3, 9>, float>(40, 16, 40, 0, false, 18, 30, true);
+  tuned_search_equals_generic<xs::uniform_tree<2, 300>, float>(10, 16, 10, 0, false, 19, 100000, false, 0.f);
 }

@@ -3,8 +3,10 @@
 /// \file
 /// The tuned CUDA runner of the hierarchical softmax's top-k search over softmax nodes
 /// (detail/hierarchical/tree_search.hpp, `tree_search_tuning`): one block per row instead of one
-/// thread. The search itself is the generic one, run by the block's thread 0 (`next_node`,
-/// `push_children`, the open heap in global memory); what the block shares is the expansion:
+/// thread, the generic search's outcome. A beam search's pushes and pops are the generic ones, run
+/// by the block's thread 0 over the open heap in global memory; an exact search's are the block's
+/// (`exact_push_and_pop`: an unordered open list, pops by a block-wide max, each child's push
+/// decided by its own thread, detail/hierarchical/exact_push.hpp). The block shares the expansion:
 ///  * the children's scores: each group of 8 lanes scores one child, lane l summing the elements
 ///    p = l mod 8 -- `dot_row8`'s own 8 partial sums, in its order (its 8-steps, its 4-wide tail
 ///    into lanes 0-3, the last 1-3 elements into lanes 4-6), combined by shuffles in its order
@@ -22,7 +24,14 @@
 #include <xsoftmax/detail/cuda/error.cuh>
 #include <xsoftmax/detail/cuda/launch.cuh>
 #include <xsoftmax/detail/cuda/warp.cuh>
+#include <xsoftmax/detail/hierarchical/exact_push.hpp>
 #include <xsoftmax/detail/hierarchical/tree_search.hpp>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda/functional>
+
+#include <cstdint>
 
 namespace xsoftmax::detail {
 namespace gpu {
@@ -69,29 +78,117 @@ __device__ inline float warp_children_logsumexp(const float* s, index_t n, int l
   return finish_logsumexp(m, sum);
 }
 
+/// An exact search's push of the expanded node's children and its pops up to the next node to
+/// expand, by the whole block, with the generic search's outcome (`push_children`, `next_node`):
+///  * the open list is an unordered array (a pop takes its best key: a block-wide max, then the
+///    last entry fills its place); pops come out in key order, a total order, as from the heap;
+///  * the children are pushed a chunk of Threads at a time, each thread deciding its child from the
+///    row's best leaves before the chunk (`exact_child_pushed`: the children push_children pushes),
+///    their places by a block-wide prefix sum; thread 0 then enters the chunk's pushed leaves into
+///    the best leaves in order (`keep_best_leaf`). The list overflows exactly when push_children's
+///    heap would (the same children, the same capacity).
+/// Thread 0 wrote the heap alone before (stop 32's quick bench: a push or pop a few dependent
+/// global-memory accesses, hundreds a 256-child expansion). Ends with a barrier.
+template <int Threads, class Step>
+__device__ void exact_push_and_pop(const Step& step, index_t r, index_t t, std::uint64_t* open, float* best,
+                                   const float* lp, index_t nb, index_t ns, int* pushed,
+                                   typename cub::BlockScan<int, Threads>::TempStorage& scan,
+                                   typename cub::BlockReduce<std::uint64_t, Threads>::TempStorage& reduce, int& more,
+                                   index_t& expand_begin, index_t& expand_size, index_t& open_size, index_t& found,
+                                   index_t& leaves, index_t& expanded, float& base, std::uint64_t& top_key,
+                                   index_t& top_at, int& top_is_leaf) {
+  const index_t k = step.k;
+  const float from = base;
+  if (threadIdx.x == 0) ++expanded;
+  for (index_t c0 = 0; c0 < ns; c0 += Threads) {
+    const index_t j = c0 + threadIdx.x;
+    const bool push = j < ns && exact_child_pushed(step.tv, lp, from, nb, c0, j, best, leaves, k);
+    int offset = 0, total = 0;
+    cub::BlockScan<int, Threads>(scan).ExclusiveSum(push ? 1 : 0, offset, total);
+    if (open_size + total > step.capacity) {  // the same in every thread
+      if (threadIdx.x == 0) {
+        step.overflow[t] = 1;
+        more = 0;
+      }
+      __syncthreads();
+      return;
+    }
+    if (push) open[open_size + offset] = open_heap::pack(from + lp[j], nb + j);
+    pushed[threadIdx.x] = push ? 1 : 0;
+    __syncthreads();  // every thread has read open_size and the best leaves; the flags are out
+    if (threadIdx.x == 0) {
+      open_size += total;
+      for (index_t i = c0; i < ns && i < c0 + Threads; ++i)
+        if (pushed[i - c0] && step.tv.child(nb + i).is_leaf) keep_best_leaf(best, leaves, k, from + lp[i]);
+    }
+    __syncthreads();  // the best leaves and the list's size for the next chunk; `scan` free again
+  }
+  for (;;) {  // pop: leaves to the output until an internal node (to expand next) or the end
+    if (found >= k || open_size == 0) {  // the same in every thread
+      if (threadIdx.x == 0) more = 0;
+      __syncthreads();
+      return;
+    }
+    std::uint64_t m = 0;  // below every key (see open_heap::pop_to_back)
+    for (index_t i = threadIdx.x; i < open_size; i += Threads) m = open[i] > m ? open[i] : m;
+    m = cub::BlockReduce<std::uint64_t, Threads>(reduce).Reduce(m, ::cuda::maximum<std::uint64_t>{});
+    if (threadIdx.x == 0) top_key = m;
+    __syncthreads();
+    for (index_t i = threadIdx.x; i < open_size; i += Threads)
+      if (open[i] == top_key) top_at = i;  // keys are distinct: one thread
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      open[top_at] = open[open_size - 1];
+      --open_size;
+      const float l = open_heap::lp_of(top_key);
+      const child_ref c = step.tv.child(open_heap::row_of(top_key));
+      top_is_leaf = c.is_leaf ? 1 : 0;
+      if (c.is_leaf) {
+        step.classes(r, found) = c.leaf_class;
+        step.log_probs(r, found) = l;
+        ++found;
+      } else {
+        expand_begin = c.block_begin;
+        expand_size = c.block_size;
+        base = l;
+      }
+    }
+    __syncthreads();  // the pop is done; `reduce` free again
+    if (!top_is_leaf) return;
+  }
+}
+
 /// The searches of rows [0, step.n) of a tile, one block of Threads threads per row.
 template <int Threads, class T, class View>
 __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<false, T, View, 1> step) {
-  __shared__ int more;                   // thread 0's verdict: the row's search goes on
+  // The row's search state, shared: written by thread 0 (or, where named, by all) between barriers.
+  __shared__ int more;                           // the row's search goes on
   __shared__ index_t expand_begin, expand_size;  // the node to expand next (its block of rows)
-  __shared__ float lse;
+  __shared__ index_t open_size, found, leaves, expanded;
+  __shared__ float base, lse;
+  __shared__ std::uint64_t top_key;  // an exact search's pop: the best open key, and where it is
+  __shared__ index_t top_at;
+  __shared__ int top_is_leaf;
+  __shared__ int pushed[Threads];  // an exact search's push decisions of a chunk of children
+  __shared__ union {
+    typename cub::BlockScan<int, Threads>::TempStorage scan;
+    typename cub::BlockReduce<std::uint64_t, Threads>::TempStorage reduce;
+  } temp;
   static_assert(Threads % warp_size == 0);
   constexpr index_t groups = Threads / 8;  // children scored at once
   const index_t group = threadIdx.x / 8;
   const int lane8 = static_cast<int>(threadIdx.x % 8);
-  const index_t d = step.d;
+  const index_t d = step.d, k = step.k;
   for (index_t t = blockIdx.x; t < step.n; t += gridDim.x) {
     const index_t r = step.row0 + t;
-    // The search's state, thread 0's alone (as one thread's in the generic kernel).
-    open_heap heap{step.open_key + t * step.capacity, 0, step.capacity};
-    index_t found = 0, leaves = 0, node = 0, size = 0, expanded = 0;
-    float base = 0.f;
+    std::uint64_t* open = step.open_key + t * step.capacity;
+    float* best = step.leaf_lp + t * k;
     if (threadIdx.x == 0) {
-      node = step.start_begin ? step.start_begin[r] : 0;
-      size = step.start_begin ? step.start_size[r] : step.tv.root_block_size();
+      expand_begin = step.start_begin ? step.start_begin[r] : 0;
+      expand_size = step.start_begin ? step.start_size[r] : step.tv.root_block_size();
+      open_size = found = leaves = expanded = 0;
+      base = 0.f;
       step.overflow[t] = 0;
-      expand_begin = node;
-      expand_size = size;
       more = 1;
     }
     __syncthreads();
@@ -115,21 +212,34 @@ __global__ void __launch_bounds__(Threads) search_rows_kernel(topk_search_step<f
       __syncthreads();
       for (index_t j = threadIdx.x; j < ns; j += Threads) lp[j] -= lse;
       __syncthreads();
-      if (threadIdx.x == 0) {
-        ++expanded;
-        if (!step.push_children(heap, lp, nb, ns, base, step.leaf_lp + t * step.k, leaves)) {
-          step.overflow[t] = 1;
-          more = 0;
-        } else {
-          more = step.next_node(heap, r, found, node, size, base) ? 1 : 0;
-          expand_begin = node;
-          expand_size = size;
+      if (step.beam > 0) {  // the generic push and pops, thread 0's, over a heap
+        if (threadIdx.x == 0) {
+          ++expanded;
+          open_heap heap{open, open_size, step.capacity};
+          index_t held = leaves, out = found, node = 0, size = 0;
+          float lp_node = base;
+          if (!step.push_children(heap, lp, nb, ns, lp_node, best, held)) {
+            step.overflow[t] = 1;
+            more = 0;
+          } else {
+            more = step.next_node(heap, r, out, node, size, lp_node) ? 1 : 0;
+            expand_begin = node;
+            expand_size = size;
+          }
+          open_size = heap.size;
+          leaves = held;
+          found = out;
+          base = lp_node;
         }
+        __syncthreads();
+      } else {
+        exact_push_and_pop<Threads>(step, r, t, open, best, lp, nb, ns, pushed, temp.scan, temp.reduce, more,
+                                    expand_begin, expand_size, open_size, found, leaves, expanded, base, top_key,
+                                    top_at, top_is_leaf);
       }
-      __syncthreads();
     }
     if (threadIdx.x == 0) step.finish_row(r, found, expanded);
-    __syncthreads();  // `more` and the node are rewritten for the next row only after all have read them
+    __syncthreads();  // the shared state is rewritten for the next row only after all have read it
   }
 }
 
