@@ -13,6 +13,7 @@
 // lone row by the rounds.
 
 #include "hierarchical/reference_search.hpp"
+#include "hierarchical/search_step_runs.hpp"
 #include "support/head_checks.hpp"
 
 #include <xsoftmax/detail/hierarchical/search_levels.hpp>
@@ -31,58 +32,17 @@ using namespace xsoftmax_test;
 using xsoftmax::index_t;
 namespace xd = xsoftmax::detail;
 
-struct search_out {
-  std::vector<index_t> classes, expansions;
-  std::vector<float> log_probs;
-  std::vector<int> overflow;
-  bool taken = true;  ///< the level search ran (`runner` 1)
-};
-
-/// A search's inputs: the tree, rows x d hidden values, the weights (and bias), per-row starts.
-template <class View>
-struct search_in {
-  View tv;
-  std::vector<float> h, w, b;
-  index_t rows, d, wrows, max_block;
-  bool with_bias = false;
-  const std::vector<index_t>* start_begin = nullptr;
-  const std::vector<index_t>* start_size = nullptr;
-};
-
 /// runner 0: the generic search (16 rows a task); 1: host_level_search alone; 2: tree_search_tuning.
 template <class B, class View>
 search_out run_search(int runner, const search_in<View>& in, index_t k, index_t beam, index_t capacity,
                       std::size_t level_budget = xd::search_level_budget_bytes) {
-  search_out o;
-  const index_t rows = in.rows;
-  o.classes.assign(static_cast<size_t>(rows * k), -9);
-  o.log_probs.assign(o.classes.size(), 7.f);
-  o.expansions.assign(static_cast<size_t>(rows), -9);
-  o.overflow.assign(static_cast<size_t>(rows), -9);
-  std::vector<std::uint64_t> open(static_cast<size_t>(rows * capacity));
-  std::vector<float> child(static_cast<size_t>(rows * in.max_block)), leaf(static_cast<size_t>(rows * k));
-  xsoftmax::backend_resources<B> res{};
-  const xd::execution<B> ex{res};
-  const xsoftmax::matrix_view<const float> wv(in.w.data(), in.wrows, in.d);
-  const xsoftmax::matrix_view<index_t> cv(o.classes.data(), rows, k);
-  const xsoftmax::matrix_view<float> lv(o.log_probs.data(), rows, k);
-  const float* bias = in.with_bias ? in.b.data() : nullptr;
-  const index_t* sb = in.start_begin ? in.start_begin->data() : nullptr;
-  const index_t* ss = in.start_size ? in.start_size->data() : nullptr;
-  const auto step_of = [&](auto g) {
-    return xd::topk_search_step<false, float, View, decltype(g)::value>{
-        in.tv, in.h.data(), in.d, wv, bias, k, beam, capacity, in.max_block, 0, rows, open.data(), child.data(),
-        leaf.data(), cv, lv, o.overflow.data(), sb, ss, o.expansions.data()};
-  };
-  if (runner == 0) {
-    constexpr index_t G = 16;
-    xd::parallel_for(ex, (rows + G - 1) / G, step_of(std::integral_constant<index_t, G>{}));
-  } else if (runner == 1) {
-    o.taken = xd::host_level_search<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}), level_budget);
-  } else {
-    xd::tree_search_tuning<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}));
-  }
-  return o;
+  return run_search_step<B>(in, k, beam, capacity, [&](const auto& step_of, const xd::execution<B>& ex) {
+    const std::integral_constant<index_t, 1> one{};
+    if (runner == 0) return generic_search{}(step_of, ex);
+    if (runner == 1) return xd::host_level_search<B>::run(ex, step_of(one), level_budget);
+    xd::tree_search_tuning<B>::run(ex, step_of(one));
+    return true;
+  });
 }
 
 /// Row i's internal nodes (the start included) whose key is at or above `cut`, walked depth first

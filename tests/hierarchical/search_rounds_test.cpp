@@ -8,6 +8,7 @@
 // and without bias, starting at the root and at given blocks (a forest's per-row start).
 
 #include "hierarchical/reference_search.hpp"
+#include "hierarchical/search_step_runs.hpp"
 #include "support/head_checks.hpp"
 
 #include <xsoftmax/detail/hierarchical/search_rounds.hpp>
@@ -26,54 +27,24 @@ using namespace xsoftmax_test;
 using xsoftmax::index_t;
 namespace xd = xsoftmax::detail;
 
-/// One search's outputs.
-struct search_out {
-  std::vector<index_t> classes, expansions;
-  std::vector<float> log_probs;
-  std::vector<int> overflow;
-};
-
+/// The generic search (16 rows a task), or the rounds.
 template <class B, class View>
-search_out run_search(bool rounds, const View& tv, const std::vector<float>& h, index_t rows, index_t d,
-                      const std::vector<float>& w, index_t wrows, const float* bias, index_t max_block, index_t k,
-                      index_t beam, index_t capacity, const std::vector<index_t>* start_begin,
-                      const std::vector<index_t>* start_size) {
-  search_out o;
-  o.classes.assign(static_cast<size_t>(rows * k), -9);
-  o.log_probs.assign(o.classes.size(), 7.f);
-  o.expansions.assign(static_cast<size_t>(rows), -9);
-  o.overflow.assign(static_cast<size_t>(rows), -9);
-  std::vector<std::uint64_t> open(static_cast<size_t>(rows * capacity));
-  std::vector<float> child(static_cast<size_t>(rows * max_block)), leaf(static_cast<size_t>(rows * k));
-  xsoftmax::backend_resources<B> res{};
-  const xd::execution<B> ex{res};
-  const xsoftmax::matrix_view<const float> wv(w.data(), wrows, d);
-  const xsoftmax::matrix_view<index_t> cv(o.classes.data(), rows, k);
-  const xsoftmax::matrix_view<float> lv(o.log_probs.data(), rows, k);
-  const index_t* sb = start_begin ? start_begin->data() : nullptr;
-  const index_t* ss = start_size ? start_size->data() : nullptr;
-  if (rounds) {
-    const xd::topk_search_step<false, float, View, 1> step{
-        tv,   h.data(), d,  wv, bias, k, beam, capacity, max_block, 0, rows, open.data(), child.data(), leaf.data(),
-        cv,   lv,       o.overflow.data(), sb, ss, o.expansions.data()};
-    xd::host_search_rounds<B>::run(ex, step);
-  } else {
-    constexpr index_t G = 16;
-    const xd::topk_search_step<false, float, View, G> step{
-        tv,   h.data(), d,  wv, bias, k, beam, capacity, max_block, 0, rows, open.data(), child.data(), leaf.data(),
-        cv,   lv,       o.overflow.data(), sb, ss, o.expansions.data()};
-    xd::parallel_for(ex, (rows + G - 1) / G, step);
-  }
-  return o;
+search_out run_search(bool rounds, const search_in<View>& in, index_t k, index_t beam, index_t capacity) {
+  return run_search_step<B>(in, k, beam, capacity, [&](const auto& step_of, const xd::execution<B>& ex) {
+    if (!rounds) return generic_search{}(step_of, ex);
+    xd::host_search_rounds<B>::run(ex, step_of(std::integral_constant<index_t, 1>{}));
+    return true;
+  });
 }
 
 template <class B, class Tree>
 void check_tree(const Tree& tree, index_t max_block, const std::string& what, bool forest_starts) {
   const index_t d = 13, rows = 70, wrows = tree.num_rows();
   test_rng rng(53);
-  const auto w = random_floats(rng, wrows * d, 1.0);
-  const auto b = random_floats(rng, wrows, 1.0);
-  const auto h = random_floats(rng, rows * d, 1.0);
+  search_in<decltype(tree.view())> in{tree.view(), {}, {}, {}, rows, d, wrows, max_block};
+  in.w = random_floats(rng, wrows * d, 1.0);
+  in.b = random_floats(rng, wrows, 1.0);
+  in.h = random_floats(rng, rows * d, 1.0);
   // Per-row starts: the root's block, or (forest_starts) the block of one of the root's internal
   // children, as a forest's rows start at their tree's root block.
   std::vector<index_t> sb(static_cast<size_t>(rows)), ss(static_cast<size_t>(rows));
@@ -90,11 +61,11 @@ void check_tree(const Tree& tree, index_t max_block, const std::string& what, bo
     for (const index_t beam : {index_t(0), index_t(3)})
       for (const index_t k : {index_t(1), index_t(5), index_t(40)})
         for (const index_t capacity : {index_t(4) * (k + 1) * max_block + 64, max_block + 3}) {
-          const float* bias = with_bias ? b.data() : nullptr;
-          const auto* sbp = forest_starts ? &sb : nullptr;
-          const auto* ssp = forest_starts ? &ss : nullptr;
-          const search_out gen = run_search<B>(false, tree.view(), h, rows, d, w, wrows, bias, max_block, k, beam, capacity, sbp, ssp);
-          const search_out rnd = run_search<B>(true, tree.view(), h, rows, d, w, wrows, bias, max_block, k, beam, capacity, sbp, ssp);
+          in.with_bias = with_bias;
+          in.start_begin = forest_starts ? &sb : nullptr;
+          in.start_size = forest_starts ? &ss : nullptr;
+          const search_out gen = run_search<B>(false, in, k, beam, capacity);
+          const search_out rnd = run_search<B>(true, in, k, beam, capacity);
           INFO(what, ", bias ", with_bias, ", beam ", beam, ", k = ", k, ", capacity ", capacity);
           CHECK(rnd.overflow == gen.overflow);
           CHECK(rnd.expansions == gen.expansions);

@@ -231,10 +231,7 @@ __global__ void __launch_bounds__(Threads, 2)  // two blocks an SM: registers fo
       const index_t r = r0 + i, c = a.child[r];
       float m = -INFINITY;
       for (index_t j = lane; j < bs; j += warp_size) m = gi[j] > m ? gi[j] : m;
-      for (int o = warp_size / 2; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(full_mask, m, o);
-        m = other > m ? other : m;
-      }
+      m = warp_max(m);
       float part = 0.f;
       if (m != -INFINITY)
         for (index_t j = lane; j < bs; j += warp_size) part += expf(gi[j] - m);

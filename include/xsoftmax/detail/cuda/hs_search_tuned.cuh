@@ -62,10 +62,7 @@ __device__ float group8_dot_row8(const float* h, const T* w, index_t d, int l) {
 __device__ inline float warp_children_logsumexp(const float* s, index_t n, int lane) {
   float m = -INFINITY;
   for (index_t j = lane; j < n; j += warp_size) m = s[j] > m ? s[j] : m;
-  for (int o = warp_size / 2; o > 0; o >>= 1) {
-    const float x = __shfl_xor_sync(full_mask, m, o);
-    m = x > m ? x : m;
-  }
+  m = warp_max(m);
   float sum = 0.f;
   if (lane < static_cast<int>(exp_sum_lanes)) {
     index_t j = 0;

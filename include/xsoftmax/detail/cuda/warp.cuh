@@ -25,6 +25,16 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
+/// Max over the warp by butterfly shuffles, every lane ending with it; a NaN is passed over (each
+/// step keeps x only when x > m), as the host loops' `s > m ? s : m` does.
+__device__ inline float warp_max(float m) {
+  for (int o = warp_size / 2; o > 0; o >>= 1) {
+    const float x = __shfl_xor_sync(full_mask, m, o);
+    m = x > m ? x : m;
+  }
+  return m;
+}
+
 /// h . w over d elements (each widened to fp32), lanes striding over d; all lanes get it.
 template <class H, class T>
 __device__ float warp_dot(const H* h, const T* w, index_t d, int lane) {
