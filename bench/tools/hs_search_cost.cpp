@@ -26,6 +26,7 @@
 // include/ of f13ce6f, to time the search as it was; the expansions then print as 0.)
 // OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive /tmp/hs_search_cost [classes=100000] [dim=64] [tree=uniform2]
 //   [data=clustered] [steps=300] [batch=256] [lr=512] [rows=1024] [k=10] [beams=1,2,4,10,32] [reps=3] [seed=2024]
+//   [untrained=1] (0: the trained weights' measurements only, e.g. under a profiler)
 #include "synthetic_classes.hpp"
 
 #include <xsoftmax/hierarchical_softmax.hpp>
@@ -73,6 +74,7 @@ struct arguments {
 
 struct config {
   index_t n, dim, steps, batch, rows, k, reps;
+  bool untrained;  ///< measure before training too
   float lr;
   std::string tree, data;
   std::vector<index_t> beams;
@@ -195,7 +197,7 @@ void measure(const Head& head, const config& c, const dataset& ds, const char* w
 
 template <class Head>
 void run(Head& head, const config& c, const dataset& ds) {
-  measure(head, c, ds, "untrained");
+  if (c.untrained) measure(head, c, ds, "untrained");
   std::vector<float> gh(static_cast<size_t>(c.batch * c.dim));
   typename Head::gradient_type g;
   xs::loss_options mean;
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
   c.k = a.num("k", 10);
   c.reps = a.num("reps", 3);
   c.seed = static_cast<unsigned long long>(a.num("seed", 2024));
+  c.untrained = a.num("untrained", 1) != 0;
   std::stringstream beams(a.str("beams", "1,2,4,10,32"));
   for (std::string b; std::getline(beams, b, ',');)
     if (!b.empty()) c.beams.push_back(std::atoll(b.c_str()));

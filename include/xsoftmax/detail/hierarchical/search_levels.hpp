@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace xsoftmax::detail {
@@ -168,19 +169,26 @@ struct host_level_search {
       open.clear();
       for (index_t i = 0; i < n; ++i)
         if (row_begin[i] < row_begin[i + 1] && next[row_begin[i]].key >= cut[i]) open.push_back(next[row_begin[i]]);
-      dived_children.push_back(next);
+      dived_children.push_back(std::move(next));
+      next.clear();
     }
     // 2. Level by level below the start (every start was dived): a level's open nodes are the
     // children of the nodes expanded at the level above, those of the dived nodes included, at or
     // above their rows' cuts; its dived nodes are not expanded again.
     for (std::size_t level = 1; level < dived.size() || !open.empty(); ++level) {
-      if (level - 1 < dived_children.size())
-        open.insert(open.end(), dived_children[level - 1].begin(), dived_children[level - 1].end());
       const std::uint64_t* skip = level < dived.size() ? dived[level].data() : nullptr;
+      const auto keep = [&](const level_open_node& o) {  // the cut may have risen since they were made
+        return o.key >= cut[o.row] && !(skip && o.key == skip[o.row]);
+      };
       std::size_t kept = 0;
-      for (const level_open_node& o : open)  // the cut may have risen since they were made
-        if (o.key >= cut[o.row] && !(skip && o.key == skip[o.row])) open[kept++] = o;
+      for (const level_open_node& o : open)
+        if (keep(o)) open[kept++] = o;
       open.resize(kept);
+      if (level - 1 < dived_children.size()) {
+        for (const level_open_node& o : dived_children[level - 1])
+          if (keep(o)) open.push_back(o);
+        std::vector<level_open_node>().swap(dived_children[level - 1]);  // done with: freed
+      }
       if (open.empty() && level >= dived.size()) break;
       // Each row's best first, in waves of the next search_first_wave, 2 search_first_wave, 4 ...
       // of its nodes: a wave's leaves raise the cut that the next wave's nodes must reach, as a
