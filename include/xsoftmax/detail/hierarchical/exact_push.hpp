@@ -35,7 +35,8 @@ XSOFTMAX_HD bool exact_child_pushed(const View& tv, const float* lp, float base,
 }
 
 /// A pushed leaf's value v into the row's k best (`best`, descending, `leaves` of them): the
-/// insertion `topk_search_step::push_children` makes.
+/// insertion `topk_search_step::push_children` makes (and the cuda runner, for each chunk's pushed
+/// leaves in order).
 XSOFTMAX_HD inline void keep_best_leaf(float* best, index_t& leaves, index_t k, float v) {
   index_t i = leaves < k ? leaves++ : k - 1;
   for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];

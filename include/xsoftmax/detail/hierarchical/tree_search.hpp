@@ -19,6 +19,7 @@
 /// whose node log-probabilities fit a fixed budget.
 
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/hierarchical/exact_push.hpp>
 #include <xsoftmax/detail/hierarchical/search_nodes.hpp>
 #include <xsoftmax/detail/hierarchical/sigmoid_pair_search.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
@@ -173,11 +174,7 @@ struct topk_search_step {
     for (index_t j = 0; j < children; ++j) {
       const float v = base + lp[j];
       if (leaves == k && v < best[k - 1]) continue;
-      if (tv.child(block_begin + j).is_leaf) {
-        index_t i = leaves < k ? leaves++ : k - 1;
-        for (; i > 0 && best[i - 1] < v; --i) best[i] = best[i - 1];
-        best[i] = v;
-      }
+      if (tv.child(block_begin + j).is_leaf) keep_best_leaf(best, leaves, k, v);
       if (!heap.push(v, block_begin + j)) return false;
     }
     return true;
