@@ -47,8 +47,10 @@ struct search_options {
   /// Empty (default), or one entry per hidden row in the backend's memory: each row's count of
   /// node expansions -- nodes whose children the search scored, the search's work (a forward
   /// scores one node per level of the target's path). A sigmoid tree's exact search scores some
-  /// children early (two levels per pop) and counts those too. Throws `shape_error` for another
-  /// length.
+  /// children early (two levels per pop) and counts those too; on the host backends an exact
+  /// search over softmax nodes runs level by level, many rows a node at once, and may expand a few
+  /// nodes a one-row best-first search would not (its results are the same). Throws `shape_error`
+  /// for another length.
   vector_view<index_t> expansions = {};
 };
 

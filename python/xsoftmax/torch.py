@@ -388,7 +388,9 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         best-first tree search, or a beam search keeping ``beam_width`` open nodes when > 0. With
         ``return_expansions``, also each row's node expansions (int64, shape of ``hidden`` without
         its last dimension): the nodes whose children the search scored, its cost -- a forward
-        scores one node per level of the target's path."""
+        scores one node per level of the target's path. On CPU tensors an exact search runs level
+        by level, many rows a node at once, and may expand a few more nodes than a one-row
+        best-first search (the same results)."""
         return self._predict(hidden, k, self._handle.value, beam_width, return_expansions)
 
     @torch.no_grad()
