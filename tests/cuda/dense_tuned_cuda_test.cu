@@ -7,7 +7,8 @@
 // log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores, rows read
 // as scalars and as 16-byte vectors), and the
 // block-per-row running top-k (detail/cuda/topk_tuned.cuh: row_topk_update against
-// row_topk_update_generic, with ties, -inf scores and listed ids, bit for bit).
+// row_topk_update_generic, with ties, -inf scores and listed ids, over many chunks, and where a
+// full heap's cutoff lets every column through; bit for bit).
 
 #include "support.cuh"
 
@@ -177,14 +178,20 @@ TEST_CASE("cuda row_topk_update: the block-per-row kernel equals the generic loo
   static_assert(xs::detail::row_topk_tuning<xs::detail::execution<xs::cuda>>::available);
   const xs::cuda_resources res;
   const xs::detail::execution<xs::cuda> ex{res};
-  // (rows, columns per chunk, chunks, k, distinct score values (0: continuous), listed ids)
+  // (rows, columns per chunk, chunks, k, distinct score values (0: continuous), listed ids, each
+  // chunk's scores above every earlier chunk's)
   struct shape {
     index_t rows, cols, chunks, k, levels;
-    bool listed;
+    bool listed, rising = false;
   };
   const shape shapes[] = {{37, 1000, 3, 10, 0, false}, {20, 5000, 2, 1, 0, false},  {9, 700, 2, 100, 0, true},
                           {12, 900, 2, 300, 0, false},  {15, 3000, 2, 5, 3, false}, {6, 2500, 1, 40, 1, true},
-                          {4, 3000, 2, 300, 0, false}};  // the last: more candidates than the block's slots
+                          {4, 3000, 2, 300, 0, false},  // more candidates than the block's slots
+                          // a full heap's cutoff alone in most chunks: the row read once
+                          {30, 4000, 8, 10, 0, false}, {11, 2100, 6, 256, 0, true},
+                          // the heap's cutoff lets every column through: narrowed again by the threads' bests
+                          {7, 5000, 4, 10, 0, false, true}, {5, 3000, 3, 200, 0, true, true},
+                          {6, 2600, 3, 10, 2, false, true}};
   unsigned seed = 20;
   for (const shape& sh : shapes) {
     std::mt19937 g(seed++);
@@ -203,6 +210,7 @@ TEST_CASE("cuda row_topk_update: the block-per-row kernel equals the generic loo
         for (auto& x : s) {
           // Few distinct values: ties everywhere (broken by id); every 17th score -inf (a masked class).
           x = sh.levels ? static_cast<float>(gd() % static_cast<unsigned>(sh.levels)) : nd(gd);
+          if (sh.rising) x += 100.f * static_cast<float>(c);
           if (gd() % 17 == 0) x = -INFINITY;
         }
         const auto ds = to_device(s);
@@ -224,7 +232,8 @@ TEST_CASE("cuda row_topk_update: the block-per-row kernel equals the generic loo
       return result{to_host(st.score), to_host(st.index), to_host(st.size)};
     };
     const result tuned = run(true, seed * 31u), generic = run(false, seed * 31u);
-    INFO("rows " << sh.rows << ", cols " << sh.cols << ", k " << sh.k << ", levels " << sh.levels);
+    INFO("rows " << sh.rows << ", cols " << sh.cols << ", chunks " << sh.chunks << ", k " << sh.k << ", levels "
+                 << sh.levels << (sh.rising ? ", rising" : ""));
     CHECK(tuned.size == generic.size);
     CHECK(tuned.index == generic.index);
     CHECK(bitwise_equal(tuned.score, generic.score));

@@ -5,10 +5,10 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
-#include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/primitives/score_chunks.hpp>
 #include <xsoftmax/detail/validation.hpp>
 
 #include <thrust/sequence.h>

@@ -6,6 +6,7 @@
 /// between its two passes, and the hidden gradients returned to their owners after it (as
 /// Megatron's vocab-parallel cross-entropy: one max and one sum all-reduce per step).
 
+#include <xsoftmax/detail/primitives/score_chunks.hpp>
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 
 namespace xsoftmax {

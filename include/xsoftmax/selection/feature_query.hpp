@@ -6,9 +6,9 @@
 /// (dense scores over every class, chunk by chunk, with a running top-K: the cost of a full forward
 /// pass) or approximate through an IVF index over the class vectors (`nprobe` lists per sample).
 
-#include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
+#include <xsoftmax/detail/primitives/score_chunks.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
 #include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/error.hpp>

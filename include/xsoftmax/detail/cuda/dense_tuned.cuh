@@ -13,7 +13,8 @@
 ///    Gathered columns (the selective, sampled and KNN softmax's active sets) are gathered in T, a
 ///    chunk at a time, into the workspace. It serves the plain loss, with or without logit offsets,
 ///    without loss terms, margins or row combination (the full softmax's plain loss, the
-///    hierarchical softmax's dense runs, the selective heads' shared pass).
+///    hierarchical softmax's dense runs, the selective heads' shared pass), and the score chunks
+///    of the verbs that only read scores (`for_each_score_chunk`, primitives/score_chunks.hpp).
 ///  * `online_lse_tuning<cuda>`: one thread block per row instead of one thread per row: rows of
 ///    1024 columns or more in one online pass for the max and the sum of exp (16-byte reads, a CUB
 ///    block reduction of (max, sum) pairs), narrower rows in two passes (max, then sum).

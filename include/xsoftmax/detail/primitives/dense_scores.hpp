@@ -50,22 +50,4 @@ matrix_view<const float> dense_scores(const Ex& ex, matrix_view<const float> h, 
   return wf;
 }
 
-/// Scores of `h` against weight rows [first, first + n), `chunk` columns at a time, handed to
-/// `on_chunk(c0, cn, scores)` (scores: h.rows x cn in the execution's memory, relative column c0).
-/// The buffer is reused, so the scores of a chunk are valid only inside its call.
-template <class Ex, class T, class OnChunk>
-void for_each_score_chunk(const Ex& ex, matrix_view<const float> h, matrix_view<const T> w, const T* bias,
-                          index_t first, index_t n, index_t chunk, OnChunk on_chunk) {
-  if (h.rows == 0 || n == 0) return;
-  using execution_type = std::decay_t<decltype(as_execution(ex))>;
-  chunk = chunk < n ? chunk : n;
-  typename execution_type::template vector<float> scores(static_cast<std::size_t>(h.rows * chunk)), scratch;
-  float* sp = thrust::raw_pointer_cast(scores.data());
-  for (index_t c0 = 0; c0 < n; c0 += chunk) {
-    const index_t cn = chunk < n - c0 ? chunk : n - c0;
-    dense_scores(ex, h, w, bias, first + c0, cn, sp, cn, scratch);
-    on_chunk(c0, cn, static_cast<const float*>(sp));
-  }
-}
-
 }  // namespace xsoftmax::detail
