@@ -62,8 +62,9 @@ struct level_open_node {
   std::uint32_t row, block_begin, block_size;
 };
 
-/// Memory for one level's open nodes (the next level's, as they are made): rows are searched in
-/// parts small enough for it (`host_level_search`).
+/// Memory for one level's open nodes (the next level's, as they are made), and for the
+/// log-probabilities of the dived nodes' children: rows are searched in parts small enough for it
+/// (`host_level_search`).
 inline constexpr std::size_t search_level_budget_bytes = std::size_t(128) << 20;
 
 /// A candidate leaf: tile row `row`, its key (`open_heap::pack`: log-probability and weight row).
@@ -110,7 +111,8 @@ struct host_level_search {
     return s;
   }
 
-  /// The search of the step's rows; false when a level's open nodes outgrow `budget_bytes`.
+  /// The search of the step's rows; false when a level's open nodes, or the dive's kept
+  /// log-probabilities, outgrow `budget_bytes`.
   template <class T, class View>
   static bool search_rows(const execution<B>& ex, const topk_search_step<false, T, View, 1>& step,
                           std::size_t budget_bytes) {
@@ -128,11 +130,11 @@ struct host_level_search {
       }
       return o;
     };
-    // The open nodes `o` grouped by row (row_begin), each row's best first: the `sorted` best of
-    // each row in order, the rest after them in any order. A counting sort by row, then each row's
-    // own (short) sort: one sort of all of them by (row, key) was 6-8 ms at 512 rows x 317 nodes.
+    // The open nodes `o` grouped by row (row_begin), each row's best first. A counting sort by
+    // row, then each row's own (short) sort: one sort of all of them by (row, key) was 6-8 ms at
+    // 512 rows x 317 nodes.
     std::vector<level_open_node> by_row;
-    const auto group_by_row = [&](std::vector<level_open_node>& o, index_t sorted) {
+    const auto group_by_row = [&](std::vector<level_open_node>& o) {
       std::fill(row_begin.begin(), row_begin.end(), 0);
       for (const level_open_node& x : o) ++row_begin[x.row + 1];
       for (index_t i = 0; i < n; ++i) row_begin[i + 1] += row_begin[i];
@@ -142,58 +144,79 @@ struct host_level_search {
       const auto better = [](const level_open_node& a, const level_open_node& b) { return a.key > b.key; };
       for (index_t i = 0; i < n; ++i) {
         const auto first = by_row.begin() + row_begin[i], last = by_row.begin() + row_begin[i + 1];
-        std::partial_sort(first, first + std::min<index_t>(sorted, row_begin[i + 1] - row_begin[i]), last, better);
+        std::sort(first, last, better);
       }
       o.swap(by_row);
     };
     std::vector<level_open_node> open = starts(), wave, next;
+    wave_buffers buffers;
     const auto too_big = [&](const std::vector<level_open_node>& o) {
       return o.size() * sizeof(level_open_node) > budget_bytes;
     };
     // 1. A greedy dive: from each row's start, the best child node, level by level, expanded; its
     // leaves (k of them, a block of k or more leaves at the bottom) give the row its first cut.
-    // What it expanded stays done: per level, each row's dived node (its key) and all the
-    // children nodes of the dived nodes, which the levels below take up.
-    std::vector<std::vector<std::uint64_t>> dived;               // [level][row]: 0 for none
-    std::vector<std::vector<level_open_node>> dived_children;  // [level]: nodes of level + 1
+    // What it expanded stays done: per level, each row's dived node and the log-probabilities of
+    // its children, whose nodes the level below takes up once the cut is known (materialising
+    // every child node of the root as it was scored cost more than the few expansions of rows
+    // whose top k one node holds).
+    std::vector<std::vector<level_open_node>> dived;  // [level][row]: the dived node (block_size 0: none)
+    std::vector<std::vector<std::size_t>> dive_at;    // [level][row]: where its children's log-probabilities start
+    std::vector<std::vector<float>> dive_lp;          // [level]: those log-probabilities
+    std::size_t dive_bytes = 0;
     while (!open.empty()) {
-      dived.emplace_back(static_cast<std::size_t>(n), 0);
-      for (const level_open_node& o : open) {
-        dived.back()[o.row] = o.key;
+      dived.emplace_back(static_cast<std::size_t>(n), level_open_node{0, 0, 0, 0});
+      dive_at.emplace_back(static_cast<std::size_t>(n), 0);
+      std::size_t floats = 0;
+      for (const level_open_node& o : open) {  // one node a row
+        dived.back()[o.row] = o;
+        dive_at.back()[o.row] = floats;
+        floats += o.block_size;
         ++expanded[o.row];
       }
+      dive_bytes += floats * sizeof(float);
+      if (dive_bytes > budget_bytes) return false;
+      dive_lp.emplace_back(floats);
       next.clear();
-      expand_wave(ex, step, open, cut, found, next);
-      if (too_big(next)) return false;
-      group_by_row(next, 1);
+      expand_wave(ex, step, open, cut, found, next, dive_store{dive_lp.back().data(), dive_at.back().data()}, buffers);
       open.clear();
-      for (index_t i = 0; i < n; ++i)
-        if (row_begin[i] < row_begin[i + 1] && next[row_begin[i]].key >= cut[i]) open.push_back(next[row_begin[i]]);
-      dived_children.push_back(std::move(next));
-      next.clear();
+      for (const level_open_node& o : next)  // each row's best child node, while at or above its cut
+        if (o.key >= cut[o.row]) open.push_back(o);
     }
     // 2. Level by level below the start (every start was dived): a level's open nodes are the
     // children of the nodes expanded at the level above, those of the dived nodes included, at or
     // above their rows' cuts; its dived nodes are not expanded again.
     for (std::size_t level = 1; level < dived.size() || !open.empty(); ++level) {
-      const std::uint64_t* skip = level < dived.size() ? dived[level].data() : nullptr;
-      const auto keep = [&](const level_open_node& o) {  // the cut may have risen since they were made
-        return o.key >= cut[o.row] && !(skip && o.key == skip[o.row]);
+      const level_open_node* skip = level < dived.size() ? dived[level].data() : nullptr;
+      const auto keep = [&](std::uint64_t key, index_t row) {  // the cut may have risen since they were made
+        return key >= cut[row] && !(skip && skip[row].block_size > 0 && key == skip[row].key);
       };
       std::size_t kept = 0;
       for (const level_open_node& o : open)
-        if (keep(o)) open[kept++] = o;
+        if (keep(o.key, o.row)) open[kept++] = o;
       open.resize(kept);
-      if (level - 1 < dived_children.size()) {
-        for (const level_open_node& o : dived_children[level - 1])
-          if (keep(o)) open.push_back(o);
-        std::vector<level_open_node>().swap(dived_children[level - 1]);  // done with: freed
+      if (level - 1 < dived.size()) {  // the children nodes of the level above's dived nodes
+        for (index_t i = 0; i < n; ++i) {
+          const level_open_node& d = dived[level - 1][i];
+          const float base = open_heap::lp_of(d.key);  // as expand_level_task added them
+          const float* lp = dive_lp[level - 1].data() + dive_at[level - 1][i];
+          for (index_t j = 0; j < static_cast<index_t>(d.block_size); ++j) {
+            const index_t c = static_cast<index_t>(d.block_begin) + j;
+            const std::uint64_t key = open_heap::pack(base + lp[j], c);
+            if (!keep(key, i)) continue;
+            const child_ref ch = step.tv.child(c);
+            if (!ch.is_leaf)
+              open.push_back(level_open_node{key, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(ch.block_begin),
+                                             static_cast<std::uint32_t>(ch.block_size)});
+          }
+        }
+        std::vector<float>().swap(dive_lp[level - 1]);  // done with: freed
+        if (too_big(open)) return false;
       }
       if (open.empty() && level >= dived.size()) break;
       // Each row's best first, in waves of the next search_first_wave, 2 search_first_wave, 4 ...
       // of its nodes: a wave's leaves raise the cut that the next wave's nodes must reach, as a
       // best-first search stops at the k-th leaf.
-      group_by_row(open, static_cast<index_t>(open.size()));
+      group_by_row(open);
       next.clear();
       for (index_t rank = 0, width = search_first_wave;; rank += width, width *= 2) {
         wave.clear();
@@ -202,7 +225,7 @@ struct host_level_search {
             wave.push_back(open[a]);
         if (wave.empty()) break;  // every row's next node is below its cut (or it has none)
         for (const level_open_node& o : wave) ++expanded[o.row];
-        expand_wave(ex, step, wave, cut, found, next);
+        expand_wave(ex, step, wave, cut, found, next, dive_store{}, buffers);
         if (too_big(next)) return false;
       }
       open.swap(next);
@@ -223,34 +246,55 @@ struct host_level_search {
     return true;
   }
 
+  /// Where the dive keeps the log-probabilities of its nodes' children: row i's at lp + at[i]
+  /// (null lp: not the dive).
+  struct dive_store {
+    float* lp = nullptr;
+    const std::size_t* at = nullptr;
+  };
+
+  /// A wave's task outputs, kept from wave to wave of a search so that their memory is reused.
+  struct wave_buffers {
+    std::vector<index_t> task_begin, touched;
+    std::vector<std::vector<level_open_node>> next_parts;
+    std::vector<std::vector<level_leaf>> leaf_parts;
+  };
+
   /// The open nodes of `wave` expanded, node by node for their rows (tasks of up to
   /// search_round_task_rows rows at one node, on the execution's threads): children at or above
-  /// their rows' cuts appended to `next` (open nodes) or to their rows' `found` leaves, of which a
+  /// their rows' cuts appended to `next` (open nodes; in the dive only each row's best, the
+  /// children's log-probabilities kept in `dive`) or to their rows' `found` leaves, of which a
   /// row keeps its k best and raises its cut to the k-th once it has k.
   template <class Step>
   static void expand_wave(const execution<B>& ex, const Step& step, std::vector<level_open_node>& wave,
                           std::vector<std::uint64_t>& cut, std::vector<std::vector<std::uint64_t>>& found,
-                          std::vector<level_open_node>& next) {
+                          std::vector<level_open_node>& next, dive_store dive, wave_buffers& buf) {
     const index_t k = step.k;
     std::sort(wave.begin(), wave.end(), [](const level_open_node& a, const level_open_node& b) {
       return a.block_begin != b.block_begin ? a.block_begin < b.block_begin : a.row < b.row;
     });
-    std::vector<index_t> task_begin;
+    std::vector<index_t>& task_begin = buf.task_begin;
+    task_begin.clear();
     for (index_t a = 0; a < static_cast<index_t>(wave.size()); ++a)
       if (a == 0 || wave[a].block_begin != wave[a - 1].block_begin || a - task_begin.back() == search_round_task_rows)
         task_begin.push_back(a);
     task_begin.push_back(static_cast<index_t>(wave.size()));
     const index_t tasks = static_cast<index_t>(task_begin.size()) - 1;
-    std::vector<std::vector<level_open_node>> next_parts(static_cast<std::size_t>(tasks));
-    std::vector<std::vector<level_leaf>> leaf_parts(static_cast<std::size_t>(tasks));
+    if (buf.next_parts.size() < static_cast<std::size_t>(tasks)) {
+      buf.next_parts.resize(static_cast<std::size_t>(tasks));
+      buf.leaf_parts.resize(static_cast<std::size_t>(tasks));
+    }
     parallel_for_uneven(ex, tasks, [&](index_t t) {
-      expand_level_task(step, wave.data() + task_begin[t], task_begin[t + 1] - task_begin[t], cut.data(),
-                        next_parts[t], leaf_parts[t]);
+      buf.next_parts[t].clear();
+      buf.leaf_parts[t].clear();
+      expand_level_task(step, wave.data() + task_begin[t], task_begin[t + 1] - task_begin[t], cut.data(), dive,
+                        buf.next_parts[t], buf.leaf_parts[t]);
     });
-    for (const auto& part : next_parts) next.insert(next.end(), part.begin(), part.end());
-    std::vector<index_t> touched;
-    for (const auto& part : leaf_parts)
-      for (const level_leaf& l : part) {
+    for (index_t t = 0; t < tasks; ++t) next.insert(next.end(), buf.next_parts[t].begin(), buf.next_parts[t].end());
+    std::vector<index_t>& touched = buf.touched;
+    touched.clear();
+    for (index_t t = 0; t < tasks; ++t)
+      for (const level_leaf& l : buf.leaf_parts[t]) {
         found[l.row].push_back(l.key);
         touched.push_back(l.row);
       }
@@ -266,20 +310,23 @@ struct host_level_search {
   /// The m open nodes `e` (one node, distinct rows) expanded: their children's keys against their
   /// rows' cuts; candidate leaves into `leaves` (each node's k best at most: pushing every leaf and
   /// selecting afterwards was 5.7-7.9 us a row-expansion in the dive, whose first leaves meet no
-  /// cut), open nodes into `next`.
+  /// cut), open nodes into `next` (in the dive: each row's best only, the log-probabilities kept
+  /// in `dive`). The children's log-probabilities and the leaf heap live in per-thread buffers
+  /// that grow as needed and are not value-initialised a task at a time.
   template <class Step>
   static void expand_level_task(const Step& step, const level_open_node* e, index_t m, const std::uint64_t* cut,
-                                std::vector<level_open_node>& next, std::vector<level_leaf>& leaves) {
+                                dive_store dive, std::vector<level_open_node>& next, std::vector<level_leaf>& leaves) {
     const index_t nb = e[0].block_begin, ns = e[0].block_size;
-    std::vector<float> lp(static_cast<std::size_t>(m * ns));
+    thread_local std::vector<float> lp;
+    thread_local std::vector<std::uint64_t> best;
+    if (!dive.lp && lp.size() < static_cast<std::size_t>(m * ns)) lp.resize(static_cast<std::size_t>(m * ns));
     const float* hr[search_round_task_rows] = {};
     float* out[search_round_task_rows] = {};  // initialised: GCC takes the const-pointer argument as a read of every entry
     for (index_t a = 0; a < m; ++a) {
       hr[a] = step.h + (step.row0 + e[a].row) * step.d;
-      out[a] = lp.data() + a * ns;
+      out[a] = dive.lp ? dive.lp + dive.at[e[a].row] : lp.data() + a * ns;
     }
     node_child_log_probs(step, nb, ns, hr, out, m);
-    std::vector<std::uint64_t> best;
     for (index_t a = 0; a < m; ++a) {
       const index_t i = e[a].row;
       const float base = open_heap::lp_of(e[a].key);  // as the best-first search expands it (-0 as +0)
@@ -287,13 +334,16 @@ struct host_level_search {
       // row's cut for every later child (a leaf or node below it cannot reach the row's top k).
       best.clear();
       std::uint64_t floor = cut[i];
+      level_open_node top{0, 0, 0, 0};  // the dive's: the best child node
       for (index_t j = 0; j < ns; ++j) {
         const std::uint64_t key = open_heap::pack(base + out[a][j], nb + j);
         if (key < floor) continue;
         const child_ref c = step.tv.child(nb + j);
         if (!c.is_leaf) {
-          next.push_back(level_open_node{key, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(c.block_begin),
-                                         static_cast<std::uint32_t>(c.block_size)});
+          const level_open_node node{key, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(c.block_begin),
+                                     static_cast<std::uint32_t>(c.block_size)};
+          if (!dive.lp) next.push_back(node);
+          else if (top.block_size == 0 || key > top.key) top = node;
         } else {
           if (static_cast<index_t>(best.size()) == step.k) {
             std::pop_heap(best.begin(), best.end(), std::greater<>());
@@ -304,6 +354,7 @@ struct host_level_search {
           if (static_cast<index_t>(best.size()) == step.k) floor = std::max(floor, best.front());
         }
       }
+      if (top.block_size > 0) next.push_back(top);
       for (const std::uint64_t key : best) leaves.push_back(level_leaf{i, key});
     }
   }
