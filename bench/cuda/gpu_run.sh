@@ -44,6 +44,12 @@
 #                                    with the search's expansions a row (issue 26, target 4)
 #   bench/cuda/gpu_run.sh hsab       the HS's wide gather levels a node at a time (the default) against a
 #                                    block per sample (XSOFTMAX_CUDA_HS_GATHER=per_sample), alternated
+#   bench/cuda/gpu_run.sh carry_mpi  here: OpenMPI's runtime (Debian's packages, unpacked) and the CUDA MPI test
+#                                    binary (xsoftmax_cuda_mpi_tests of $BUILD, sm_90) into .mpi/ (name it in
+#                                    `carry`): the GPU image has no MPI (issue 26, target 8)
+#   bench/cuda/gpu_run.sh mpi        the class-sharded full softmax and HS under mpiexec with 1, 2 and 4 ranks
+#                                    sharing the GPU, against the unsharded cuda heads ($MPI_RANKS, each under
+#                                    $MPI_LIMIT seconds, default 150)
 #   bench/cuda/gpu_run.sh session    a whole session's plan in one call of about 9 minutes on carried
 #                                    binaries (carry .gpu-bin .whl): prebuilt, rowblocks, sweep at 1M,
 #                                    scale at $SCALE_N (default 60M: an H100), pack; each under a limit
@@ -89,6 +95,10 @@ build() {
     -DXSOFTMAX_DOCTEST_INCLUDE_DIR="$doctest_dir" > "$out/configure.txt" 2>&1
   grep -E 'NCCL|CBLAS|doctest' "$out/configure.txt" || true
   cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_tests heads_cuda_bench cuda_training_step 2>&1 | tail -n 20
+  # The CUDA MPI tests, where an MPI is found (here; the GPU image has none: carry_mpi brings them).
+  if grep -q xsoftmax_cuda_mpi_tests "$build/build.ninja" "$build/Makefile" 2> /dev/null; then
+    cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_mpi_tests 2>&1 | tail -n 5
+  fi
 }
 
 # One call for the whole 15-minute budget (see the header): each step under `timeout`, so a hang or
@@ -503,6 +513,60 @@ python_phase() {
   tail -n 3 "$out/train_hs_cuda.txt" | tee -a "$out/phases.txt"
 }
 
+# OpenMPI's runtime for the GPU machine, which has none and reaches no registry: Debian 12's
+# packages (`apt-get download`; their libraries are what the test binary links here), unpacked
+# into .mpi/root, relocated at run time by OPAL_PREFIX and friends (checked here with the system's
+# OpenMPI hidden in a mount namespace); and the CUDA MPI test binary of $build (configured as
+# build() does, sm_90), stripped and compressed. About 4 MB of packages, 15 MB unpacked.
+carry_mpi() {
+  local f deb
+  rm -rf .mpi && mkdir -p .mpi/debs .mpi/root
+  (cd .mpi/debs && apt-get download openmpi-bin libopenmpi3 openmpi-common libpmix2 libhwloc15 libevent-core-2.1-7 \
+    libevent-pthreads-2.1-7 libevent-2.1-7 libnuma1)
+  for deb in .mpi/debs/*.deb; do dpkg -x "$deb" .mpi/root; done
+  rm -rf .mpi/debs .mpi/root/usr/share/man .mpi/root/usr/share/doc
+  f=$build/tests/cuda/xsoftmax_cuda_mpi_tests
+  if [[ -x $f ]]; then
+    strip -o .mpi/xsoftmax_cuda_mpi_tests "$f" && xz -T0 -3 .mpi/xsoftmax_cuda_mpi_tests
+  else
+    echo "carry_mpi: no $f (cmake --build $build --target xsoftmax_cuda_mpi_tests): the runtime only" >&2
+  fi
+  stamp .mpi
+  du -sh .mpi .mpi/* | tail -n 3
+}
+
+# The environment that runs the carried OpenMPI from .mpi/root (prints `export` lines for eval).
+mpi_env() {
+  local r=$PWD/.mpi/root
+  echo "export PATH=$r/usr/bin:\$PATH LD_LIBRARY_PATH=$r/usr/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+  echo "export OPAL_PREFIX=$r/usr OPAL_SYSCONFDIR=$r/etc/openmpi PMIX_INSTALL_PREFIX=$r/usr"
+  echo "export PMIX_MCA_mca_base_component_path=$r/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix"
+}
+
+# Issue 26, target 8: the class-sharded full softmax and the sharded HS with $MPI_RANKS (default
+# "1 2 4") ranks sharing the one GPU (cuda backend, mpi_communicator staging through the host),
+# each rank's heads against the unsharded cuda head (tests/sharding/*_mpi.cpp built by nvcc):
+# mpiexec from the machine, else the one carry_mpi left in .mpi/.
+mpi() {
+  local bin=$build/tests/cuda/xsoftmax_cuda_mpi_tests mpiexec=mpiexec n rc
+  if [[ -e .mpi/xsoftmax_cuda_mpi_tests.xz ]]; then
+    bin=/tmp/gpu-bin/xsoftmax_cuda_mpi_tests
+    mkdir -p /tmp/gpu-bin && xz -T0 -dc .mpi/xsoftmax_cuda_mpi_tests.xz > "$bin" && chmod +x "$bin"
+  fi
+  if ! command -v mpiexec > /dev/null && [[ -d .mpi/root ]]; then
+    eval "$(mpi_env)"
+    mpiexec=mpiexec.openmpi
+  fi
+  log "mpi $(date -u +%FT%TZ): $(command -v "$mpiexec" || echo "no $mpiexec"), $bin"
+  ldd "$bin" | grep 'not found' | tee -a "$out/phases.txt" || true
+  for n in ${MPI_RANKS:-1 2 4}; do
+    rc=0
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=2 \
+      timeout "${MPI_LIMIT:-150}" "$mpiexec" -n "$n" "$bin" --duration=true > "$out/mpi_$n.txt" 2>&1 || rc=$?
+    log "mpi: $n rank(s): exit $rc; $(grep -a -E 'test cases:' "$out/mpi_$n.txt" | head -n 1 | sed 's/\x1b\[[0-9;]*m//g')"
+  done
+}
+
 # A whole session in one device call (timeout_s 600): the checks of `prebuilt` within shorter
 # limits, then `rowblocks` (with the peers), `sweep` at 1M classes, `scale` and `pack`, each under
 # `timeout` so that a slow phase costs its own limit. About 540 s.
@@ -596,7 +660,7 @@ peer() {
 
 # The binaries find libnccl.so.2 in PyTorch's NCCL wheel, where the device machine has it (its
 # toolkit has none on the library path; a build there links the wheel's: see build).
-if [[ ${1:-all} != carry && ${1:-all} != carry_python && ${1:-all} != pack && ${1:-all} != fresh ]]; then
+if [[ ${1:-all} != carry && ${1:-all} != carry_python && ${1:-all} != carry_mpi && ${1:-all} != pack && ${1:-all} != fresh ]]; then
   wheel=$(nccl_wheel)
   if [[ -n $wheel ]]; then
     export LD_LIBRARY_PATH="$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -628,5 +692,7 @@ case "${1:-all}" in
   profiles) profiles ;;
   carry_python) carry_python ;;
   python) python_phase ;;
-  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|fresh|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session|profiles|carry_python|python" >&2; exit 2 ;;
+  carry_mpi) carry_mpi ;;
+  mpi) mpi ;;
+  *) echo "usage: $0 build|test|sanitize|sanitize2|bench|peer|all|first|carry|fresh|prebuilt|rerun|profile|pack|poison|sweep|scale|rowblocks|session|profiles|carry_python|python|carry_mpi|mpi" >&2; exit 2 ;;
 esac

@@ -5,6 +5,8 @@
 // gradient rows, log_prob, top-k — with label smoothing, z-loss and angular margins too, in both
 // hidden layouts;
 // repeated runs are bitwise equal; a rank with no class and mismatched shards are rejected.
+// Also compiled by nvcc for the cuda backend (xsoftmax_cuda_mpi_tests, XSOFTMAX_TEST_ON_CUDA): every
+// rank's heads on the one GPU, host staging through mpi_communicator (issue 26, target 8).
 
 // First: this test is the self-containment check of the MPI header (tests/self_contained skips it).
 #include <xsoftmax/sharding/mpi_communicator.hpp>
@@ -27,6 +29,8 @@ namespace {
 namespace xs = xsoftmax;
 using xs::index_t;
 using sharding = xs::class_sharding<xs::mpi_communicator>;
+using xsoftmax_test::host_values;
+using xsoftmax_test::test_vector;
 
 constexpr index_t classes = 1003, dim = 16, ignore = -100;
 
@@ -72,13 +76,15 @@ struct fixture {
                                                                    const xs::loss_options& o) {
     std::vector<float> gw(static_cast<std::size_t>(classes * dim), 0.f), gb(static_cast<std::size_t>(classes), 0.f);
     for (const batch& b : batches) {
-      std::vector<float> gh(b.h.size());
+      test_vector<float> gh(b.h.size());
       typename decltype(reference)::gradient_type g;
       reference.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(gh.data(), b.rows, dim), g, o);
+      const std::vector<index_t> rows = host_values(g.rows);
+      const std::vector<float> values = host_values(g.values), bias_values = host_values(g.bias_values);
       for (index_t i = 0; i < g.num_rows(); ++i) {
-        const index_t c = g.rows[static_cast<std::size_t>(i)];
-        for (index_t j = 0; j < dim; ++j) gw[c * dim + j] += g.values[static_cast<std::size_t>(i * dim + j)];
-        gb[c] += g.bias_values[static_cast<std::size_t>(i)];
+        const index_t c = rows[static_cast<std::size_t>(i)];
+        for (index_t j = 0; j < dim; ++j) gw[c * dim + j] += values[static_cast<std::size_t>(i * dim + j)];
+        gb[c] += bias_values[static_cast<std::size_t>(i)];
       }
     }
     return {gw, gb};
@@ -89,7 +95,7 @@ std::vector<xs::loss_options> option_sets() { return xsoftmax_test::sharded_opti
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (data-parallel rows)", B, xs::serial, xs::omp) {
+TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (data-parallel rows)", B, XSOFTMAX_TEST_BACKENDS) {
   fixture<B> f;
   auto head = f.sharded(xs::hidden_layout::data_parallel);
   const index_t begin = head.class_begin(), local = head.local_classes();
@@ -101,7 +107,8 @@ TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (data-paralle
     for (const xs::loss_options& o : option_sets()) {
       CAPTURE(idle);
       CAPTURE(o.label_smoothing);
-      std::vector<float> gh(own.h.size()), ref_gh(own.h.size()), per(own.rows), ref_per(own.rows);
+      test_vector<float> gh(own.h.size()), ref_gh(own.h.size()), per(static_cast<std::size_t>(own.rows)),
+          ref_per(static_cast<std::size_t>(own.rows));
       typename decltype(head)::gradient_type g;
       typename decltype(f.reference)::gradient_type ref_g;
       const xs::vector_view<float> per_view(per.data(), own.rows), ref_per_view(ref_per.data(), own.rows);
@@ -117,25 +124,25 @@ TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (data-paralle
       // The local weight gradient: every local class, that of the sum of every rank's loss.
       const auto [gw, gb] = f.reference_grad(all, o);
       REQUIRE(g.num_rows() == local);
-      std::vector<float> mine(g.values.begin(), g.values.end()), ref_rows(gw.begin() + begin * dim,
-                                                                          gw.begin() + (begin + local) * dim);
+      const std::vector<float> mine = host_values(g.values), ref_rows(gw.begin() + begin * dim,
+                                                                      gw.begin() + (begin + local) * dim);
       check_close(mine, ref_rows, 1e-6, 1e-5, "grad_weights");
-      check_close(std::vector<float>(g.bias_values.begin(), g.bias_values.end()),
+      check_close(host_values(g.bias_values),
                   std::vector<float>(gb.begin() + begin, gb.begin() + begin + local), 1e-6, 1e-5, "grad_bias");
 
       // Bitwise the same on a repeated run.
-      std::vector<float> gh2(gh.size());
+      test_vector<float> gh2(gh.size());
       typename decltype(head)::gradient_type g2;
       const float loss2 = head.forward_backward(hidden(own), targets(own),
                                                 xs::matrix_view<float>(gh2.data(), own.rows, dim), g2, o, per_view);
       CHECK(std::memcmp(&loss, &loss2, sizeof loss) == 0);
       CHECK(gh == gh2);
-      CHECK(std::vector<float>(g.values.begin(), g.values.end()) == std::vector<float>(g2.values.begin(), g2.values.end()));
+      CHECK(host_values(g.values) == host_values(g2.values));
     }
   }
 }
 
-TEST_CASE_TEMPLATE("sharded full softmax with an angular margin equals the unsharded head", B, xs::serial, xs::omp) {
+TEST_CASE_TEMPLATE("sharded full softmax with an angular margin equals the unsharded head", B, XSOFTMAX_TEST_BACKENDS) {
   // A margin needs heads without a bias: the same layer's weights, no bias, on both sides.
   fixture<B> f;
   sharding sh(f.comm, classes, xs::hidden_layout::data_parallel);
@@ -150,7 +157,7 @@ TEST_CASE_TEMPLATE("sharded full softmax with an angular margin equals the unsha
     o.margin = m;
     o.label_smoothing = 0.05f;
     CAPTURE(static_cast<int>(m.kind));
-    std::vector<float> gh(own.h.size()), ref_gh(own.h.size());
+    test_vector<float> gh(own.h.size()), ref_gh(own.h.size());
     typename decltype(head)::gradient_type g;
     typename decltype(reference)::gradient_type ref_g;
     const float loss =
@@ -162,33 +169,35 @@ TEST_CASE_TEMPLATE("sharded full softmax with an angular margin equals the unsha
     // The local rows of the gradient of the sum over ranks of each rank's loss.
     std::vector<float> gw(static_cast<std::size_t>(classes * dim), 0.f);
     for (const batch& b : all) {
-      std::vector<float> bh(b.h.size());
+      test_vector<float> bh(b.h.size());
       typename decltype(reference)::gradient_type bg;
       reference.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(bh.data(), b.rows, dim), bg, o);
+      const std::vector<index_t> rows = host_values(bg.rows);
+      const std::vector<float> values = host_values(bg.values);
       for (index_t i = 0; i < bg.num_rows(); ++i)
         for (index_t j = 0; j < dim; ++j)
-          gw[bg.rows[static_cast<std::size_t>(i)] * dim + j] += bg.values[static_cast<std::size_t>(i * dim + j)];
+          gw[rows[static_cast<std::size_t>(i)] * dim + j] += values[static_cast<std::size_t>(i * dim + j)];
     }
     REQUIRE(g.num_rows() == local);
-    check_close(std::vector<float>(g.values.begin(), g.values.end()),
+    check_close(host_values(g.values),
                 std::vector<float>(gw.begin() + begin * dim, gw.begin() + (begin + local) * dim), 1e-6, 1e-5,
                 "grad_weights");
   }
 }
 
-TEST_CASE_TEMPLATE("sharded full softmax: log_prob and top-k over every class", B, xs::serial, xs::omp) {
+TEST_CASE_TEMPLATE("sharded full softmax: log_prob and top-k over every class", B, XSOFTMAX_TEST_BACKENDS) {
   fixture<B> f;
   for (auto layout : {xs::hidden_layout::data_parallel, xs::hidden_layout::replicated}) {
     auto head = f.sharded(layout);
     batch own = batch_of(layout == xs::hidden_layout::replicated ? 0 : f.rank);
     for (auto& t : own.t) t = t == ignore ? 0 : t;  // log_prob ignores nothing
-    std::vector<float> lp(own.rows), ref_lp(own.rows);
+    test_vector<float> lp(static_cast<std::size_t>(own.rows)), ref_lp(static_cast<std::size_t>(own.rows));
     head.log_prob(hidden(own), targets(own), xs::vector_view<float>(lp.data(), own.rows));
     f.reference.log_prob(hidden(own), targets(own), xs::vector_view<float>(ref_lp.data(), own.rows));
     check_close(lp, ref_lp, 1e-6, 1e-3, "log_prob");
     for (index_t k : {index_t(1), index_t(5), index_t(300)}) {  // 300 > the 251 classes of a rank of 4
-      std::vector<index_t> c(own.rows * k), ref_c(c.size());
-      std::vector<float> v(c.size()), ref_v(c.size());
+      test_vector<index_t> c(static_cast<std::size_t>(own.rows * k)), ref_c(c.size());
+      test_vector<float> v(c.size()), ref_v(c.size());
       head.topk(hidden(own), k, xs::matrix_view<index_t>(c.data(), own.rows, k), xs::matrix_view<float>(v.data(), own.rows, k));
       f.reference.topk(hidden(own), k, xs::matrix_view<index_t>(ref_c.data(), own.rows, k),
                        xs::matrix_view<float>(ref_v.data(), own.rows, k));
@@ -196,18 +205,18 @@ TEST_CASE_TEMPLATE("sharded full softmax: log_prob and top-k over every class", 
       CHECK(c == ref_c);
       check_close(v, ref_v, 1e-6, 1e-3, "topk log_probs");
     }
-    std::vector<float> out(static_cast<std::size_t>(own.rows * 2));
+    test_vector<float> out(static_cast<std::size_t>(own.rows * 2));
     CHECK_THROWS_AS(head.log_distribution(hidden(own), 0, 2, xs::matrix_view<float>(out.data(), own.rows, 2)),
                     xs::invalid_argument);
   }
 }
 
-TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (replicated rows)", B, xs::serial, xs::omp) {
+TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (replicated rows)", B, XSOFTMAX_TEST_BACKENDS) {
   fixture<B> f;
   auto head = f.sharded(xs::hidden_layout::replicated);
   const batch b = batch_of(0);  // every rank passes the same batch
   for (const xs::loss_options& o : option_sets()) {
-    std::vector<float> gh(b.h.size()), ref_gh(b.h.size()), per(b.rows);
+    test_vector<float> gh(b.h.size()), ref_gh(b.h.size()), per(static_cast<std::size_t>(b.rows));
     typename decltype(head)::gradient_type g;
     typename decltype(f.reference)::gradient_type ref_g;
     const xs::vector_view<float> per_view(per.data(), b.rows);
@@ -218,13 +227,13 @@ TEST_CASE_TEMPLATE("sharded full softmax equals the unsharded head (replicated r
     check_close(gh, ref_gh, 1e-6, 1e-5, "grad_hidden");
     const auto [gw, gb] = f.reference_grad({b}, o);
     const index_t begin = head.class_begin(), local = head.local_classes();
-    check_close(std::vector<float>(g.values.begin(), g.values.end()),
+    check_close(host_values(g.values),
                 std::vector<float>(gw.begin() + begin * dim, gw.begin() + (begin + local) * dim), 1e-6, 1e-5, "grad_weights");
   }
 }
 
-TEST_CASE_TEMPLATE("sharded full softmax: the score cache changes no bit (none, some, all chunks kept)", B, xs::serial,
-                   xs::omp) {
+TEST_CASE_TEMPLATE("sharded full softmax: the score cache changes no bit (none, some, all chunks kept)", B,
+                   XSOFTMAX_TEST_BACKENDS) {
   fixture<B> f;
   auto head = f.sharded(xs::hidden_layout::data_parallel);
   head.set_chunk_size(64);  // several chunks per rank, so that a budget can keep some of them
@@ -236,15 +245,16 @@ TEST_CASE_TEMPLATE("sharded full softmax: the score cache changes no bit (none, 
     std::vector<std::vector<float>> outputs;
     for (index_t budget : {index_t(0), 2 * chunk_bytes, index_t(1) << 30}) {
       head.set_score_cache_bytes(budget);
-      std::vector<float> gh(b.h.size()), per(static_cast<std::size_t>(b.rows));
+      test_vector<float> gh(b.h.size()), per(static_cast<std::size_t>(b.rows));
       typename decltype(head)::gradient_type g;
       const float loss = head.forward_backward(hidden(b), targets(b), xs::matrix_view<float>(gh.data(), b.rows, dim), g,
                                                o, xs::vector_view<float>(per.data(), b.rows));
       std::vector<float> all{loss};
       all.insert(all.end(), gh.begin(), gh.end());
       all.insert(all.end(), per.begin(), per.end());
-      all.insert(all.end(), g.values.begin(), g.values.end());
-      all.insert(all.end(), g.bias_values.begin(), g.bias_values.end());
+      const std::vector<float> values = host_values(g.values), bias_values = host_values(g.bias_values);
+      all.insert(all.end(), values.begin(), values.end());
+      all.insert(all.end(), bias_values.begin(), bias_values.end());
       outputs.push_back(std::move(all));
     }
     CHECK(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(float)) == 0);

@@ -8,6 +8,9 @@
 // and a uniform-ish 3-level tree with classes above the cut; a batch whose targets all sit in one subtree; bitwise-equal repeated runs;
 // typed rejections (a rank with no subtree, bad cut depth, frequencies of the wrong size,
 // mismatched communicator and weights).
+// Also compiled by nvcc for the cuda backend (xsoftmax_cuda_mpi_tests, XSOFTMAX_TEST_ON_CUDA): every
+// rank's heads on the one GPU, rows routed through host copies by mpi_communicator (issue 26,
+// target 8).
 
 #include <xsoftmax/sharding/mpi_communicator.hpp>
 #include <xsoftmax/sharding/sharded_hierarchical_softmax.hpp>
@@ -28,6 +31,8 @@ namespace {
 namespace xs = xsoftmax;
 using xs::index_t;
 using tree = xs::runtime_tree<>;
+using xsoftmax_test::host_values;
+using xsoftmax_test::test_vector;
 
 constexpr index_t classes = 1003, dim = 12, ignore = -100;
 
@@ -56,8 +61,8 @@ using xsoftmax_test::check_close;
 
 /// The sharded top-k against the unsharded one: log-probabilities close; classes equal, except a
 /// swap between neighbours whose log-probabilities tie to rounding (1e-5).
-void check_topk(const std::vector<index_t>& c, const std::vector<float>& v, const std::vector<index_t>& ref_c,
-                const std::vector<float>& ref_v, index_t k) {
+template <class C, class V>
+void check_topk(const C& c, const V& v, const C& ref_c, const V& ref_v, index_t k) {
   check_close(v, ref_v, 1e-6, 1e-3, "topk log_probs");
   for (std::size_t i = 0; i < c.size(); ++i) {
     if (c[i] == ref_c[i]) continue;
@@ -69,8 +74,8 @@ void check_topk(const std::vector<index_t>& c, const std::vector<float>& v, cons
 }
 
 struct batch {
-  std::vector<float> h;
-  std::vector<index_t> t;
+  test_vector<float> h;
+  test_vector<index_t> t;
   index_t rows = 0;
   [[nodiscard]] xs::matrix_view<const float> hidden() const { return {h.data(), rows, dim}; }
   [[nodiscard]] xs::vector_view<const index_t> targets() const { return {t.data(), rows}; }
@@ -94,8 +99,9 @@ batch batch_of(int q, const std::vector<index_t>& only = {}) {
 }
 
 /// The rows `rows` of `w` (n x dim) and of `bias`.
-std::vector<float> pick_rows(const std::vector<float>& w, const std::vector<index_t>& rows, index_t width) {
-  std::vector<float> out;
+template <class W>
+test_vector<float> pick_rows(const W& w, const std::vector<index_t>& rows, index_t width) {
+  test_vector<float> out;
   for (index_t r : rows) out.insert(out.end(), w.begin() + r * width, w.begin() + (r + 1) * width);
   return out;
 }
@@ -105,11 +111,13 @@ std::vector<float> pick_rows(const std::vector<float>& w, const std::vector<inde
 template <class G>
 std::vector<float> dense_over(const G& g, index_t n_rows, index_t width, bool bias) {
   std::vector<float> out(static_cast<std::size_t>(n_rows * width), 0.f);
+  const std::vector<index_t> rows = host_values(g.rows);
+  const std::vector<float> values = host_values(bias ? g.bias_values : g.values);
   for (index_t e = 0; e < g.num_rows(); ++e) {
-    const index_t r = g.rows[static_cast<std::size_t>(e)];
+    const index_t r = rows[static_cast<std::size_t>(e)];
     for (index_t j = 0; j < width; ++j)
       out[static_cast<std::size_t>(r * width + j)] +=
-          bias ? g.bias_values[static_cast<std::size_t>(e)] : g.values[static_cast<std::size_t>(e * dim + j)];
+          bias ? values[static_cast<std::size_t>(e)] : values[static_cast<std::size_t>(e * dim + j)];
   }
   return out;
 }
@@ -124,7 +132,7 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
   const int rank = comm.rank(), size = comm.size();
   const plan_type plan(full, size, options);
   const index_t w_rows = reference_type::weight_rows(full);
-  std::vector<float> w(static_cast<std::size_t>(w_rows * dim)), bias(static_cast<std::size_t>(w_rows));
+  test_vector<float> w(static_cast<std::size_t>(w_rows * dim)), bias(static_cast<std::size_t>(w_rows));
   std::mt19937 g(11);
   std::normal_distribution<float> nd(0.f, 0.4f);
   for (auto& x : w) x = nd(g);
@@ -133,8 +141,8 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
 
   const std::vector<index_t>& top_rows = plan.top_rows();
   const std::vector<index_t>& local_rows = plan.local_rows(rank);
-  std::vector<float> top_w = pick_rows(w, top_rows, dim), local_w = pick_rows(w, local_rows, dim);
-  std::vector<float> top_b = pick_rows(bias, top_rows, 1), local_b = pick_rows(bias, local_rows, 1);
+  test_vector<float> top_w = pick_rows(w, top_rows, dim), local_w = pick_rows(w, local_rows, dim);
+  test_vector<float> top_b = pick_rows(bias, top_rows, 1), local_b = pick_rows(bias, local_rows, 1);
   const index_t n_top = static_cast<index_t>(top_rows.size()), n_local = static_cast<index_t>(local_rows.size());
   sharded head(plan, comm, xs::matrix_view<float>(top_w.data(), n_top, dim),
                xs::matrix_view<float>(local_w.data(), n_local, dim), with_bias ? top_b.data() : nullptr,
@@ -151,11 +159,11 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
     CAPTURE(static_cast<int>(o.reduce));
     // The unsharded gradient of the sum of every rank's loss, dense over the full tree's rows.
     std::vector<float> ref_w(static_cast<std::size_t>(w_rows * dim), 0.f), ref_b(static_cast<std::size_t>(w_rows), 0.f);
-    std::vector<float> ref_gh, ref_per(static_cast<std::size_t>(own.rows));
+    test_vector<float> ref_gh, ref_per(static_cast<std::size_t>(own.rows));
     float ref_loss = 0;
     for (int q = 0; q < size; ++q) {
       const batch& b = all[static_cast<std::size_t>(q)];
-      std::vector<float> gh(b.h.size()), per(static_cast<std::size_t>(b.rows));
+      test_vector<float> gh(b.h.size()), per(static_cast<std::size_t>(b.rows));
       typename reference_type::gradient_type rg;
       const float l = reference.forward_backward(b.hidden(), b.targets(), xs::matrix_view<float>(gh.data(), b.rows, dim),
                                                  rg, o, xs::vector_view<float>(per.data(), b.rows));
@@ -168,20 +176,21 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
       if (q == rank) ref_loss = l, ref_gh = gh, ref_per = per;
     }
 
-    std::vector<float> gh(own.h.size()), per(static_cast<std::size_t>(own.rows));
+    test_vector<float> gh(own.h.size()), per(static_cast<std::size_t>(own.rows));
     typename sharded::gradient_type g_top, g_local;
     const float loss = head.forward_backward(own.hidden(), own.targets(), xs::matrix_view<float>(gh.data(), own.rows, dim),
                                              g_top, g_local, o, xs::vector_view<float>(per.data(), own.rows));
     check_close({loss}, {ref_loss}, 1e-6, 1e-3, "loss");
     check_close(per, ref_per, 1e-6, 1e-3, "per_sample");
     check_close(gh, ref_gh, 1e-6, 1e-5, "grad_hidden");
-    std::vector<float> per_f(static_cast<std::size_t>(own.rows));
+    test_vector<float> per_f(static_cast<std::size_t>(own.rows));
     const float loss_f = head.forward(own.hidden(), own.targets(), o, xs::vector_view<float>(per_f.data(), own.rows));
     check_close({loss_f}, {ref_loss}, 1e-6, 1e-3, "forward loss");
     check_close(per_f, ref_per, 1e-6, 1e-3, "forward per_sample");
 
     // Weight gradients mapped back through the plan: every top row, every local row.
-    CHECK(std::is_sorted(g_top.rows.begin(), g_top.rows.end()));
+    const std::vector<index_t> top_rows_of_g = host_values(g_top.rows);
+    CHECK(std::is_sorted(top_rows_of_g.begin(), top_rows_of_g.end()));
     check_close(dense_over(g_top, n_top, dim, false), pick_rows(ref_w, top_rows, dim), 1e-6, 1e-5, "grad_top");
     check_close(dense_over(g_local, n_local, dim, false), pick_rows(ref_w, local_rows, dim), 1e-6, 1e-5, "grad_local");
     if (with_bias) {
@@ -190,37 +199,40 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
     }
 
     // Bitwise the same on a repeated run.
-    std::vector<float> gh2(gh.size()), per2(per.size());
+    test_vector<float> gh2(gh.size()), per2(per.size());
     typename sharded::gradient_type g_top2, g_local2;
     const float loss2 = head.forward_backward(own.hidden(), own.targets(), xs::matrix_view<float>(gh2.data(), own.rows, dim),
                                               g_top2, g_local2, o, xs::vector_view<float>(per2.data(), own.rows));
     CHECK(std::memcmp(&loss, &loss2, sizeof loss) == 0);
     CHECK(gh == gh2);
     CHECK(per == per2);
-    CHECK(std::vector<index_t>(g_top.rows.begin(), g_top.rows.end()) == std::vector<index_t>(g_top2.rows.begin(), g_top2.rows.end()));
-    CHECK(std::vector<float>(g_top.values.begin(), g_top.values.end()) == std::vector<float>(g_top2.values.begin(), g_top2.values.end()));
-    CHECK(std::vector<float>(g_local.values.begin(), g_local.values.end()) ==
-          std::vector<float>(g_local2.values.begin(), g_local2.values.end()));
+    CHECK(host_values(g_top.rows) == host_values(g_top2.rows));
+    CHECK(host_values(g_top.values) == host_values(g_top2.values));
+    CHECK(host_values(g_local.values) == host_values(g_local2.values));
   }
 
   // apply_sgd: the sharded head's weights move exactly as the full weights do under the mapped
   // gradients (the last reduction's), replicas of the top included.
   {
-    std::vector<float> gh(own.h.size());
+    test_vector<float> gh(own.h.size());
     typename sharded::gradient_type g_top, g_local;
     head.forward_backward(own.hidden(), own.targets(), xs::matrix_view<float>(gh.data(), own.rows, dim), g_top, g_local);
-    std::vector<float> want_top = top_w, want_local = local_w;
-    for (index_t e = 0; e < g_top.num_rows(); ++e)
-      for (index_t j = 0; j < dim; ++j)
-        want_top[static_cast<std::size_t>(g_top.rows[static_cast<std::size_t>(e)] * dim + j)] -= 0.5f * g_top.values[static_cast<std::size_t>(e * dim + j)];
-    for (index_t e = 0; e < g_local.num_rows(); ++e)
-      for (index_t j = 0; j < dim; ++j)
-        want_local[static_cast<std::size_t>(g_local.rows[static_cast<std::size_t>(e)] * dim + j)] -= 0.5f * g_local.values[static_cast<std::size_t>(e * dim + j)];
+    test_vector<float> want_top = top_w, want_local = local_w;
+    const auto step_by = [](test_vector<float>& want, const typename sharded::gradient_type& g) {
+      const std::vector<index_t> rows = host_values(g.rows);
+      const std::vector<float> values = host_values(g.values);
+      for (index_t e = 0; e < g.num_rows(); ++e)
+        for (index_t j = 0; j < dim; ++j)
+          want[static_cast<std::size_t>(rows[static_cast<std::size_t>(e)] * dim + j)] -=
+              0.5f * values[static_cast<std::size_t>(e * dim + j)];
+    };
+    step_by(want_top, g_top);
+    step_by(want_local, g_local);
     sharded trained = head;
     typename sharded::gradient_type bad = g_local;
     if (bad.num_rows() > 0) {
       bad.rows[0] = n_local;  // out of range: nothing may change
-      const std::vector<float> before = top_w;
+      const test_vector<float> before = top_w;
       CHECK_THROWS_AS(trained.apply_sgd(g_top, bad, 0.5f), xs::out_of_range);
       CHECK(top_w == before);
     }
@@ -228,14 +240,14 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
     CHECK(top_w == want_top);
     CHECK(local_w == want_local);
     // Every rank holds the same top weights.
-    std::vector<float> rank0 = top_w;
+    test_vector<float> rank0 = top_w;
     MPI_Bcast(rank0.data(), static_cast<int>(rank0.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
     CHECK(top_w == rank0);
     // Back to the shared weights, in place (the heads view these buffers).
-    const std::vector<float> top0 = pick_rows(w, top_rows, dim), local0 = pick_rows(w, local_rows, dim);
+    const test_vector<float> top0 = pick_rows(w, top_rows, dim), local0 = pick_rows(w, local_rows, dim);
     std::copy(top0.begin(), top0.end(), top_w.begin());
     std::copy(local0.begin(), local0.end(), local_w.begin());
-    const std::vector<float> top_b0 = pick_rows(bias, top_rows, 1), local_b0 = pick_rows(bias, local_rows, 1);
+    const test_vector<float> top_b0 = pick_rows(bias, top_rows, 1), local_b0 = pick_rows(bias, local_rows, 1);
     std::copy(top_b0.begin(), top_b0.end(), top_b.begin());
     std::copy(local_b0.begin(), local_b0.end(), local_b.begin());
   }
@@ -243,7 +255,7 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
   // log_prob ignores nothing.
   batch lp_batch = own;
   for (auto& t : lp_batch.t) t = t == ignore ? 0 : t;
-  std::vector<float> lp(static_cast<std::size_t>(own.rows)), ref_lp(lp.size());
+  test_vector<float> lp(static_cast<std::size_t>(own.rows)), ref_lp(lp.size());
   head.log_prob(lp_batch.hidden(), lp_batch.targets(), xs::vector_view<float>(lp.data(), own.rows));
   reference.log_prob(lp_batch.hidden(), lp_batch.targets(), xs::vector_view<float>(ref_lp.data(), own.rows));
   check_close(lp, ref_lp, 1e-6, 1e-3, "log_prob");
@@ -251,8 +263,8 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
   // Exact top-k (k = 60 reaches past the top tree's leaves and into many subtrees).
   for (index_t k : {index_t(1), index_t(7), index_t(60)}) {
     CAPTURE(k);
-    std::vector<index_t> c(static_cast<std::size_t>(own.rows * k)), ref_c(c.size());
-    std::vector<float> v(c.size()), ref_v(c.size());
+    test_vector<index_t> c(static_cast<std::size_t>(own.rows * k)), ref_c(c.size());
+    test_vector<float> v(c.size()), ref_v(c.size());
     head.topk(own.hidden(), k, xs::matrix_view<index_t>(c.data(), own.rows, k), xs::matrix_view<float>(v.data(), own.rows, k));
     reference.topk(own.hidden(), k, xs::matrix_view<index_t>(ref_c.data(), own.rows, k),
                    xs::matrix_view<float>(ref_v.data(), own.rows, k));
@@ -271,8 +283,8 @@ std::vector<index_t> classes_of_subtree(const Plan& plan, index_t s) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("sharded hierarchical softmax equals the unsharded head: Huffman tree, both node forms", B, xs::serial,
-                   xs::omp) {
+TEST_CASE_TEMPLATE("sharded hierarchical softmax equals the unsharded head: Huffman tree, both node forms", B,
+                   XSOFTMAX_TEST_BACKENDS) {
   const tree huffman = tree::huffman(zipf(classes));
   for (double split : {0.0, 1.0}) {
     xs::hs_shard_options o;
@@ -289,7 +301,7 @@ TEST_CASE_TEMPLATE("sharded hierarchical softmax equals the unsharded head: Huff
 }
 
 TEST_CASE_TEMPLATE("sharded hierarchical softmax equals the unsharded head: 3-level tree, classes above the cut", B,
-                   xs::serial, xs::omp) {
+                   XSOFTMAX_TEST_BACKENDS) {
   const tree t = uniformish();
   for (int cut : {1, 2}) {
     CAPTURE(cut);
@@ -319,7 +331,7 @@ TEST_CASE("sharded hierarchical softmax: a batch whose targets all sit in one su
   const xs::hs_shard_plan<> plan(t, comm.size(), o);
   const std::vector<index_t> hot = classes_of_subtree(plan, 3);
   REQUIRE(!hot.empty());
-  compare<xs::serial, xs::softmax_nodes>(t, o, hot, true);
+  compare<xsoftmax_test::primary_backend, xs::softmax_nodes>(t, o, hot, true);
   // Every row is routed to one rank: the imbalance is the rank count.
   std::vector<index_t> targets;
   for (int q = 0; q < comm.size(); ++q) {
@@ -342,7 +354,7 @@ TEST_CASE("sharded hierarchical softmax: a batch whose targets all sit in one su
   } else {
     CHECK(split.num_subtrees() == plan.num_subtrees());  // one rank: nothing to balance, no split
   }
-  compare<xs::serial, xs::softmax_nodes>(t, adaptive, hot, true);
+  compare<xsoftmax_test::primary_backend, xs::softmax_nodes>(t, adaptive, hot, true);
 }
 
 TEST_CASE("hs_shard_plan: the row maps cover the full tree once; work and assignment") {
