@@ -240,9 +240,11 @@ void compare(const tree& full, const xs::hs_shard_options& options, const std::v
     CHECK(top_w == want_top);
     CHECK(local_w == want_local);
     // Every rank holds the same top weights.
-    test_vector<float> rank0 = top_w;
+    // (A plain host copy is sent: MPI is not handed managed memory.)
+    const std::vector<float> mine(top_w.begin(), top_w.end());
+    std::vector<float> rank0 = mine;
     MPI_Bcast(rank0.data(), static_cast<int>(rank0.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-    CHECK(top_w == rank0);
+    CHECK(mine == rank0);
     // Back to the shared weights, in place (the heads view these buffers).
     const test_vector<float> top0 = pick_rows(w, top_rows, dim), local0 = pick_rows(w, local_rows, dim);
     std::copy(top0.begin(), top0.end(), top_w.begin());
