@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace {
@@ -52,11 +53,21 @@ call_counters count_step(const Head& head, index_t rows, index_t dim, index_t cl
   return call_counters::since(before);
 }
 
+// The second of two identical calls of `verb` (the first warms every cache), counted.
+template <class Verb>
+call_counters count_call(Verb&& verb) {
+  verb();
+  const call_counters before = call_counters::local();
+  verb();
+  return call_counters::since(before);
+}
+
 void check_within(const char* what, const call_counters& c, const budget& b) {
   std::printf("%s: %lld allocations, %lld host reads, %lld synchronizations, %lld loops\n", what,
               static_cast<long long>(c.allocations), static_cast<long long>(c.host_reads),
               static_cast<long long>(c.synchronizations), static_cast<long long>(c.loops));
-  CAPTURE(what);
+  const std::string name = what;  // (a char pointer would print as an address)
+  CAPTURE(name);
   CHECK(c.allocations <= b.allocations);
   CHECK(c.host_reads <= b.host_reads);
   CHECK(c.synchronizations <= b.synchronizations);
@@ -78,6 +89,32 @@ TEST_CASE("call cost: a hierarchical softmax training step stays within its allo
   // dense softmax, the others through gather-dot, whatever BLAS this build found.
   head.set_gemm_min_run(16);
   check_within("hierarchical_softmax step", count_step(head, rows, dim, classes), {25, 11, 0, 20});
+}
+
+TEST_CASE("call cost: the full softmax's forward, top-k and log_distribution stay within their budgets") {
+  // The score-reading verbs (detail/primitives/score_chunks.hpp): their score buffer is a
+  // scratch_vector (was a value-initialised backend vector, uncounted). The budgets are the serial
+  // backend's counts when this case was written (2026-11-29): the forward reads back what the step
+  // does but the upstream gradient (hidden finite, targets, kept rows, loss); top-k and
+  // log_distribution only the finite check of the hidden rows, and wait once, at the end.
+  const index_t rows = 64, dim = 16, classes = 500, k = 5;
+  const xsoftmax::full_softmax<xsoftmax::fp32, xsoftmax::serial> head(classes, dim);
+  std::vector<float> h(static_cast<std::size_t>(rows * dim));
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = 0.01f * static_cast<float>(i % 19) - 0.09f;
+  std::vector<index_t> t(static_cast<std::size_t>(rows)), cls(static_cast<std::size_t>(rows * k));
+  for (index_t r = 0; r < rows; ++r) t[static_cast<std::size_t>(r)] = (r * 41) % classes;
+  std::vector<float> lp(cls.size()), dist(static_cast<std::size_t>(rows * 100));
+  const matrix_view<const float> hv(h.data(), rows, dim);
+  check_within("full_softmax forward",
+               count_call([&] { (void)head.forward(hv, vector_view<const index_t>(t.data(), rows)); }), {11, 4, 0, 7});
+  check_within("full_softmax topk", count_call([&] {
+                 head.topk(hv, k, matrix_view<index_t>(cls.data(), rows, k), matrix_view<float>(lp.data(), rows, k));
+               }),
+               {11, 1, 1, 7});
+  check_within("full_softmax log_distribution", count_call([&] {
+                 head.log_distribution(hv, 100, 200, matrix_view<float>(dist.data(), rows, 100));
+               }),
+               {9, 1, 1, 5});
 }
 
 }  // namespace
