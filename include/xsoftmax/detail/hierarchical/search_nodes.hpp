@@ -207,6 +207,12 @@ struct open_heap {
   /// middle of three as pivot) moves the `keep` largest to the front, then they are heapified.
   /// O(size) where sorting them all (a beam search's former way, one heap sort per expansion) was
   /// O(size log size) and most of a beam search's time.
+  /// The least key held (size > 0): a leaf of the heap, or any entry when not in heap order.
+  [[nodiscard]] XSOFTMAX_HD std::uint64_t least() const {
+    std::uint64_t m = key[size - 1];
+    for (index_t i = size / 2; i + 1 < size; ++i) m = key[i] < m ? key[i] : m;
+    return m;
+  }
   XSOFTMAX_HD void keep_best(index_t keep) {
     if (keep < size) {
       index_t lo = 0, hi = size - 1;  // the keep-th largest goes to position keep - 1
