@@ -356,7 +356,7 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
                   const std::vector<node_run>& runs) {
     const cudaStream_t stream = ex.res.stream();
     const index_t n_runs = static_cast<index_t>(runs.size());
-    backend_vector<::xsoftmax::cuda, node_run> device_runs(runs.size());
+    scratch_vector<::xsoftmax::cuda, node_run> device_runs(runs.size(), ex);  // no fill, no synchronising free
     backend_ops<::xsoftmax::cuda>::copy(ex.res, raw(device_runs), runs.data(), n_runs);
     const index_t row0 = runs.front().begin, rows = runs.back().end - row0;
     index_t max_width = 1, samples = 0;

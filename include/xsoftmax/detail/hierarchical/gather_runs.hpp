@@ -15,6 +15,7 @@
 #include <xsoftmax/detail/primitives/row_kernels.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <vector>
 
@@ -122,8 +123,9 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
   static_assert(!Sigmoid, "xsoftmax: sigmoid-node runs take sigmoid_levels_generic (sigmoid_levels.hpp)");
   const index_t n = static_cast<index_t>(runs.size());
   if (n == 0) return;
-  // A host backend reads the list where it is; a device gets a copy.
-  backend_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : runs.size());
+  // A host backend reads the list where it is; a device gets a copy (working memory of the call:
+  // no cudaMalloc, fill or synchronising cudaFree, as a device_vector had).
+  scratch_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : runs.size(), ex);
   const node_run* list = runs.data();
   if constexpr (!is_host_backend<B>) {
     execution<B>::ops::copy(ex.res, raw(device_runs), runs.data(), n);

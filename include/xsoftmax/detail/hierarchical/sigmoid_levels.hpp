@@ -555,9 +555,9 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   }
   std::vector<node_run> long_runs;
   const std::vector<sigmoid_task> tasks = sigmoid_tasks(runs, 1, long_runs, run_parallel_inside);
-  // A device gets copies of the lists.
-  backend_vector<B, node_run> device_runs(runs.size()), device_long(long_runs.size());
-  backend_vector<B, sigmoid_task> device_tasks(tasks.size());
+  // A device gets copies of the lists (working memory of the call, each written before it is read).
+  scratch_vector<B, node_run> device_runs(runs.size(), ex), device_long(long_runs.size(), ex);
+  scratch_vector<B, sigmoid_task> device_tasks(tasks.size(), ex);
   using ops = typename execution<B>::ops;
   ops::copy(ex.res, raw(device_runs), runs.data(), static_cast<index_t>(runs.size()));
   ops::copy(ex.res, raw(device_tasks), tasks.data(), static_cast<index_t>(tasks.size()));
