@@ -546,14 +546,14 @@ mpi_env() {
 # Issue 26, target 8: the class-sharded full softmax and the sharded HS with $MPI_RANKS (default
 # "1 2 4") ranks sharing the one GPU (cuda backend, mpi_communicator staging through the host),
 # each rank's heads against the unsharded cuda head (tests/sharding/*_mpi.cpp built by nvcc):
-# mpiexec from the machine, else the one carry_mpi left in .mpi/.
+# the OpenMPI carry_mpi left in .mpi/ (the binary's own), else the machine's mpiexec.
 mpi() {
   local bin=$build/tests/cuda/xsoftmax_cuda_mpi_tests mpiexec=mpiexec n rc
   if [[ -e .mpi/xsoftmax_cuda_mpi_tests.xz ]]; then
     bin=/tmp/gpu-bin/xsoftmax_cuda_mpi_tests
     mkdir -p /tmp/gpu-bin && xz -T0 -dc .mpi/xsoftmax_cuda_mpi_tests.xz > "$bin" && chmod +x "$bin"
   fi
-  if ! command -v mpiexec > /dev/null && [[ -d .mpi/root ]]; then
+  if [[ -d .mpi/root ]]; then  # the carried OpenMPI, which the binary was linked against here
     eval "$(mpi_env)"
     mpiexec=mpiexec.openmpi
   fi
