@@ -201,18 +201,19 @@ struct open_heap {
   /// Appends the key x without restoring the heap order (`keep_best` restores it); the caller has
   /// checked that there is room.
   XSOFTMAX_HD void append_key(std::uint64_t x) { key[size++] = x; }
+  /// The least key of a heap (size > 0): the least of its leaves, key[size / 2, size), which is
+  /// all this scans (so it needs heap order: `keep_best` leaves it).
+  [[nodiscard]] XSOFTMAX_HD std::uint64_t least() const {
+    std::uint64_t m = key[size - 1];
+    for (index_t i = size / 2; i + 1 < size; ++i) m = key[i] < m ? key[i] : m;
+    return m;
+  }
   /// Keeps the `keep` best of the entries key[0, size), which need not be in heap order (a heap
   /// whose last entries were appended), and leaves them a heap. Keys are distinct (each holds its
   /// row), so which entries stay is defined whatever the layout: a selection (quickselect, the
   /// middle of three as pivot) moves the `keep` largest to the front, then they are heapified.
   /// O(size) where sorting them all (a beam search's former way, one heap sort per expansion) was
   /// O(size log size) and most of a beam search's time.
-  /// The least key held (size > 0): a leaf of the heap, or any entry when not in heap order.
-  [[nodiscard]] XSOFTMAX_HD std::uint64_t least() const {
-    std::uint64_t m = key[size - 1];
-    for (index_t i = size / 2; i + 1 < size; ++i) m = key[i] < m ? key[i] : m;
-    return m;
-  }
   XSOFTMAX_HD void keep_best(index_t keep) {
     if (keep < size) {
       index_t lo = 0, hi = size - 1;  // the keep-th largest goes to position keep - 1

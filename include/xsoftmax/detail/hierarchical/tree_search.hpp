@@ -251,7 +251,7 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
     scratch_buffer<B, std::uint64_t> open_key(static_cast<std::size_t>(tile * capacity), ex);
     scratch_buffer<B, float> child_lp(static_cast<std::size_t>(tile * max_block), ex),
         leaf_lp(static_cast<std::size_t>(tile * k), ex);
-    scratch_buffer<B, int> overflow(static_cast<std::size_t>(tile), ex, 0);  // runners flag rows, never clear them
+    scratch_buffer<B, int> overflow(static_cast<std::size_t>(tile), ex, 0);  // 0: the rounds flag a row, never clear it
     bool outgrown = false;
     for (index_t row0 = 0; row0 < rows && !outgrown; row0 += tile) {
       const index_t n = std::min(tile, rows - row0);
