@@ -117,4 +117,33 @@ TEST_CASE("call cost: the full softmax's forward, top-k and log_distribution sta
                {9, 1, 1, 5});
 }
 
+TEST_CASE("call cost: the hierarchical softmax's top-k and log_distribution stay within their budgets") {
+  // Their working memory (the search's open lists and flags, the range's plan and log-probabilities)
+  // is scratch (counted); budgets: the serial backend's counts when this case was written
+  // (2026-11-29). log_distribution's two read-backs: the finite check, and the one copy of the
+  // range's plan (five lists that were five device vectors, each copied on its own).
+  const index_t rows = 64, dim = 16, classes = 500, k = 5;
+  const xsoftmax::hierarchical_softmax<xsoftmax::uniform_tree<2, 32>, xsoftmax::fp32, xsoftmax::serial> head(
+      xsoftmax::uniform_tree<2, 32>(classes), dim);
+  std::vector<float> h(static_cast<std::size_t>(rows * dim));
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = 0.01f * static_cast<float>(i % 19) - 0.09f;
+  std::vector<index_t> cls(static_cast<std::size_t>(rows * k));
+  std::vector<float> lp(cls.size()), dist(static_cast<std::size_t>(rows * 100));
+  const matrix_view<const float> hv(h.data(), rows, dim);
+  xsoftmax::search_options beam;
+  beam.beam_width = 4;
+  check_within("hierarchical_softmax topk (exact)", count_call([&] {
+                 head.topk(hv, k, matrix_view<index_t>(cls.data(), rows, k), matrix_view<float>(lp.data(), rows, k));
+               }),
+               {4, 1, 0, 5});
+  check_within("hierarchical_softmax topk (beam 4)", count_call([&] {
+                 head.topk(hv, k, matrix_view<index_t>(cls.data(), rows, k), matrix_view<float>(lp.data(), rows, k), beam);
+               }),
+               {4, 1, 0, 5});
+  check_within("hierarchical_softmax log_distribution", count_call([&] {
+                 head.log_distribution(hv, 100, 200, matrix_view<float>(dist.data(), rows, 100));
+               }),
+               {2, 2, 1, 2});
+}
+
 }  // namespace

@@ -8,6 +8,7 @@
 /// whose node log-probabilities fit a fixed budget.
 
 #include <xsoftmax/detail/hierarchical/tree_search.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -86,25 +87,34 @@ void tree_log_distribution(const execution<B>& ex, const HostView& host_view, ma
   const index_t rows = h.rows, classes = class_end - class_begin, d = h.cols;
   if (rows == 0 || classes == 0) return;
   const range_paths p = plan_range_paths(host_view, class_begin, class_end);
-  using ivector = backend_vector<B, index_t>;
-  const auto upload = [&](const std::vector<index_t>& v) {
-    ivector out_v(v.size());
-    execution<B>::ops::copy(ex.res, raw(out_v), v.data(), static_cast<index_t>(v.size()));
-    return out_v;
-  };
-  ivector bb = upload(p.block_begin), bs = upload(p.block_size), bo = upload(p.block_offset),
-          pp = upload(p.path_ptr), po = upload(p.path_off);
+  // The plan's five lists go to the execution's memory in one copy (on a device one transfer, not
+  // five), and they and the tiles' log-probabilities are the call's working memory (scratch:
+  // written before they are read; on a device no cudaMalloc, fill or synchronising cudaFree).
+  const std::vector<index_t>* lists[] = {&p.block_begin, &p.block_size, &p.block_offset, &p.path_ptr, &p.path_off};
+  std::vector<index_t> packed;
+  std::size_t at[6] = {};
+  for (int l = 0; l < 5; ++l) {
+    packed.insert(packed.end(), lists[l]->begin(), lists[l]->end());
+    at[l + 1] = packed.size();
+  }
+  scratch_vector<B, index_t> uploaded(packed.size(), ex);
+  execution<B>::ops::copy(ex.res, uploaded.data(), packed.data(), static_cast<index_t>(packed.size()));
+  const index_t* bb = uploaded.data() + at[0];
+  const index_t* bs = uploaded.data() + at[1];
+  const index_t* bo = uploaded.data() + at[2];
+  const index_t* pp = uploaded.data() + at[3];
+  const index_t* po = uploaded.data() + at[4];
   const index_t blocks = static_cast<index_t>(p.block_begin.size());
   const index_t tile = std::clamp<index_t>(
       static_cast<index_t>(tree_search_budget_bytes / (sizeof(float) * static_cast<std::size_t>(std::max<index_t>(p.children, 1)))),
       1, rows);
-  backend_vector<B, float> lp(static_cast<std::size_t>(tile * p.children));
+  scratch_buffer<B, float> lp(static_cast<std::size_t>(tile * p.children), ex);
   for (index_t row0 = 0; row0 < rows; row0 += tile) {
     const index_t n = std::min(tile, rows - row0);
     parallel_for(ex, n * blocks,
-                 tile_node_log_probs<Sigmoid, T>{h.data + row0 * d, d, w, bias, raw(bb), raw(bs), raw(bo), blocks,
-                                                 p.children, raw(lp)});
-    parallel_for(ex, n * classes, tile_path_sums{raw(lp), raw(pp), raw(po), classes, p.children, row0, out});
+                 tile_node_log_probs<Sigmoid, T>{h.data + row0 * d, d, w, bias, bb, bs, bo, blocks, p.children,
+                                                 raw(lp)});
+    parallel_for(ex, n * classes, tile_path_sums{raw(lp), pp, po, classes, p.children, row0, out});
   }
 }
 
