@@ -8,6 +8,7 @@
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/async.hpp>
 #include <xsoftmax/detail/host/block_cache.hpp>
+#include <xsoftmax/detail/host/counted_allocator.hpp>
 
 #include <thrust/host_vector.h>
 #include <thrust/system/cpp/execution_policy.h>
@@ -57,7 +58,7 @@ struct host_resources {};
 template <>
 struct backend_traits<serial> {
   template <class T>
-  using vector = thrust::host_vector<T>;
+  using vector = thrust::host_vector<T, detail::counted_allocator<T>>;
   using resources = host_resources;
   static constexpr bool is_host = true;
   static constexpr const char* name = "serial";
@@ -67,7 +68,7 @@ struct backend_traits<serial> {
 template <>
 struct backend_traits<omp> {
   template <class T>
-  using vector = thrust::host_vector<T>;
+  using vector = thrust::host_vector<T, detail::counted_allocator<T>>;
   using resources = host_resources;
   static constexpr bool is_host = true;
   static constexpr const char* name = "omp";

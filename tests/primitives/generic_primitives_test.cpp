@@ -331,7 +331,7 @@ TEST_CASE_TEMPLATE("generic primitives: sparse_accumulate, sorted row lists and 
   xs::active_set_for<B> shared;
   const std::vector<index_t> classes{1, 2, 7, 9, 11};
   shared.classes.assign(classes.begin(), classes.end());
-  const thrust::host_vector<index_t> pos(xs::detail::locate_targets(ex, "test", shared, batch, 12));
+  const auto pos = xs::detail::locate_targets(ex, "test", shared, batch, 12);
   CHECK(std::vector<index_t>(pos.begin(), pos.end()) == std::vector<index_t>{2, 1, 3});
   const std::vector<index_t> without_nine{1, 2, 7, 11};
   shared.classes.assign(without_nine.begin(), without_nine.end());

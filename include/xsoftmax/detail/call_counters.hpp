@@ -9,6 +9,8 @@
 ///
 /// What is counted:
 ///  * `allocations`: working-memory buffers taken for a call (`scratch_vector`, non-empty);
+///  * `vectors`: backend vectors allocated (host backends: `counted_allocator`): outside a head's
+///    constructor and the first sizing of a gradient, each is a temporary that should be scratch;
 ///  * `host_reads`: values brought back to the host before the verb returns: `backend_ops::read`
 ///    and `copy`, and the value-returning Thrust algorithms of the input checks and the packing of
 ///    rows (`find_if` of a non-finite value or a bad target, `copy_if`'s count of kept rows);
@@ -26,6 +28,7 @@ struct call_counters {
   std::int64_t host_reads = 0;
   std::int64_t synchronizations = 0;
   std::int64_t loops = 0;
+  std::int64_t vectors = 0;
 
   /// The calling thread's counters.
   [[nodiscard]] static call_counters& local() noexcept {
@@ -36,7 +39,8 @@ struct call_counters {
   [[nodiscard]] static call_counters since(const call_counters& before) noexcept {
     const call_counters& now = local();
     return {now.allocations - before.allocations, now.host_reads - before.host_reads,
-            now.synchronizations - before.synchronizations, now.loops - before.loops};
+            now.synchronizations - before.synchronizations, now.loops - before.loops,
+            now.vectors - before.vectors};
   }
 };
 

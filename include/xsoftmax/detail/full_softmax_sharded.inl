@@ -155,27 +155,27 @@ void full_softmax<P, B, S>::topk_gathered_(detail::sharded_rows<B>& rows, index_
       ex, sharding_.communicator(),
       detail::dense_row_statistics{detail::raw(lse.max), detail::raw(lse.sum), detail::raw(lse.target_logit), nullptr,
                                    nullptr, total});
-  backend_vector<B, float> row_lse(static_cast<std::size_t>(total));
+  detail::scratch_buffer<B, float> row_lse(static_cast<std::size_t>(total), ex);
   detail::online_lse_finish(ex, lse, total, detail::raw(row_lse));
 
-  // Every rank's candidates, k per row (slots past local_k unfilled: class -1).
+  // Every rank's candidates, k per row (slots past local_k unfilled: class -1), packed where they
+  // live (was a round trip through the host).
   const index_t ranks = sharding_.size(), per_rank = total * k;
-  thrust::host_vector<float> mine_s(static_cast<std::size_t>(per_rank), -INFINITY);
-  thrust::host_vector<index_t> mine_c(static_cast<std::size_t>(per_rank), -1);
-  {
-    const thrust::host_vector<float> s(best.score.begin(), best.score.end());
-    const thrust::host_vector<index_t> c(best.index.begin(), best.index.end());
-    for (index_t r = 0; r < total; ++r)
-      for (index_t e = 0; e < local_k; ++e) {
-        mine_s[static_cast<std::size_t>(r * k + e)] = s[static_cast<std::size_t>(r * local_k + e)];
-        mine_c[static_cast<std::size_t>(r * k + e)] = c[static_cast<std::size_t>(r * local_k + e)];
-      }
-  }
   const std::vector<index_t> counts(static_cast<std::size_t>(ranks), per_rank);
-  const backend_vector<B, float> send_s(mine_s);
-  const backend_vector<B, index_t> send_c(mine_c);
-  backend_vector<B, float> cand_s(static_cast<std::size_t>(ranks * per_rank));
-  backend_vector<B, index_t> cand_c(cand_s.size());
+  detail::scratch_buffer<B, float> send_s(static_cast<std::size_t>(per_rank), ex),
+      cand_s(static_cast<std::size_t>(ranks * per_rank), ex);
+  detail::scratch_buffer<B, index_t> send_c(send_s.size(), ex), cand_c(cand_s.size(), ex);
+  {
+    const float* bs = detail::raw(best.score);
+    const index_t* bi = detail::raw(best.index);
+    float* ss = send_s.data();
+    index_t* sc = send_c.data();
+    XSOFTMAX_PARALLEL_FOR(ex, per_rank, i, {
+      const index_t r = i / k, e = i % k;
+      ss[i] = e < local_k ? bs[r * local_k + e] : -INFINITY;
+      sc[i] = e < local_k ? bi[r * local_k + e] : -1;
+    });
+  }
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_s), per_rank, cand_s, counts.data());
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_c), per_rank, cand_c, counts.data());
   detail::parallel_for(ex, own_rows,

@@ -7,6 +7,7 @@
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
 #include <xsoftmax/detail/selection/active_set_checks.hpp>
 #include <xsoftmax/detail/selection/per_sample_pass.hpp>
+#include <xsoftmax/detail/selection/scratch_active_set.hpp>
 #include <xsoftmax/detail/selection/shared_pass.hpp>
 #include <xsoftmax/detail/sharding/sharded_selection.hpp>
 #include <xsoftmax/detail/validation.hpp>
@@ -213,9 +214,9 @@ void selective_softmax<S, P, B, Sh>::run_into_(const char* where, matrix_view<co
   detail::scratch_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, ex, 0.f);
 
   if (rows > 0) {
-    active_set_for<B> set;
+    auto set = detail::make_selection_set<S>(ex);  // working memory of the call when the selector takes it
     selector_.select(ex, request_(where, batch, hidden.rows), set);
-    const backend_vector<B, index_t> pos = detail::locate_targets(ex, where, set, batch, num_classes());
+    const detail::scratch_vector<B, index_t> pos = detail::locate_targets(ex, where, set, batch, num_classes());
     const auto w = matrix_view<const storage_type>(weights());
     const float* up = grad_weights ? detail::raw(upstream) : nullptr;
     if (set.layout == active_layout::shared) {

@@ -6,6 +6,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/mirrored_vector.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
@@ -55,6 +56,9 @@ struct gather_candidate_row {
 /// not have B + 1 entries throw `shape_error`; decreasing offsets throw `invalid_argument`.
 class explicit_candidates {
  public:
+  /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
+  /// working memory of the call: detail/selection/scratch_active_set.hpp).
+  static constexpr bool fills_scratch_sets = true;
   /// No candidates: the shared active set holds the batch's targets only.
   explicit_candidates() = default;
 
@@ -96,7 +100,7 @@ class explicit_candidates {
   void select(const Ex& ex_in, const selection_request<T>& req, Set& out) const {
     const auto& ex = detail::as_execution(ex_in);
     using execution_type = std::decay_t<decltype(ex)>;
-    using index_vector = typename execution_type::template vector<index_t>;
+    using index_vector = detail::scratch_buffer<typename execution_type::backend, index_t>;  // each written, then read
     const index_t n = req.num_classes, rows = req.rows();
     const std::vector<index_t>& ids = ids_.host();
     const std::vector<index_t>& offsets = offsets_.host();
@@ -122,14 +126,14 @@ class explicit_candidates {
       detail::expects(offsets[i] <= offsets[i + 1], req.where, ": per-sample candidate offsets decrease at [", i,
                       "]: ", offsets[i], " then ", offsets[i + 1]);
     // Each packed row's entries: its sample's candidates, then its target.
-    index_vector first_entry(static_cast<std::size_t>(rows + 1));
+    index_vector first_entry(static_cast<std::size_t>(rows + 1), ex);
     const index_t* src_off = offsets_.data(ex);
     const index_t* sample = req.samples.data;
     thrust::transform(ex.policy(), sample, sample + rows, first_entry.begin(), detail::candidate_row_length{src_off});
     thrust::exclusive_scan(ex.policy(), first_entry.begin(), first_entry.end(), first_entry.begin());
     const index_t entries = detail::backend_ops<typename execution_type::backend>::read(
         ex.res, thrust::raw_pointer_cast(first_entry.data()) + rows);
-    index_vector row_of(static_cast<std::size_t>(entries)), list(static_cast<std::size_t>(entries));
+    index_vector row_of(static_cast<std::size_t>(entries), ex), list(static_cast<std::size_t>(entries), ex);
     detail::parallel_for(ex, rows,
                          detail::gather_candidate_row{src_off, m > 0 ? ids_.data(ex) : nullptr, sample,
                                                       req.targets.data, thrust::raw_pointer_cast(first_entry.data()),

@@ -9,6 +9,7 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/primitives/score_chunks.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/selection/checks.hpp>
 #include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/error.hpp>
@@ -59,6 +60,9 @@ class feature_query_selector {
  public:
   /// `select` scores `request.weights` (so a class-sharded head does not take this selector).
   static constexpr bool scores_weights = true;
+  /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
+  /// working memory of the call: detail/selection/scratch_active_set.hpp).
+  static constexpr bool fills_scratch_sets = true;
 
   /// Exact top-K.
   explicit feature_query_selector(index_t k) : k_(k) {
@@ -108,15 +112,15 @@ class feature_query_selector {
     detail::check_count(req.where, "k", k_, req.num_classes, "num_classes");
     const auto& ex = detail::as_execution(ex_in);
     using execution_type = std::decay_t<decltype(ex)>;
-    using index_vector = typename execution_type::template vector<index_t>;
+    using index_vector = detail::scratch_buffer<typename execution_type::backend, index_t>;  // each written, then read
     const index_t rows = req.rows(), k = k_;
     // Row r's slots: its top k (-1: none found), then its target.
-    index_vector list(static_cast<std::size_t>(rows * (k + 1)));
+    index_vector list(static_cast<std::size_t>(rows * (k + 1)), ex);
     if (approximate_) {
       detail::check_built_for(req.where, "IVF index", index_.num_vectors(), index_.dim(), index_.element(),
                               req.num_classes, req.dim, element_name<std::remove_cv_t<T>>());
-      index_vector top(static_cast<std::size_t>(rows * k));
-      typename execution_type::template vector<float> scores(static_cast<std::size_t>(rows * k));
+      index_vector top(static_cast<std::size_t>(rows * k), ex);
+      detail::scratch_buffer<typename execution_type::backend, float> scores(static_cast<std::size_t>(rows * k), ex);
       index_.search_on(ex, req.hidden, k, nprobe_, matrix_view<index_t>(detail::raw(top), rows, k),
                        matrix_view<float>(detail::raw(scores), rows, k), req.bias);
       detail::parallel_for(ex, rows, detail::top_and_target{detail::raw(top), req.targets.data, k, detail::raw(list)});
@@ -128,7 +132,7 @@ class feature_query_selector {
                                    });
       detail::parallel_for(ex, rows, detail::top_and_target{detail::raw(best.index), req.targets.data, k, detail::raw(list)});
     }
-    index_vector row_of(list.size());
+    index_vector row_of(list.size(), ex);
     detail::parallel_for(ex, rows, detail::row_index_of{k + 1, detail::raw(row_of)});
     out.reset(active_layout::per_sample);
     detail::sorted_rows(ex, rows, row_of, list, out);

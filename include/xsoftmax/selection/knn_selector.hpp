@@ -60,6 +60,9 @@ struct knn_options {
 /// element types when it was built from weights of another precision than the head's.
 class knn_selector {
  public:
+  /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
+  /// working memory of the call: detail/selection/scratch_active_set.hpp).
+  static constexpr bool fills_scratch_sets = true;
   /// Throws `invalid_argument` naming the value when an option is out of range (see
   /// `knn_graph_builder`; neighbors_used < 0, rebuild_every < 0).
   explicit knn_selector(knn_options options = {}) : options_(options), builder_(options.graph) {

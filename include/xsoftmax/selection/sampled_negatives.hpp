@@ -10,6 +10,7 @@
 /// replacement.
 
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/selection/row_lists.hpp>
 #include <xsoftmax/detail/selection/sampling.hpp>
 #include <xsoftmax/error.hpp>
@@ -74,6 +75,9 @@ struct sampling_options {
 /// negatives. `selective_softmax::next_step()` advances the step.
 class sampled_negatives {
  public:
+  /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
+  /// working memory of the call: detail/selection/scratch_active_set.hpp).
+  static constexpr bool fills_scratch_sets = true;
   /// Uniform over N classes. Throws `invalid_argument` unless N >= 1 and 1 <= num_sampled <= N.
   [[nodiscard]] static sampled_negatives uniform(index_t num_classes, sampling_options options = {}) {
     return sampled_negatives(detail::sampler_kind::uniform, num_classes, {}, options, "sampled_negatives::uniform");
@@ -139,11 +143,16 @@ class sampled_negatives {
     using execution_type = std::decay_t<decltype(ex)>;
     const detail::class_draw d = draw();
     const index_t drawn = static_cast<index_t>(d.classes.size()), rows = req.rows();
-    typename execution_type::template vector<index_t> negatives(d.classes.begin(), d.classes.end());
-    typename execution_type::template vector<index_t> multiplicity(d.multiplicity.begin(), d.multiplicity.end());
+    // The draw and its multiplicities in one copy to the execution's memory (scratch of the call).
+    std::vector<index_t> draw_lists(d.classes);
+    draw_lists.insert(draw_lists.end(), d.multiplicity.begin(), d.multiplicity.end());
+    detail::scratch_buffer<typename execution_type::backend, index_t> lists(draw_lists.size(), ex);
+    execution_type::ops::copy(ex.res, lists.data(), draw_lists.data(), static_cast<index_t>(draw_lists.size()));
+    const index_t* negatives = lists.data();
+    const index_t* multiplicity = lists.data() + drawn;
     out.reset(active_layout::shared);
     out.classes.resize(static_cast<std::size_t>(drawn + rows));
-    thrust::copy(ex.policy(), negatives.begin(), negatives.end(), out.classes.begin());
+    thrust::copy(ex.policy(), negatives, negatives + drawn, out.classes.begin());
     if (rows > 0) thrust::copy(ex.policy(), req.targets.data, req.targets.data + rows, out.classes.begin() + drawn);
     detail::sort_unique(ex, out.classes);
     const index_t n = static_cast<index_t>(out.classes.size());
@@ -151,7 +160,7 @@ class sampled_negatives {
     out.target_offset.resize(static_cast<std::size_t>(n));
     detail::parallel_for(ex, n,
                          detail::sampled_offsets{q_of(d, sampler_.probability_on(ex)), detail::raw(out.classes),
-                                                 detail::raw(negatives), detail::raw(multiplicity), drawn,
+                                                 negatives, multiplicity, drawn,
                                                  detail::raw(out.negative_offset), detail::raw(out.target_offset)});
   }
 

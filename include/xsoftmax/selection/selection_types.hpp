@@ -21,6 +21,11 @@
 /// policy; the request's views and `out` are in the backend's memory). The library's selectors
 /// also accept a Thrust host policy (`thrust::cpp::par`, `thrust::omp::par`) in its place.
 ///
+/// A selector whose `select` is generic in the set type and uses on the set only `reset` and, on its
+/// vectors, `resize`, `size`, `empty`, `begin`, `end` and `data`, declares `static constexpr bool
+/// fills_scratch_sets = true;`: a head's training step then hands it a set of working memory of the
+/// call (scratch vectors, no allocation per step) instead of an `active_set_for<Backend>`.
+///
 /// A selector whose `select` reads `request.weights` declares `static constexpr bool scores_weights =
 /// true;` (a class-sharded head, which holds only a slice of the weights, then rejects it).
 ///

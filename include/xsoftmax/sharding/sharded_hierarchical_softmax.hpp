@@ -222,7 +222,7 @@ class sharded_hierarchical_softmax {
   /// Step 4 of the routed step: the received rows through `local_` (see its definition).
   void score_subtrees_(detail::hs_route_mode mode, const backend_vector<Backend, float>& recv_h,
                        const std::vector<index_t>& recv_i, const std::vector<float>& recv_up,
-                       backend_vector<Backend, float>& reply, gradient_type* grad_local) const;
+                       detail::scratch_vector<Backend, float>& reply, gradient_type* grad_local) const;
   void route_(detail::hs_routed_state<Backend, Communicator>& st, matrix_view<const float> hidden,
               const std::vector<index_t>& targets, bool can_ignore, index_t ignore_index, bool start) const;
   /// The state of `rows` when this head may use it (see the prefetch verbs), marked used.
@@ -242,6 +242,9 @@ class sharded_hierarchical_softmax {
   std::vector<index_t> class_begin_;    ///< first class in local_ of each of its trees (ascending)
   index_t rows_per_call_ = 1;           ///< see rows_per_call()
   mutable detail::buffer_pool<backend_vector<Backend, float>> pool_;  ///< the routing's row buffers, reused step to step
+  // The top head's and the forest head's gradients within a step (each verb is collective: one
+  // call at a time), reused step to step so that their memory is not allocated per step.
+  mutable gradient_type top_gradient_, subtree_gradient_;
 };
 
 }  // namespace xsoftmax

@@ -291,7 +291,11 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
                         float* memory) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
-  using fvector = typename execution_type::template vector<float>;
+  // Every buffer of the call is scratch (never value-initialised; filled where it is accumulated into).
+  using backend = typename execution_type::backend;
+  using fvector = scratch_vector<backend, float>;
+  const auto floats = [&](std::size_t n) { return fvector(n, ex); };
+  const auto zeros = [&](std::size_t n) { return fvector(n, ex, 0.f); };
   const index_t rows = a.h.rows, d = a.h.cols;
   // An empty block still takes part in `combine_rows` (a rank with no class of a sharded active set).
   if (rows == 0 || (a.n == 0 && !a.combine_rows)) return;
@@ -310,10 +314,10 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   // are kept. Written by pass 1's GEMMs (beta = 0) before anything reads them: no value-initialisation.
   const score_cache_plan plan = plan_score_cache(a, rows, chunk);
   const index_t kept = plan.kept;
-  scratch_buffer<typename execution_type::backend, float> own(memory ? 0 : static_cast<std::size_t>(plan.floats()), ex);
+  scratch_buffer<backend, float> own(memory ? 0 : static_cast<std::size_t>(plan.floats()), ex);
   float* const cache = memory ? memory : own.data();
   float* const scores = cache + plan.kept_floats;
-  fvector scratch, gathered, gathered_bias;
+  fvector scratch = floats(0), gathered = floats(0), gathered_bias = floats(0);  // sized per chunk
   // Where chunk c0's scores live: kept chunk k at rows * chunk * k in the cache (all but the last
   // chunk are full, and a kept last chunk is last in the cache), the others in the work buffer.
   auto chunk_scores = [&](index_t c0) { return c0 / chunk < kept ? cache + rows * c0 : scores; };
@@ -323,8 +327,9 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   const bool margin = a.margin.enabled();
   const margin_logits ml = make_margin_logits(a.margin);
   const std::size_t margin_rows = margin ? static_cast<std::size_t>(rows) : 0;
-  fvector unit_h(margin_rows * static_cast<std::size_t>(d)), h_inverse_norm(margin_rows), target_cos(margin_rows, 0.f),
-      w_inverse_norm(margin ? static_cast<std::size_t>(chunk) : 0), grad_unit_h(unit_h.size(), 0.f);
+  fvector unit_h = floats(margin_rows * static_cast<std::size_t>(d)), h_inverse_norm = floats(margin_rows),
+          target_cos = zeros(margin_rows), w_inverse_norm = floats(margin ? static_cast<std::size_t>(chunk) : 0),
+          grad_unit_h = zeros(unit_h.size());
   float* hinv = raw(h_inverse_norm);
   float* tcos = raw(target_cos);
   float* winv = raw(w_inverse_norm);
@@ -413,7 +418,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   const bool exp_form = !runs_on_device<execution_type> && !tg && a.upstream && a.plain_loss() && !margin &&
                         rows >= 64 && a.n >= 4 * d;
   const index_t chunks = (a.n + chunk - 1) / chunk;
-  fvector shifts(exp_form ? static_cast<std::size_t>(rows * chunks) : 0);
+  fvector shifts = floats(exp_form ? static_cast<std::size_t>(rows * chunks) : 0);
   auto chunk_shift = [&](index_t c0) { return raw(shifts) + rows * (c0 / chunk); };
 
   basic_online_lse_state<typename execution_type::backend> lse(rows, ex);
@@ -422,8 +427,9 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   const float eps = a.label_smoothing, z = a.z_loss;
   const float* cw = a.class_weight;
   const float* rw = a.row_weight;
-  fvector finite_sum(eps > 0.f ? static_cast<std::size_t>(rows) : 0, 0.f), finite_weight(cw ? finite_sum.size() : 0, 0.f);
-  typename execution_type::template vector<index_t> finite_count(finite_sum.size(), 0);
+  fvector finite_sum = zeros(eps > 0.f ? static_cast<std::size_t>(rows) : 0),
+          finite_weight = zeros(cw ? finite_sum.size() : 0);
+  scratch_vector<backend, index_t> finite_count(finite_sum.size(), ex, 0);
   float* fs = raw(finite_sum);
   float* fw = raw(finite_weight);
   index_t* fc = raw(finite_count);
@@ -471,7 +477,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   if (a.combine_rows)
     a.combine_rows(dense_row_statistics{raw(lse.max), raw(lse.sum), raw(lse.target_logit), eps > 0.f ? fs : nullptr,
                                         eps > 0.f ? fc : nullptr, rows});
-  scratch_vector<typename execution_type::backend, float> row_lse_buffer(static_cast<std::size_t>(rows), ex);
+  scratch_vector<backend, float> row_lse_buffer(static_cast<std::size_t>(rows), ex);
   float* l = raw(row_lse_buffer);
   online_lse_finish(ex, lse, rows, l);
   {
@@ -496,8 +502,8 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
 
   // The exponential form's per-chunk buffers: a_r, E W (rows x d) and a H (rows x d).
   const std::size_t exp_form_rows = exp_form ? static_cast<std::size_t>(rows) : 0;
-  fvector row_scale(exp_form_rows), exp_times_w(exp_form_rows * static_cast<std::size_t>(d)),
-      scaled_h(exp_times_w.size());
+  fvector row_scale = floats(exp_form_rows), exp_times_w = floats(exp_form_rows * static_cast<std::size_t>(d)),
+          scaled_h = floats(exp_times_w.size());
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
     float* s = chunk_scores(c0);

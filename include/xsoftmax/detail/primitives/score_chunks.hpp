@@ -46,7 +46,7 @@ void for_each_score_chunk(const Ex& ex_in, matrix_view<const float> h, matrix_vi
   if constexpr (tuning::available) {
     if (tuning::applies(a)) tuned.emplace(ex, a, chunk);
   }
-  typename execution_type::template vector<float> widened;  // the generic form's rows widened to fp32
+  scratch_vector<backend, float> widened(0, ex);  // the generic form's rows widened to fp32 (sized per chunk)
   for (index_t c0 = 0; c0 < n; c0 += chunk) {
     const index_t cn = std::min(chunk, n - c0);
     bool scored = false;

@@ -7,6 +7,7 @@
 /// repeatable.
 
 #include <xsoftmax/detail/execution.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 
 #include <thrust/copy.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -31,8 +32,9 @@ void sparse_accumulate(const Ex& ex_in, const index_t* keys, index_t n, const fl
                        KeyVector& out_keys, ValueVector& out_values) {
   const auto& ex = as_execution(ex_in);
   using execution_type = std::decay_t<decltype(ex)>;
-  typename execution_type::template vector<index_t> sorted(static_cast<std::size_t>(n)),
-      order(static_cast<std::size_t>(n)), run_start(static_cast<std::size_t>(n + 1));
+  using index_buffer = scratch_buffer<typename execution_type::backend, index_t>;  // each written before it is read
+  index_buffer sorted(static_cast<std::size_t>(n), ex), order(static_cast<std::size_t>(n), ex),
+      run_start(static_cast<std::size_t>(n + 1), ex);
   if (n > 0) thrust::copy(ex.policy(), keys, keys + n, sorted.begin());  // raw pointers: the policy says where
   thrust::sequence(ex.policy(), order.begin(), order.end());
   thrust::stable_sort_by_key(ex.policy(), sorted.begin(), sorted.end(), order.begin());

@@ -7,6 +7,7 @@
 
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/primitives/batch_rows.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/error.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
@@ -72,12 +73,12 @@ struct negative_position {
 /// Checks `set` against the packed batch and N; returns, per packed row, the position of its target
 /// in the execution's memory: an index into `set.classes` (shared) or into `set.ids` (per sample).
 template <class Backend, class Set>
-backend_vector<Backend, index_t> locate_targets(const execution<Backend>& ex, const char* where, const Set& set,
+scratch_vector<Backend, index_t> locate_targets(const execution<Backend>& ex, const char* where, const Set& set,
                                                 const batch_rows<Backend>& batch, index_t num_classes) {
   using ops = backend_ops<Backend>;
   const index_t rows = batch.rows;
   const thrust::counting_iterator<index_t> first(0);
-  backend_vector<Backend, index_t> pos(static_cast<std::size_t>(rows));
+  scratch_vector<Backend, index_t> pos(static_cast<std::size_t>(rows), ex);  // every row's written below
   index_t* p = raw(pos);
   const index_t* target = batch.target_data();
   auto report_missing = [&](index_t r) {

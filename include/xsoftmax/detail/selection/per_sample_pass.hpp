@@ -12,6 +12,7 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/gather_dot.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
+#include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/detail/primitives/sparse_accumulate.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
@@ -41,7 +42,9 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   const float* h = thrust::raw_pointer_cast(batch.hidden.data());
   float* loss = losses;
   float* gh = grad_packed;
-  backend_vector<Backend, float> scores(static_cast<std::size_t>(nnz));
+  // The call's buffers are scratch: written before they are read, or filled where accumulated into.
+  using floats = scratch_vector<Backend, float>;
+  floats scores(static_cast<std::size_t>(nnz), ex);
   float* s = raw(scores);
   const float eps = terms.label_smoothing, z = terms.z_loss, cap = terms.softcap;
   // Class weights with label smoothing (`batch.weights_in_pass`): each entry's smoothing term weighed
@@ -52,8 +55,8 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   // Margin: per row 1 / |h_r|, per entry 1 / |w_id| and the entry's cosine (for the backward).
   const bool margin = terms.margin.enabled();
   const margin_logits ml = make_margin_logits(terms.margin);
-  backend_vector<Backend, float> h_inverse_norm(margin ? static_cast<std::size_t>(rows) : 0),
-      w_inverse_norm(margin ? static_cast<std::size_t>(nnz) : 0), cosines(w_inverse_norm.size());
+  floats h_inverse_norm(margin ? static_cast<std::size_t>(rows) : 0, ex),
+      w_inverse_norm(margin ? static_cast<std::size_t>(nnz) : 0, ex), cosines(w_inverse_norm.size(), ex);
   float* hinv = raw(h_inverse_norm);
   float* winv = raw(w_inverse_norm);
   float* cosv = raw(cosines);
@@ -61,10 +64,10 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
   // count for label smoothing). Sharded (`combine`): this rank's entries give a partial state
   // (max, sum of exp) that `combine` replaces by every rank's before the log-sum-exp is taken.
   const bool smooth_sums = !plain;
-  backend_vector<Backend, float> row_lse(static_cast<std::size_t>(rows)), row_sum(combine ? static_cast<std::size_t>(rows) : 0),
-      target_logit(static_cast<std::size_t>(rows), 0.f), finite_sum(smooth_sums ? static_cast<std::size_t>(rows) : 0, 0.f),
-      finite_weight(cw ? finite_sum.size() : 0, 0.f);
-  backend_vector<Backend, index_t> finite_count(finite_sum.size(), 0);
+  floats row_lse(static_cast<std::size_t>(rows), ex), row_sum(combine ? static_cast<std::size_t>(rows) : 0, ex),
+      target_logit(static_cast<std::size_t>(rows), ex, 0.f),
+      finite_sum(smooth_sums ? static_cast<std::size_t>(rows) : 0, ex, 0.f), finite_weight(cw ? finite_sum.size() : 0, ex, 0.f);
+  scratch_vector<Backend, index_t> finite_count(finite_sum.size(), ex, 0);
   float* fw = raw(finite_weight);
   float* lse_r = raw(row_lse);
   float* sum_r = raw(row_sum);
@@ -163,7 +166,7 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
 
   // One contribution g_e * h_r (and g_e for the bias, as an extra column) per entry.
   const index_t dv = bias ? d + 1 : d;
-  backend_vector<Backend, float> contrib(static_cast<std::size_t>(nnz * dv));
+  floats contrib(static_cast<std::size_t>(nnz * dv), ex);
   float* cv = raw(contrib);
   XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     const float* hr = h + r * d;
@@ -179,7 +182,7 @@ void per_sample_pass(const execution<Backend>& ex, const batch_rows<Backend>& ba
       if (dv > d) c[d] = s[e];
     }
   });
-  backend_vector<Backend, float> sums;
+  floats sums(0, ex);  // sized by sparse_accumulate
   g->dim = d;
   sparse_accumulate(ex, ids, nnz, cv, dv, g->rows, sums);
   const index_t n = static_cast<index_t>(g->rows.size());

@@ -35,9 +35,8 @@ void sort_unique(const execution<Backend>& ex, Vector& classes) {
 /// Per-row lists given as entries (`row_of[e]`, `ids[e]`) in any order, with empty slots (negative
 /// ids): writes `out.offsets` (rows + 1) and `out.ids`, each row ascending without duplicates.
 /// `row_of` and `ids` are consumed (reordered).
-template <class Backend, class Set>
-void sorted_rows(const execution<Backend>& ex, index_t rows, backend_vector<Backend, index_t>& row_of,
-                 backend_vector<Backend, index_t>& ids, Set& out) {
+template <class Backend, class IndexVector, class Set>
+void sorted_rows(const execution<Backend>& ex, index_t rows, IndexVector& row_of, IndexVector& ids, Set& out) {
   auto pairs = thrust::make_zip_iterator(thrust::make_tuple(row_of.begin(), ids.begin()));
   const auto kept_end = thrust::remove_if(ex.policy(), pairs, pairs + static_cast<index_t>(ids.size()),
                                           ids.begin(), is_empty_slot{});
@@ -50,7 +49,8 @@ void sorted_rows(const execution<Backend>& ex, index_t rows, backend_vector<Back
   const thrust::counting_iterator<index_t> first(0);
   thrust::lower_bound(ex.policy(), row_of.begin(), row_of.begin() + unique, first, first + rows + 1,
                       out.offsets.begin());
-  out.ids.assign(ids.begin(), ids.begin() + unique);
+  out.ids.resize(static_cast<std::size_t>(unique));
+  thrust::copy(ex.policy(), ids.begin(), ids.begin() + unique, out.ids.begin());
 }
 
 }  // namespace xsoftmax::detail

@@ -68,10 +68,12 @@ std::vector<index_t> exchange_counts(const execution<B>& ex, Comm& comm, const s
   return recv_rows;
 }
 
-/// `n` entries of host `v` as a vector in the execution's memory.
+/// Host `v` copied into working memory of the call in the execution's memory (complete on return).
 template <class B, class T>
-backend_vector<B, T> to_backend(const std::vector<T>& v) {
-  return backend_vector<B, T>(v.begin(), v.end());
+scratch_vector<B, T> to_scratch(const execution<B>& ex, const std::vector<T>& v) {
+  scratch_vector<B, T> out(v.size(), ex);
+  if (!v.empty()) backend_ops<B>::copy(ex.res, out.data(), v.data(), static_cast<index_t>(v.size()));
+  return out;
 }
 
 /// Every rank's `count` host elements at `send`, concatenated in rank order into host `recv`

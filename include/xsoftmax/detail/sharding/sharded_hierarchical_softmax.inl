@@ -106,7 +106,7 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
                                                                   const backend_vector<B, float>& recv_h,
                                                                   const std::vector<index_t>& recv_i,
                                                                   const std::vector<float>& recv_up,
-                                                                  backend_vector<B, float>& reply,
+                                                                  detail::scratch_vector<B, float>& reply,
                                                                   gradient_type* grad_local) const {
   using std::size_t;
   const detail::execution<B> ex{local_.resources()};
@@ -140,9 +140,9 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
     t_host[j] = recv_i[static_cast<size_t>(rows[j])];
     if (train) up_host[j] = recv_up[static_cast<size_t>(rows[j])];
   }
-  const auto rows_d = detail::to_backend<B>(rows);
-  const auto t_all = detail::to_backend<B>(t_host);
-  const auto up_all = detail::to_backend<B>(up_host);
+  const auto rows_d = detail::to_scratch(ex, rows);
+  const auto t_all = detail::to_scratch(ex, t_host);
+  const auto up_all = detail::to_scratch(ex, up_host);
 
   loss_options none;
   none.reduce = reduction::none;
@@ -150,8 +150,8 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
   const index_t per_call = rows_per_call_;
   const matrix_view<const float> received_rows(detail::raw(recv_h), received, d);
   float* rp = detail::raw(reply);
-  backend_vector<B, float> h, out, gh;
-  gradient_type g;
+  detail::scratch_vector<B, float> h, out, gh;  // sized per call below
+  gradient_type& g = subtree_gradient_;  // overwritten by each call below
   for (size_t b = 0; b < rows.size();) {
     size_t e = b;  // whole subtrees, until the call has per_call rows
     while (e < rows.size() && (static_cast<index_t>(e - b) < per_call ||
@@ -159,8 +159,8 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::score_subtrees_(detail::hs_rou
       ++e;
     const index_t m = static_cast<index_t>(e - b);
     const index_t* call_rows = detail::raw(rows_d) + b;
-    h.resize(static_cast<size_t>(m * d)), out.resize(static_cast<size_t>(m));
-    gh.resize(train ? static_cast<size_t>(m * d) : 0);
+    h.resize(static_cast<size_t>(m * d), ex), out.resize(static_cast<size_t>(m), ex);
+    gh.resize(train ? static_cast<size_t>(m * d) : 0, ex);
     detail::gather_rows_by(ex, received_rows, call_rows, m, detail::raw(h));
     const matrix_view<const float> hv(detail::raw(h), m, d);
     const vector_view<const index_t> tv(detail::raw(t_all) + b, m);
@@ -209,7 +209,7 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::route_(detail::hs_routed_state
   }
   const index_t routed = static_cast<index_t>(st.order.size());
   st.send_hidden = pool_.take(static_cast<size_t>(routed * d));
-  const auto order_d = detail::to_backend<B>(st.order);
+  const auto order_d = detail::to_scratch(ex, st.order);
   detail::gather_rows_by(ex, hidden, detail::raw(order_d), routed, detail::raw(st.send_hidden));
   st.recv_rows = detail::exchange_counts(ex, comm_, st.send_rows);
   const index_t received = detail::total_of(st.recv_rows);
@@ -275,13 +275,13 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
     top_targets[static_cast<size_t>(i)] = ignored(i) ? -1 : plan_.top_class(target[static_cast<size_t>(i)]);
     valid += ignored(i) ? 0 : 1;
   }
-  backend_vector<B, float> part(static_cast<size_t>(rows), 0.f);  // per row: loss (or log-probability)
+  detail::scratch_vector<B, float> part(static_cast<size_t>(rows), ex, 0.f);  // per row: loss (or log-probability)
   const vector_view<float> part_view(detail::raw(part), rows);
-  const auto top_targets_d = detail::to_backend<B>(top_targets);
+  const auto top_targets_d = detail::to_scratch(ex, top_targets);
   const vector_view<const index_t> top_view(detail::raw(top_targets_d), rows);
   loss_options top_options = options;
   top_options.ignore_index = -1;
-  gradient_type own_top;
+  gradient_type& own_top = top_gradient_;  // overwritten by the top head's step
   if (train) top_.forward_backward(hidden, top_view, *grad_hidden, own_top, top_options, part_view, grad_output);
   else if (mode == mode_t::forward) top_.forward(hidden, top_view, top_options, part_view);
   else top_.log_prob(hidden, top_view, part_view);
@@ -319,17 +319,17 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
   // 4. This rank's subtrees, through the forest head, on the received rows (reduction none,
   //    upstream per row).
   const index_t rw = 1 + (train ? d : 0);
-  backend_vector<B, float> reply(static_cast<size_t>(received * rw), 0.f);
+  detail::scratch_vector<B, float> reply(static_cast<size_t>(received * rw), ex, 0.f);
   score_subtrees_(mode, st.recv_hidden, recv_i, recv_up, reply, grad_local);
 
   // 5. Back to the rows' ranks, added to the top part (a row appears once in `order`; a row a
   //    prefetch routed but this verb ignores is skipped).
-  backend_vector<B, float> back(order.size() * static_cast<size_t>(rw));
+  detail::scratch_buffer<B, float> back(order.size() * static_cast<size_t>(rw), ex);
   detail::all_to_all_into(ex, comm_, detail::raw(reply), detail::element_counts(recv_rows, rw), detail::raw(back),
                           detail::element_counts(send_rows, rw));
   std::vector<index_t> dest(order.size());
   for (size_t p = 0; p < order.size(); ++p) dest[p] = ignored(order[p]) ? -1 : order[p];
-  const auto dest_d = detail::to_backend<B>(dest);
+  const auto dest_d = detail::to_scratch(ex, dest);
   detail::add_routed_results(ex, detail::raw(back), detail::raw(dest_d), static_cast<index_t>(order.size()),
                              detail::raw(part), train ? *grad_hidden : matrix_view<float>{});
 
@@ -349,17 +349,18 @@ float sharded_hierarchical_softmax<C, F, P, B, D>::run_(detail::hs_route_mode mo
     for (index_t e = 0; e < own_n; ++e)
       at[static_cast<size_t>(e)] = static_cast<index_t>(
           std::lower_bound(union_rows.begin(), union_rows.end(), own_rows[static_cast<size_t>(e)]) - union_rows.begin());
-    const auto at_d = detail::to_backend<B>(at);
-    backend_vector<B, float> values(static_cast<size_t>(u * d), 0.f), bias_values(bias ? static_cast<size_t>(u) : 0, 0.f);
+    const auto at_d = detail::to_scratch(ex, at);
+    // Summed in the caller's gradient (its memory reused from the last step when it is large enough).
+    grad_top->dim = d;
+    grad_top->rows.assign(union_rows.begin(), union_rows.end());
+    grad_top->values.assign(static_cast<size_t>(u * d), 0.f);
+    grad_top->bias_values.assign(bias ? static_cast<size_t>(u) : 0, 0.f);
+    auto &values = grad_top->values, &bias_values = grad_top->bias_values;
     detail::scatter_rows_to(ex, detail::raw(own_top.values), d, detail::raw(at_d), own_n, detail::raw(values));
     if (bias) detail::scatter_rows_to(ex, detail::raw(own_top.bias_values), 1, detail::raw(at_d), own_n, detail::raw(bias_values));
     detail::in_comm_memory<C>(ex, detail::raw(values), u * d, true, [&](float* p) { comm_.all_reduce(p, u * d, reduce_op::sum); });
     if (bias)
       detail::in_comm_memory<C>(ex, detail::raw(bias_values), u, true, [&](float* p) { comm_.all_reduce(p, u, reduce_op::sum); });
-    grad_top->dim = d;
-    grad_top->rows.assign(union_rows.begin(), union_rows.end());
-    grad_top->values.swap(values);
-    grad_top->bias_values.swap(bias_values);
   }
 
   // 7. The routing's buffers back to the pool (`hidden` is the prefetched batch's `own`: no longer

@@ -49,8 +49,8 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
   };
   // Round 1: the top tree's best leaves (the top head checks hidden).
   const index_t k1 = std::min(k, m);
-  backend_vector<B, index_t> first_d(static_cast<size_t>(rows * k1));
-  backend_vector<B, float> first_lp_d(first_d.size());
+  detail::scratch_buffer<B, index_t> first_d(static_cast<size_t>(rows * k1), ex);  // (the call's buffers: written, then read)
+  detail::scratch_buffer<B, float> first_lp_d(first_d.size(), ex);
   top_.topk(hidden, k1, matrix_view<index_t>(detail::raw(first_d), rows, k1), matrix_view<float>(detail::raw(first_lp_d), rows, k1));
   std::vector<index_t> first = detail::to_host(ex, detail::raw(first_d), rows * k1);
   const std::vector<float> first_lp = detail::to_host(ex, detail::raw(first_lp_d), rows * k1);
@@ -68,7 +68,7 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
   }
   requests.clear();
   constexpr index_t chunk = 1024;
-  backend_vector<B, float> lp_d(static_cast<size_t>(rows * std::min(chunk, m)));
+  detail::scratch_buffer<B, float> lp_d(static_cast<size_t>(rows * std::min(chunk, m)), ex);
   for (index_t j0 = 0; j0 < m; j0 += chunk) {
     const index_t jn = std::min(chunk, m - j0);
     top_.log_distribution(hidden, j0, j0 + jn, matrix_view<float>(detail::raw(lp_d), rows, jn));
@@ -93,8 +93,8 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::topk(matrix_view<const float> 
     }
   }
   // Into the caller's outputs (the backend's memory, any row stride).
-  const auto best_d = detail::to_backend<B>(best);
-  const auto best_lp_d = detail::to_backend<B>(best_lp);
+  const auto best_d = detail::to_scratch(ex, best);
+  const auto best_lp_d = detail::to_scratch(ex, best_lp);
   const index_t* bc = detail::raw(best_d);
   const float* bl = detail::raw(best_lp_d);
   XSOFTMAX_PARALLEL_FOR(ex, rows, i, {
@@ -127,8 +127,8 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::explore_(matrix_view<const flo
   }
   const std::vector<index_t> recv_rows = detail::exchange_counts(ex, comm_, send_rows);
   const index_t sent = static_cast<index_t>(order.size()), received = detail::total_of(recv_rows);
-  backend_vector<B, float> send_f(static_cast<size_t>(sent * d)), recv_f(static_cast<size_t>(received * d));
-  const auto send_row_d = detail::to_backend<B>(send_row);
+  detail::scratch_buffer<B, float> send_f(static_cast<size_t>(sent * d), ex), recv_f(static_cast<size_t>(received * d), ex);
+  const auto send_row_d = detail::to_scratch(ex, send_row);
   detail::gather_rows_by(ex, hidden, detail::raw(send_row_d), sent, detail::raw(send_f));
   std::vector<index_t> recv_i(static_cast<size_t>(received));
   detail::all_to_all_into(ex, comm_, detail::raw(send_f), detail::element_counts(send_rows, d), detail::raw(recv_f),
@@ -142,9 +142,9 @@ void sharded_hierarchical_softmax<C, F, P, B, D>::explore_(matrix_view<const flo
     std::vector<index_t> tree(static_cast<size_t>(received));
     for (index_t r = 0; r < received; ++r)
       tree[static_cast<size_t>(r)] = slot_[static_cast<size_t>(recv_i[static_cast<size_t>(r)])];
-    const auto tree_d = detail::to_backend<B>(tree);
-    backend_vector<B, index_t> found(reply_i.size());
-    backend_vector<B, float> found_lp(reply_f.size());
+    const auto tree_d = detail::to_scratch(ex, tree);
+    detail::scratch_buffer<B, index_t> found(reply_i.size(), ex);
+    detail::scratch_buffer<B, float> found_lp(reply_f.size(), ex);
     local_.topk_in_trees(matrix_view<const float>(detail::raw(recv_f), received, d),
                          vector_view<const index_t>(detail::raw(tree_d), received), k,
                          matrix_view<index_t>(detail::raw(found), received, k), matrix_view<float>(detail::raw(found_lp), received, k));

@@ -202,12 +202,12 @@ struct rescale_to_global_max {
 template <class B, class Comm>
 void combine_row_statistics(const execution<B>& ex, Comm& comm, const dense_row_statistics& st) {
   const index_t rows = st.rows;
-  backend_vector<B, float> global_max(static_cast<std::size_t>(rows));
+  scratch_buffer<B, float> global_max(static_cast<std::size_t>(rows), ex);  // both buffers copied into first
   thrust::copy(ex.policy(), st.max, st.max + rows, global_max.begin());
   in_comm_memory<Comm>(ex, raw(global_max), rows, true, [&](float* p) { comm.all_reduce(p, rows, reduce_op::max); });
   parallel_for(ex, rows, rescale_to_global_max{st.max, st.sum, raw(global_max)});
   const index_t parts = st.finite_sum ? 3 : 2;
-  backend_vector<B, float> packed(static_cast<std::size_t>(parts * rows));
+  scratch_buffer<B, float> packed(static_cast<std::size_t>(parts * rows), ex);
   thrust::copy(ex.policy(), st.sum, st.sum + rows, packed.begin());
   thrust::copy(ex.policy(), st.target_logit, st.target_logit + rows, packed.begin() + rows);
   if (st.finite_sum) thrust::copy(ex.policy(), st.finite_sum, st.finite_sum + rows, packed.begin() + 2 * rows);

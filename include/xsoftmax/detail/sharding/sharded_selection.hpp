@@ -8,11 +8,13 @@
 /// the ring (a communicator with `shift`: no rank holds more than its own rows and graph rows) or,
 /// otherwise, from the whole weight matrix gathered from the shards.
 
+#include <xsoftmax/detail/selection/scratch_active_set.hpp>
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 #include <xsoftmax/precision.hpp>
 #include <xsoftmax/selection/selection_types.hpp>
 
 #include <thrust/binary_search.h>
+#include <thrust/copy.h>
 #include <thrust/scan.h>
 
 #include <algorithm>
@@ -36,7 +38,7 @@ index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, c
     total += batch[static_cast<std::size_t>(q)];
   }
   // Offset this rank's ids before the gather: every rank receives global ids in rank order.
-  backend_vector<B, index_t> mine(own_sample.size());
+  scratch_buffer<B, index_t> mine(own_sample.size(), ex);
   const index_t* in = raw(own_sample);
   index_t* o = raw(mine);
   XSOFTMAX_PARALLEL_FOR(ex, static_cast<index_t>(mine.size()), i, { o[i] = in[i] + first; });
@@ -50,18 +52,18 @@ index_t gather_samples(const execution<B>& ex, const class_sharding<Comm>& sh, c
 /// (-1 where another rank holds the target).
 template <class B>
 struct local_active_set {
-  active_set_for<B> set;
-  backend_vector<B, index_t> target_pos;
+  scratch_active_set<B> set;
+  scratch_vector<B, index_t> target_pos;
 };
 
 /// Slices `set` (global classes; `pos`: each of `rows` rows' target position, from `locate_targets`)
 /// to the classes [begin, end), on the backend where it lives.
 template <class B, class Set>
-local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, const backend_vector<B, index_t>& pos,
+local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, const scratch_vector<B, index_t>& pos,
                                      index_t rows, index_t begin, index_t end) {
   local_active_set<B> out;
-  out.set.reset(set.layout);
-  out.target_pos.resize(static_cast<std::size_t>(rows));
+  out.set.layout = set.layout;
+  out.target_pos.resize(static_cast<std::size_t>(rows), ex);  // every row's written below
   const index_t* p = raw(pos);
   index_t* lp = raw(out.target_pos);
   if (set.layout == active_layout::shared) {  // ascending: the slice is one run [lo, hi)
@@ -70,14 +72,17 @@ local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, con
     const index_t hi = static_cast<index_t>(thrust::lower_bound(ex.policy(), set.classes.begin(), set.classes.end(), end) -
                                             set.classes.begin());
     const index_t n = hi - lo;
-    out.set.classes.resize(static_cast<std::size_t>(n));
+    out.set.classes.resize(static_cast<std::size_t>(n), ex);
     const index_t* c = thrust::raw_pointer_cast(set.classes.data());
     index_t* lc = raw(out.set.classes);
     XSOFTMAX_PARALLEL_FOR(ex, n, j, { lc[j] = c[lo + j] - begin; });
-    if (!set.negative_offset.empty())
-      out.set.negative_offset.assign(set.negative_offset.begin() + lo, set.negative_offset.begin() + hi);
-    if (!set.target_offset.empty())
-      out.set.target_offset.assign(set.target_offset.begin() + lo, set.target_offset.begin() + hi);
+    const auto slice = [&](const auto& from, scratch_vector<B, float>& to) {  // an offset vector's run [lo, hi)
+      if (from.empty()) return;
+      to.resize(static_cast<std::size_t>(n), ex);
+      thrust::copy(ex.policy(), from.begin() + lo, from.begin() + hi, to.begin());
+    };
+    slice(set.negative_offset, out.set.negative_offset);
+    slice(set.target_offset, out.set.target_offset);
     XSOFTMAX_PARALLEL_FOR(ex, rows, r, { lp[r] = p[r] >= lo && p[r] < hi ? p[r] - lo : -1; });
     return out;
   }
@@ -86,7 +91,7 @@ local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, con
   const index_t* off = thrust::raw_pointer_cast(set.offsets.data());
   const index_t* ids = thrust::raw_pointer_cast(set.ids.data());
   const float* eo = set.id_offset.empty() ? nullptr : thrust::raw_pointer_cast(set.id_offset.data());
-  out.set.offsets.resize(static_cast<std::size_t>(rows + 1));
+  out.set.offsets.resize(static_cast<std::size_t>(rows + 1), ex);
   index_t* loff = raw(out.set.offsets);
   XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
     index_t count = 0;
@@ -95,8 +100,8 @@ local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, con
   });
   thrust::exclusive_scan(ex.policy(), out.set.offsets.begin(), out.set.offsets.end(), out.set.offsets.begin());
   const index_t nnz = backend_ops<B>::read(ex.res, loff + rows);
-  out.set.ids.resize(static_cast<std::size_t>(nnz));
-  out.set.id_offset.resize(eo ? static_cast<std::size_t>(nnz) : 0);
+  out.set.ids.resize(static_cast<std::size_t>(nnz), ex);
+  out.set.id_offset.resize(eo ? static_cast<std::size_t>(nnz) : 0, ex);
   index_t* lids = raw(out.set.ids);
   float* leo = eo ? raw(out.set.id_offset) : nullptr;
   XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
@@ -202,7 +207,7 @@ knn_build_share graph_ring_share(const execution<B>& ex, const class_sharding<Co
       if (q == rank) mine.insert(mine.end(), own + (t - begin) * k, own + (t - begin) * k + used);
     }
     const index_t total = rows * used;
-    backend_vector<B, index_t> send(mine.size()), all(static_cast<std::size_t>(total));
+    scratch_buffer<B, index_t> send(mine.size(), ex), all(static_cast<std::size_t>(total), ex);
     backend_ops<B>::copy(ex.res, raw(send), mine.data(), static_cast<index_t>(mine.size()));
     all_gather_into(ex, sh.communicator(), raw(send), static_cast<index_t>(mine.size()), all, counts.data());
     std::vector<index_t> h(static_cast<std::size_t>(total)), at(static_cast<std::size_t>(size), 0);

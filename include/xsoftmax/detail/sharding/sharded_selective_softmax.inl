@@ -48,9 +48,9 @@ void selective_softmax<S, P, B, Sh>::run_sharded_into_(const char* where, matrix
   detail::scratch_vector<B, float> grad_all(grad_weights ? static_cast<std::size_t>(total * d) : 0, ex, 0.f);
 
   if (total > 0) {  // the same on every rank: every rank throws here alike, or none does
-    active_set_for<B> set;
+    auto set = detail::make_selection_set<S>(ex);  // working memory of the call when the selector takes it
     selector_.select(ex, request_(where, rows.all, batch_rows), set);
-    const backend_vector<B, index_t> pos = detail::locate_targets(ex, where, set, rows.all, num_classes());
+    const detail::scratch_vector<B, index_t> pos = detail::locate_targets(ex, where, set, rows.all, num_classes());
     const detail::local_active_set<B> local =
         detail::slice_active_set(ex, set, pos, total, class_begin(), class_begin() + local_classes());
     const auto w = matrix_view<const storage_type>(weights());
