@@ -15,6 +15,21 @@ namespace detail {
 /// Merges every rank's sorted top-k of a row (ranks x rows x k, best first, global class ids) into
 /// the row's top-k over all classes: the j-th pick is the best candidate ranked after the (j-1)-th
 /// by (score desc, class asc), a strict order, so ties resolve as on one rank.
+/// Slot (r, e) of a rank's k candidates a row: its e-th best of its local_k (score -inf and class -1
+/// past them), as the merge reads them.
+struct pad_ranked_candidates {
+  const float* score;   // rows x local_k
+  const index_t* index;
+  index_t local_k, k;
+  float* out_score;     // rows x k
+  index_t* out_index;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    const index_t r = i / k, e = i % k;
+    out_score[i] = e < local_k ? score[r * local_k + e] : -INFINITY;
+    out_index[i] = e < local_k ? index[r * local_k + e] : -1;
+  }
+};
+
 struct merge_ranked_topk {
   const float* score;
   const index_t* index;
@@ -165,17 +180,9 @@ void full_softmax<P, B, S>::topk_gathered_(detail::sharded_rows<B>& rows, index_
   detail::scratch_buffer<B, float> send_s(static_cast<std::size_t>(per_rank), ex),
       cand_s(static_cast<std::size_t>(ranks * per_rank), ex);
   detail::scratch_buffer<B, index_t> send_c(send_s.size(), ex), cand_c(cand_s.size(), ex);
-  {
-    const float* bs = detail::raw(best.score);
-    const index_t* bi = detail::raw(best.index);
-    float* ss = send_s.data();
-    index_t* sc = send_c.data();
-    XSOFTMAX_PARALLEL_FOR(ex, per_rank, i, {
-      const index_t r = i / k, e = i % k;
-      ss[i] = e < local_k ? bs[r * local_k + e] : -INFINITY;
-      sc[i] = e < local_k ? bi[r * local_k + e] : -1;
-    });
-  }
+  detail::parallel_for(ex, per_rank,
+                       detail::pad_ranked_candidates{detail::raw(best.score), detail::raw(best.index), local_k, k,
+                                                     send_s.data(), send_c.data()});
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_s), per_rank, cand_s, counts.data());
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_c), per_rank, cand_c, counts.data());
   detail::parallel_for(ex, own_rows,
