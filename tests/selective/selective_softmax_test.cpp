@@ -6,6 +6,7 @@
 
 #include "selective/selection_support.hpp"
 
+#include <xsoftmax/detail/selection/scratch_active_set.hpp>
 #include <xsoftmax/full_softmax.hpp>
 #include <xsoftmax/selection/explicit_candidates.hpp>
 #include <xsoftmax/selective_softmax.hpp>
@@ -14,6 +15,7 @@
 
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -271,4 +273,51 @@ TEST_CASE("selective_softmax: malformed candidates raise typed errors naming the
   CHECK_THROWS_AS((void)explicit_candidates::all_classes(0), xsoftmax::invalid_argument);
   // Nothing was changed by the failed calls.
   CHECK(bitwise_equal(before, p.w));
+}
+
+namespace {
+/// A selector written against the documented concept with the concrete set type (and no
+/// `fills_scratch_sets`): a head hands it an `active_set_for<Backend>`, not its scratch set.
+struct concrete_set_selector {
+  explicit_candidates inner;
+  template <class Ex, class T>
+  void select(const Ex& ex, const xsoftmax::selection_request<T>& req,
+              xsoftmax::active_set_for<typename Ex::backend>& out) const {
+    inner.select(ex, req, out);
+  }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE("selective_softmax: a selector without fills_scratch_sets gets an active_set_for<B>, same outputs", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  static_assert(!xsoftmax::detail::selector_fills_scratch_sets<concrete_set_selector>);
+  static_assert(xsoftmax::detail::selector_fills_scratch_sets<explicit_candidates>);
+  static_assert(std::is_same_v<xsoftmax::detail::selection_set_for<concrete_set_selector, B>, xsoftmax::active_set_for<B>>);
+  static_assert(std::is_same_v<xsoftmax::detail::selection_set_for<explicit_candidates, B>,
+                               xsoftmax::detail::scratch_active_set<B>>);
+  test_rng rng(107);
+  const index_t n = 41, d = 6, batch = 9;
+  problem p = make_problem(rng, n, n, d, batch, true, 0.2);
+  p.targets[2] = -100;
+  const auto hb = make_hidden<float>(p.h, batch, d);
+  std::vector<index_t> offsets{0}, ids;
+  for (index_t r = 0; r < batch; ++r) {
+    for (index_t j = 0; j < 4; ++j) ids.push_back((r * 5 + j * 9) % n);
+    offsets.push_back(static_cast<index_t>(ids.size()));
+  }
+  for (bool per_sample : {false, true}) {
+    explicit_candidates s;
+    if (per_sample) s.set_per_sample(offsets, ids);
+    else s.set_shared({1, 4, 9, 16, 25, 36});
+    const auto mine = view_head<B>(p, s);
+    const xsoftmax::selective_softmax<concrete_set_selector, xsoftmax::fp32, B> theirs(
+        concrete_set_selector{s}, mview(p.w, n, d), p.b.data());
+    for (reduction r : all_reductions) {
+      loss_options opt;
+      opt.reduce = r;
+      INFO("per sample ", per_sample, ", reduction ", reduction_name(r));
+      CHECK(same_outputs_across(run_forward_backward(mine, hb, p.targets, opt),
+                                run_forward_backward(theirs, hb, p.targets, opt)));
+    }
+  }
 }
