@@ -256,7 +256,7 @@ check_binaries() {
 quick_bench() {
   local bench=$1 head
   # (--filter matches substrings: hs_uniform3_1m runs hs_uniform3_1m_per_run too)
-  for head in ${BENCH_HEADS:-full_bf16_256k full_bf16_1m hs_uniform2_1m hs_uniform3_1m hs_huffman_sigmoid_1m}; do
+  for head in ${BENCH_HEADS:-full_bf16_256k full_bf16_1m hs_uniform2_1m hs_uniform3_1m hs_huffman_sigmoid_1m knn_1m sampled_1m}; do
     # shellcheck disable=SC2086  # $BENCH_ARGS: more options
     local rc=0
     timeout "${BENCH_HEAD_LIMIT:-25}" "$bench" --quick --filter "$head" ${BENCH_ARGS:-} > "$out/bench_head.txt" 2>&1 ||

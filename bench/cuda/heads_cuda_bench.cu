@@ -12,6 +12,7 @@
 //   heads_cuda_bench --filter hs_uniform --train-steps 300 [--train-lr 1]   then 300 SGD steps on
 //                               the head's inputs and the forward and top-10 again, with the HS
 //                               search's expansions a row before and after (issue 26, target 4)
+//   heads_cuda_bench --filter knn_1m   (or sampled_1m) the selective heads at 1M classes
 //   heads_cuda_bench --filter hs_scale [--scale-n 100000000]   one HS and one KNN softmax training
 //                               step at scale (the KNN softmax on a given random graph, K = 10)
 //   heads_cuda_bench --sweep bench/heads_tree_shapes_gpu.json [--sweep-n 1000000,10000000]
@@ -441,6 +442,22 @@ int main(int argc, char** argv) {
   if (!sweep_path.empty()) return run_sweep(sweep_path, sweep_sizes, reps_option > 0 ? reps_option : 3);
   const auto want = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
 
+  // Uniformly random neighbour lists (K a class) for a KNN softmax over n classes of width dim: the
+  // worst case for the active set (a trained graph's neighbourhoods of frequent targets overlap).
+  // Filled by 16 threads from the library's counter-based mixer (a second on 1e9 ids).
+  const auto random_graph = [](index_t n, index_t dim, index_t k) {
+    std::vector<index_t> ids(static_cast<std::size_t>(n * k));
+    std::vector<std::thread> fill;
+    const std::size_t parts = 16, size = ids.size();
+    for (std::size_t p = 0; p < parts; ++p)
+      fill.emplace_back([&, p] {
+        for (std::size_t i = size * p / parts; i < size * (p + 1) / parts; ++i)
+          ids[i] = static_cast<index_t>(xs::detail::mix_seed(i) % static_cast<std::uint64_t>(n));
+      });
+    for (auto& t : fill) t.join();
+    return xs::knn_graph::from_lists(n, dim, k, std::move(ids));
+  };
+
   using full = xs::full_softmax<xs::bf16, xs::cuda>;
   // A full softmax head once per (row block, chunk) of --row-blocks and --chunks; the name says
   // which when either list is not just {0}.
@@ -494,6 +511,29 @@ int main(int argc, char** argv) {
     xs::hierarchical_softmax<R, xs::bf16, xs::cuda, xs::sigmoid_nodes> head(tree, 300);
     run_head("hs_huffman_sigmoid_1m", head, quick ? 1024 : 8192, n, true, reps, base, xs::search_options{64});
   }
+  // The selective heads at 1M classes, d = 512: the KNN softmax (a given random graph, K = 10) and
+  // sampled softmax (8,192 log-uniform negatives). Their steps' per-call buffers and active set are
+  // scratch since stop 48 (were 7 and 11 device vectors a step): the quick sizes show the fixed
+  // host-side cost a step.
+  if (want("knn_1m")) {
+    const index_t n = quick ? 100000 : 1000000, k = 10;
+    xs::knn_options options;
+    options.graph.k = k;
+    options.rebuild_every = 0;
+    const std::size_t base = used_bytes();
+    xs::selective_softmax<xs::knn_selector, xs::bf16, xs::cuda> head(xs::knn_selector(random_graph(n, 512, k), options),
+                                                                      n, 512);
+    run_head("knn_1m", head, quick ? 1024 : 8192, n, true, reps, base);
+  }
+  if (want("sampled_1m")) {
+    const index_t n = quick ? 100000 : 1000000;
+    xs::sampling_options options;
+    options.num_sampled = 8192;
+    const std::size_t base = used_bytes();
+    xs::selective_softmax<xs::sampled_negatives, xs::bf16, xs::cuda> head(
+        xs::sampled_negatives::log_uniform(n, options), n, 512);
+    run_head("sampled_1m", head, quick ? 1024 : 8192, n, true, reps, base);
+  }
   // 10M classes, two levels of ~3163 (the seed question's setting), d = 300.
   if (!quick && want("hs_uniform2_10m")) {
     using T = xs::uniform_tree<2, 3163>;
@@ -528,22 +568,10 @@ int main(int argc, char** argv) {
     try {
       const index_t k = 10;
       const auto t_graph = std::chrono::steady_clock::now();
-      std::vector<index_t> ids(static_cast<std::size_t>(n * k));
-      {
-        // Filled by 16 threads from the library's counter-based mixer (a second on 1e9 ids).
-        std::vector<std::thread> fill;
-        const std::size_t parts = 16, size = ids.size();
-        for (std::size_t p = 0; p < parts; ++p)
-          fill.emplace_back([&, p] {
-            for (std::size_t i = size * p / parts; i < size * (p + 1) / parts; ++i)
-              ids[i] = static_cast<index_t>(xs::detail::mix_seed(i) % static_cast<std::uint64_t>(n));
-          });
-        for (auto& t : fill) t.join();
-      }
       xs::knn_options options;
       options.graph.k = k;
       options.rebuild_every = 0;
-      xs::knn_selector selector(xs::knn_graph::from_lists(n, 512, k, std::move(ids)), options);
+      xs::knn_selector selector(random_graph(n, 512, k), options);
       std::printf("knn_scale: N = %lld, K = %lld random neighbours, graph made on the host in %.1f s\n",
                   static_cast<long long>(n), static_cast<long long>(k),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t_graph).count());
