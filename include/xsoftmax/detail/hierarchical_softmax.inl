@@ -143,9 +143,8 @@ void hierarchical_softmax<Tree, P, B, F>::run_into_(const char* where, matrix_vi
   if (want_grad) {
     gradient_type& g = *grad_weights;
     g.dim = d;
-    const std::vector<index_t> ids = detail::gradient_row_ids(plan, sigmoid_form);
-    g.rows.resize(ids.size());
-    detail::backend_ops<B>::copy(resources_, detail::raw(g.rows), ids.data(), static_cast<index_t>(ids.size()));
+    g.rows.resize(static_cast<std::size_t>(plan.grad_rows));
+    detail::write_gradient_row_ids(ex, plan, sigmoid_form, detail::raw(g.rows));
     g.values.resize(static_cast<std::size_t>(plan.grad_rows * d));
     g.bias_values.resize(has_bias() ? static_cast<std::size_t>(plan.grad_rows) : 0);
   }

@@ -418,6 +418,13 @@ void plan_host_runs(const execution<B>& ex, const index_t* key, const index_t* b
       [=](index_t e) { return block_size[e]; });
 }
 
+/// out[3 i + 0, 1, 2] = a[i], b[i], c[i].
+struct interleave3 {
+  const index_t *a, *b, *c;
+  index_t* out;
+  XSOFTMAX_HD void operator()(index_t i) const { out[3 * i] = a[i], out[3 * i + 1] = b[i], out[3 * i + 2] = c[i]; }
+};
+
 /// `plan_runs`'s run list by one `reduce_by_key` over every level's entries (keys never repeat across
 /// a level boundary, see `all_level_steps_of`): the runs' keys, row counts and block sizes come back
 /// to the host, which lays them out. The device form, and the host form's oracle.
@@ -435,26 +442,29 @@ void plan_runs_by_reduce(const execution<B>& ex, const index_t* key, const index
       thrust::make_zip_iterator(thrust::make_tuple(thrust::constant_iterator<index_t>(1), block_size)), run_key,
       thrust::make_zip_iterator(thrust::make_tuple(run_count, run_size)), thrust::equal_to<index_t>(), count_and_size{});
   const index_t runs = static_cast<index_t>(ends.first - run_key);
-  const std::unique_ptr<index_t[]> keys(new index_t[static_cast<std::size_t>(runs)]),
-      counts(new index_t[static_cast<std::size_t>(runs)]), sizes(new index_t[static_cast<std::size_t>(runs)]);
-  using ops = typename execution<B>::ops;
-  ops::copy(ex.res, keys.get(), run_key, runs);
-  ops::copy(ex.res, counts.get(), run_count, runs);
-  ops::copy(ex.res, sizes.get(), run_size, runs);
+  // The three lists side by side (key, count, size a run), then one copy to the host: one wait for
+  // the stream where three copies waited three times.
+  scratch_buffer<B, index_t> packed(3 * static_cast<std::size_t>(runs), ex);
+  parallel_for(ex, runs, interleave3{run_key, run_count, run_size, packed.data()});
+  const std::unique_ptr<index_t[]> host(new index_t[3 * static_cast<std::size_t>(runs)]);
+  execution<B>::ops::copy(ex.res, host.get(), packed.data(), 3 * runs);
+  const auto keys = [&](index_t i) { return host[static_cast<std::size_t>(3 * i)]; };
+  const auto counts = [&](index_t i) { return host[static_cast<std::size_t>(3 * i + 1)]; };
+  const auto sizes = [&](index_t i) { return host[static_cast<std::size_t>(3 * i + 2)]; };
   // position: entry of the run's first row (level-major); level l's entries start at level_begin.
   // Tracked, not divided out: a 64-bit division per run was 2 % of a serial binary-Huffman step.
   index_t position = 0, scratch = 0, level_begin = 0;
   int l = 0;
   plan.runs.reserve(static_cast<std::size_t>(runs));
   for (index_t i = 0; i < runs; ++i) {
-    if (keys[i] >= 0) {
+    if (keys(i) >= 0) {
       const index_t begin = position - level_begin;
-      node_run run{l, begin, begin + counts[i], keys[i], sizes[i], plan.grad_rows, scratch};
-      scratch += counts[i] * gather_width(run);
+      node_run run{l, begin, begin + counts(i), keys(i), sizes(i), plan.grad_rows, scratch};
+      scratch += counts(i) * gather_width(run);
       plan.runs.push_back(run);
-      plan.grad_rows += sigmoid ? 1 : sizes[i];
+      plan.grad_rows += sigmoid ? 1 : sizes(i);
     }
-    position += counts[i];
+    position += counts(i);
     if (position == level_begin + rows) {  // level l ends here (no run spans two): offsets restart
       level_begin = position;
       ++l;
@@ -524,15 +534,37 @@ run_plan plan_runs(const execution<B>& ex, const View& tv, const index_t* target
   return plan_runs(ex, tv, target, rows, levels, sigmoid, gather_width, raw(children));
 }
 
-/// The sparse gradient's row ids of `plan`: each run's child rows (its node's row for sigmoid nodes).
-inline std::vector<index_t> gradient_row_ids(const run_plan& plan, bool sigmoid) {
-  std::vector<index_t> ids(static_cast<std::size_t>(plan.grad_rows));
-  for (const node_run& run : plan.runs) {
-    if (sigmoid) ids[run.grad_offset] = run.block_begin / 2;
-    else
-      for (index_t j = 0; j < run.block_size; ++j) ids[run.grad_offset + j] = run.block_begin + j;
+/// The sparse gradient's row ids of `plan` into `out` (plan.grad_rows entries, the execution's
+/// memory): each run's child rows (its node's row for sigmoid nodes) from its grad_offset on. Written
+/// where they live, a task per run, from the runs' (first id, offset, count): one copy of three
+/// values a run. Why: they were laid out on the host and copied whole -- on a GPU, 8.4 MB for the
+/// 1M-class two-level tree's 1.05M gradient rows, from pageable memory (at ~10-25 GB/s, 0.3-0.8 ms
+/// of the H200's 7.6 ms step, plus the host's 0.3-0.5 ms writing them; bench/RESULTS.md), against
+/// 25 KB of run descriptors.
+struct run_row_ids {
+  const index_t* run;  // 3 a run: first id, gradient offset, count
+  index_t* out;
+  XSOFTMAX_HD void operator()(index_t r) const {
+    const index_t first = run[3 * r], offset = run[3 * r + 1], count = run[3 * r + 2];
+    for (index_t j = 0; j < count; ++j) out[offset + j] = first + j;
   }
-  return ids;
+};
+
+template <class B>
+void write_gradient_row_ids(const execution<B>& ex, const run_plan& plan, bool sigmoid, index_t* out) {
+  const index_t runs = static_cast<index_t>(plan.runs.size());
+  if (runs == 0) return;
+  std::vector<index_t> host(3 * static_cast<std::size_t>(runs));
+  for (index_t r = 0; r < runs; ++r) {
+    const node_run& run = plan.runs[static_cast<std::size_t>(r)];
+    index_t* q = host.data() + 3 * r;
+    q[0] = sigmoid ? run.block_begin / 2 : run.block_begin;
+    q[1] = run.grad_offset;
+    q[2] = sigmoid ? 1 : run.block_size;
+  }
+  scratch_buffer<B, index_t> described(host.size(), ex);
+  execution<B>::ops::copy(ex.res, described.data(), host.data(), 3 * runs);
+  parallel_for(ex, runs, run_row_ids{described.data(), out});
 }
 
 }  // namespace xsoftmax::detail
