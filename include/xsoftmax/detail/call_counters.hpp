@@ -12,8 +12,10 @@
 ///  * `vectors`: backend vectors allocated (host backends: `counted_allocator`): outside a head's
 ///    constructor and the first sizing of a gradient, each is a temporary that should be scratch;
 ///  * `host_reads`: values brought back to the host before the verb returns: `backend_ops::read`
-///    and `copy`, and the value-returning Thrust algorithms of the input checks and the packing of
-///    rows (`find_if` of a non-finite value or a bad target, `copy_if`'s count of kept rows);
+///    and `copy`, and every value-returning Thrust algorithm a verb runs (on a device each waits for
+///    the stream): `find_if` (a non-finite value, a bad target, an active set's checks), the counts
+///    of `copy_if`, `remove_if`, `unique` and `reduce_by_key`, `transform_reduce`, `max_element`, a
+///    scalar `lower_bound`;
 ///  * `synchronizations`: `backend_ops::synchronize` (waits for the queued work);
 ///  * `loops`: parallel loops launched (`parallel_for`, `XSOFTMAX_PARALLEL_FOR`): kernels on a device.
 /// Thread-local: the counts of the thread that calls the verb (a host backend's worker threads'

@@ -216,7 +216,8 @@ void selective_softmax<S, P, B, Sh>::run_into_(const char* where, matrix_view<co
   if (rows > 0) {
     auto set = detail::make_selection_set<S>(ex);  // working memory of the call when the selector takes it
     selector_.select(ex, request_(where, batch, hidden.rows), set);
-    const detail::scratch_vector<B, index_t> pos = detail::locate_targets(ex, where, set, batch, num_classes());
+    const detail::scratch_vector<B, index_t> pos =
+        detail::locate_targets(ex, where, set, batch, num_classes(), !detail::selector_sets_valid<S>);
     const auto w = matrix_view<const storage_type>(weights());
     const float* up = grad_weights ? detail::raw(upstream) : nullptr;
     if (set.layout == active_layout::shared) {

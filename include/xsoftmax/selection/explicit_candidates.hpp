@@ -59,6 +59,9 @@ class explicit_candidates {
   /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
   /// working memory of the call: detail/selection/scratch_active_set.hpp).
   static constexpr bool fills_scratch_sets = true;
+  /// Its sets meet the active-set contract by construction (a step finds the targets in them without
+  /// checking them: detail/selection/scratch_active_set.hpp).
+  static constexpr bool sets_valid_by_construction = true;
   /// No candidates: the shared active set holds the batch's targets only.
   explicit_candidates() = default;
 

@@ -63,6 +63,9 @@ class feature_query_selector {
   /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
   /// working memory of the call: detail/selection/scratch_active_set.hpp).
   static constexpr bool fills_scratch_sets = true;
+  /// Its sets meet the active-set contract by construction (a step finds the targets in them without
+  /// checking them: detail/selection/scratch_active_set.hpp).
+  static constexpr bool sets_valid_by_construction = true;
 
   /// Exact top-K.
   explicit feature_query_selector(index_t k) : k_(k) {

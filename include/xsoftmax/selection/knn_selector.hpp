@@ -63,6 +63,9 @@ class knn_selector {
   /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
   /// working memory of the call: detail/selection/scratch_active_set.hpp).
   static constexpr bool fills_scratch_sets = true;
+  /// Its sets meet the active-set contract by construction (a step finds the targets in them without
+  /// checking them: detail/selection/scratch_active_set.hpp).
+  static constexpr bool sets_valid_by_construction = true;
   /// Throws `invalid_argument` naming the value when an option is out of range (see
   /// `knn_graph_builder`; neighbors_used < 0, rebuild_every < 0).
   explicit knn_selector(knn_options options = {}) : options_(options), builder_(options.graph) {

@@ -78,6 +78,9 @@ class sampled_negatives {
   /// `select` fills any active-set type with `basic_active_set`'s fields (a training step's set is
   /// working memory of the call: detail/selection/scratch_active_set.hpp).
   static constexpr bool fills_scratch_sets = true;
+  /// Its sets meet the active-set contract by construction (a step finds the targets in them without
+  /// checking them: detail/selection/scratch_active_set.hpp).
+  static constexpr bool sets_valid_by_construction = true;
   /// Uniform over N classes. Throws `invalid_argument` unless N >= 1 and 1 <= num_sampled <= N.
   [[nodiscard]] static sampled_negatives uniform(index_t num_classes, sampling_options options = {}) {
     return sampled_negatives(detail::sampler_kind::uniform, num_classes, {}, options, "sampled_negatives::uniform");

@@ -24,7 +24,11 @@
 /// A selector whose `select` is generic in the set type and uses on the set only `reset` and, on its
 /// vectors, `resize`, `size`, `empty`, `begin`, `end` and `data`, declares `static constexpr bool
 /// fills_scratch_sets = true;`: a head's training step then hands it a set of working memory of the
-/// call (scratch vectors, no allocation per step) instead of an `active_set_for<Backend>`.
+/// call (scratch vectors, no allocation per step) instead of an `active_set_for<Backend>`. One whose
+/// sets meet the contract below by construction declares `static constexpr bool
+/// sets_valid_by_construction = true;`: a training step then finds each row's target in the set
+/// without checking the set first (two values read back a step; five per sample). The library's
+/// selectors declare both.
 ///
 /// A selector whose `select` reads `request.weights` declares `static constexpr bool scores_weights =
 /// true;` (a class-sharded head, which holds only a slice of the weights, then rejects it).

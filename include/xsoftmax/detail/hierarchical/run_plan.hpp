@@ -326,6 +326,7 @@ template <class B, class View>
 int planned_levels(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth) {
   if (rows == 0) return 0;
   const thrust::counting_iterator<index_t> first(0);
+  count_host_read();  // the deepest path decides the levels
   const index_t deepest = with_light_policy(ex, rows, [&](auto policy) {
     return thrust::transform_reduce(policy, first, first + rows, path_depth_of<View>{tv, target}, index_t(0),
                                     thrust::maximum<index_t>());
@@ -436,7 +437,9 @@ void plan_runs_by_reduce(const execution<B>& ex, const index_t* key, const index
   const std::size_t n = static_cast<std::size_t>(entries);
   scratch_buffer<B, index_t> run_key_buf(n, ex), run_count_buf(n, ex), run_size_buf(n, ex);
   index_t *run_key = run_key_buf.data(), *run_count = run_count_buf.data(), *run_size = run_size_buf.data();
-  // One pass: each run's row count and block size (equal within a run: their maximum).
+  // One pass: each run's row count and block size (equal within a run: their maximum). The number of
+  // runs comes back to the host.
+  count_host_read();
   const auto ends = thrust::reduce_by_key(
       policy, key, key + entries,
       thrust::make_zip_iterator(thrust::make_tuple(thrust::constant_iterator<index_t>(1), block_size)), run_key,

@@ -274,6 +274,7 @@ void tree_topk(const execution<B>& ex, const View& tv, matrix_view<const float> 
         else
           parallel_for(ex, (n + G - 1) / G, step_of(std::integral_constant<index_t, G>{}));
       }
+      count_host_read();  // whether any row's open list overflowed
       outgrown = *thrust::max_element(ex.policy(), overflow.begin(), overflow.begin() + n) != 0;
     }
     if (!outgrown) return;

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <vector>
 
 namespace xsoftmax::detail {
 
@@ -286,6 +287,30 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
   }
 }
 
+/// out[2 c], out[2 c + 1] = column[c chunk], column[min((c + 1) chunk, n) - 1].
+struct chunk_end_columns {
+  const index_t* column;
+  index_t n, chunk;
+  index_t* out;
+  XSOFTMAX_HD void operator()(index_t c) const {
+    const index_t first = c * chunk, last = first + chunk < n ? first + chunk - 1 : n - 1;
+    out[2 * c] = column[first], out[2 * c + 1] = column[last];
+  }
+};
+
+/// Every chunk's first and last id of `column` (n ids in the execution's memory), on the host: one
+/// copy back.
+template <class Ex>
+std::vector<index_t> chunk_first_and_last(const Ex& ex, const index_t* column, index_t n, index_t chunk,
+                                          index_t chunks) {
+  using backend = typename Ex::backend;
+  scratch_buffer<backend, index_t> ends(2 * static_cast<std::size_t>(chunks), ex);
+  parallel_for(ex, chunks, chunk_end_columns{column, n, chunk, ends.data()});
+  std::vector<index_t> host(ends.size());
+  Ex::ops::copy(ex.res, host.data(), ends.data(), static_cast<index_t>(host.size()));
+  return host;
+}
+
 template <bool Tuned, class Ex, class T>
 void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, const dense_softmax_args& a,
                         float* memory) {
@@ -340,16 +365,21 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   // weight rows used, for the backward GEMMs. Without `s` (a kept chunk in pass 2) only those rows
   // (and, with a margin, their inverse norms) are produced, exactly as when scoring.
   const index_t* col = a.columns;
+  // Gathered columns on the generic path: every chunk's first and last column id, read back once for
+  // both passes (a contiguous block of rows is read in place: the columns are strictly ascending, so
+  // a chunk is contiguous when its last id is its first + cn - 1). Were two reads a chunk a pass.
+  const index_t chunk_count = chunk > 0 ? (a.n + chunk - 1) / chunk : 0;  // (an empty sharded block: none)
+  const std::vector<index_t> chunk_ends =
+      tg || !col ? std::vector<index_t>() : chunk_first_and_last(ex, col, a.n, chunk, chunk_count);
   auto score_chunk = [&](index_t c0, index_t cn, float* s) {
     matrix_view<const float> wf;
-    // A contiguous block of rows is read in place (the columns are strictly ascending, so the chunk is
-    // contiguous when its last id is its first + cn - 1).
-    const index_t first_row = tg || !col ? a.first + c0 : execution_type::ops::read(ex.res, col + c0);
+    const std::size_t k = 2 * static_cast<std::size_t>(c0 / chunk);
+    const index_t first_row = tg || !col ? a.first + c0 : chunk_ends[k];
     if (tg) {  // the tuned kernels read (or gather) the weight rows themselves: `wf` stays empty
       if constexpr (has_tuned) {
         if (s) tg->scores(w, bias, c0, cn, s);
       }
-    } else if (!col || execution_type::ops::read(ex.res, col + c0 + cn - 1) - first_row == cn - 1) {
+    } else if (!col || chunk_ends[k + 1] - first_row == cn - 1) {
       wf = s ? dense_scores(ex, hv, w, bias, first_row, cn, s, cn, scratch)
              : rows_as_float(ex, w, first_row, cn, scratch);
     } else {  // gather the chunk's rows (widened to fp32) into one block
@@ -417,7 +447,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   // and each extra pass would be a kernel launch per chunk, never measured on a GPU.
   const bool exp_form = !runs_on_device<execution_type> && !tg && a.upstream && a.plain_loss() && !margin &&
                         rows >= 64 && a.n >= 4 * d;
-  const index_t chunks = (a.n + chunk - 1) / chunk;
+  const index_t chunks = chunk_count;
   fvector shifts = floats(exp_form ? static_cast<std::size_t>(rows * chunks) : 0);
   auto chunk_shift = [&](index_t c0) { return raw(shifts) + rows * (c0 / chunk); };
 

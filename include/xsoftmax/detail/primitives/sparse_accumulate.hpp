@@ -40,6 +40,7 @@ void sparse_accumulate(const Ex& ex_in, const index_t* keys, index_t n, const fl
   thrust::stable_sort_by_key(ex.policy(), sorted.begin(), sorted.end(), order.begin());
   const index_t* sk = raw(sorted);
   const thrust::counting_iterator<index_t> first(0);
+  count_host_read();  // the number of keys sizes the outputs
   const index_t runs =
       static_cast<index_t>(thrust::copy_if(ex.policy(), first, first + n, run_start.begin(), run_start_at{sk}) -
                            run_start.begin());

@@ -72,9 +72,12 @@ struct negative_position {
 
 /// Checks `set` against the packed batch and N; returns, per packed row, the position of its target
 /// in the execution's memory: an index into `set.classes` (shared) or into `set.ids` (per sample).
+/// `check` false: a set valid by construction (`selector_sets_valid`), whose positions are found
+/// without the checks' read-backs (two a step, five per sample); the vector sizes are still checked.
 template <class Backend, class Set>
 scratch_vector<Backend, index_t> locate_targets(const execution<Backend>& ex, const char* where, const Set& set,
-                                                const batch_rows<Backend>& batch, index_t num_classes) {
+                                                const batch_rows<Backend>& batch, index_t num_classes,
+                                                bool check = true) {
   using ops = backend_ops<Backend>;
   const index_t rows = batch.rows;
   const thrust::counting_iterator<index_t> first(0);
@@ -93,6 +96,11 @@ scratch_vector<Backend, index_t> locate_targets(const execution<Backend>& ex, co
     expects<shape_error>(set.target_offset.empty() || static_cast<index_t>(set.target_offset.size()) == n, where,
                          ": active set has ", set.target_offset.size(), " target offsets for ", n, " classes");
     const index_t* u = thrust::raw_pointer_cast(set.classes.data());
+    if (!check) {
+      if (rows > 0) thrust::lower_bound(ex.policy(), u, u + n, target, target + rows, p);
+      return pos;
+    }
+    count_host_read();
     const index_t j = *thrust::find_if(ex.policy(), first, first + n, misplaced_class{u, num_classes});
     if (j < n) {
       const index_t c = ops::read(ex.res, u + j);
@@ -102,6 +110,7 @@ scratch_vector<Backend, index_t> locate_targets(const execution<Backend>& ex, co
               ops::read(ex.res, u + j - 1), " then ", c, ")");
     }
     if (rows > 0) thrust::lower_bound(ex.policy(), u, u + n, target, target + rows, p);
+    count_host_read();
     const index_t r = *thrust::find_if(ex.policy(), first, first + rows, target_not_found{u, n, p, target});
     if (r < rows) report_missing(r);
     return pos;
@@ -113,11 +122,17 @@ scratch_vector<Backend, index_t> locate_targets(const execution<Backend>& ex, co
                        ": active set has ", set.id_offset.size(), " logit offsets for ", nnz, " entries");
   const index_t* off = thrust::raw_pointer_cast(set.offsets.data());
   const index_t* ids = thrust::raw_pointer_cast(set.ids.data());
+  if (!check) {
+    parallel_for(ex, rows, first_target_entry{off, ids, target, p});
+    return pos;
+  }
   const index_t off_first = ops::read(ex.res, off), off_last = ops::read(ex.res, off + rows);
   expects(off_first == 0 && off_last == nnz, where, ": per-sample offsets run from ", off_first, " to ", off_last,
           ", expected 0 to ", nnz);
+  count_host_read();
   const index_t bad_row = *thrust::find_if(ex.policy(), first, first + rows, decreasing_offset{off});
   expects(bad_row == rows, where, ": per-sample offsets decrease at row ", bad_row);
+  count_host_read();
   const index_t e = *thrust::find_if(ex.policy(), first, first + nnz, entry_out_of_range{ids, num_classes});
   if (e < nnz) {
     const thrust::host_vector<index_t> host_off(set.offsets.begin(), set.offsets.end());
@@ -126,6 +141,7 @@ scratch_vector<Backend, index_t> locate_targets(const execution<Backend>& ex, co
                           " is out of range [0, ", num_classes, ")");
   }
   parallel_for(ex, rows, first_target_entry{off, ids, target, p});
+  count_host_read();
   const index_t r = *thrust::find_if(ex.policy(), first, first + rows, negative_position{p});
   if (r < rows) report_missing(r);
   return pos;

@@ -26,8 +26,10 @@ struct is_empty_slot {
 /// Sorts `classes` ascending, drops duplicates and empty slots (negative ids), and shrinks it.
 template <class Backend, class Vector>
 void sort_unique(const execution<Backend>& ex, Vector& classes) {
+  count_host_read();  // the kept count, then the unique count (each an iterator the host needs)
   auto end = thrust::remove_if(ex.policy(), classes.begin(), classes.end(), is_empty_slot{});
   thrust::sort(ex.policy(), classes.begin(), end);
+  count_host_read();
   end = thrust::unique(ex.policy(), classes.begin(), end);
   classes.resize(static_cast<std::size_t>(end - classes.begin()));
 }
@@ -38,12 +40,14 @@ void sort_unique(const execution<Backend>& ex, Vector& classes) {
 template <class Backend, class IndexVector, class Set>
 void sorted_rows(const execution<Backend>& ex, index_t rows, IndexVector& row_of, IndexVector& ids, Set& out) {
   auto pairs = thrust::make_zip_iterator(thrust::make_tuple(row_of.begin(), ids.begin()));
+  count_host_read();  // the kept count, then the unique count
   const auto kept_end = thrust::remove_if(ex.policy(), pairs, pairs + static_cast<index_t>(ids.size()),
                                           ids.begin(), is_empty_slot{});
   const index_t kept = static_cast<index_t>(kept_end - pairs);
   // (row, id) order from two stable sorts: by id, then by row.
   thrust::stable_sort_by_key(ex.policy(), ids.begin(), ids.begin() + kept, row_of.begin());
   thrust::stable_sort_by_key(ex.policy(), row_of.begin(), row_of.begin() + kept, ids.begin());
+  count_host_read();
   const index_t unique = static_cast<index_t>(thrust::unique(ex.policy(), pairs, pairs + kept) - pairs);
   out.offsets.resize(static_cast<std::size_t>(rows + 1));
   const thrust::counting_iterator<index_t> first(0);

@@ -54,6 +54,16 @@ template <class Selector>
 inline constexpr bool selector_fills_scratch_sets<Selector, std::void_t<decltype(Selector::fills_scratch_sets)>> =
     Selector::fills_scratch_sets;
 
+/// Whether `Selector::sets_valid_by_construction` is true (false when absent): its sets meet the
+/// active-set contract by construction (classes in range, ascending where shared, offsets from 0 to
+/// the entries, every row's target present), so a training step finds the targets' positions
+/// without checking the set (`locate_targets`' `check`). `selective_softmax::select` checks always.
+template <class Selector, class = void>
+inline constexpr bool selector_sets_valid = false;
+template <class Selector>
+inline constexpr bool selector_sets_valid<Selector, std::void_t<decltype(Selector::sets_valid_by_construction)>> =
+    Selector::sets_valid_by_construction;
+
 /// The set a head's training step hands `Selector` on backend B.
 template <class Selector, class B>
 using selection_set_for =

@@ -67,6 +67,7 @@ local_active_set<B> slice_active_set(const execution<B>& ex, const Set& set, con
   const index_t* p = raw(pos);
   index_t* lp = raw(out.target_pos);
   if (set.layout == active_layout::shared) {  // ascending: the slice is one run [lo, hi)
+    count_host_read(), count_host_read();  // lo and hi
     const index_t lo = static_cast<index_t>(thrust::lower_bound(ex.policy(), set.classes.begin(), set.classes.end(), begin) -
                                             set.classes.begin());
     const index_t hi = static_cast<index_t>(thrust::lower_bound(ex.policy(), set.classes.begin(), set.classes.end(), end) -

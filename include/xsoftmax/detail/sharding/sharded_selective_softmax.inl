@@ -50,7 +50,8 @@ void selective_softmax<S, P, B, Sh>::run_sharded_into_(const char* where, matrix
   if (total > 0) {  // the same on every rank: every rank throws here alike, or none does
     auto set = detail::make_selection_set<S>(ex);  // working memory of the call when the selector takes it
     selector_.select(ex, request_(where, rows.all, batch_rows), set);
-    const detail::scratch_vector<B, index_t> pos = detail::locate_targets(ex, where, set, rows.all, num_classes());
+    const detail::scratch_vector<B, index_t> pos =
+        detail::locate_targets(ex, where, set, rows.all, num_classes(), !detail::selector_sets_valid<S>);
     const detail::local_active_set<B> local =
         detail::slice_active_set(ex, set, pos, total, class_begin(), class_begin() + local_classes());
     const auto w = matrix_view<const storage_type>(weights());
