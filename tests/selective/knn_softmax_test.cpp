@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -221,4 +222,28 @@ TEST_CASE("knn softmax: bad K and a graph built for another head raise typed err
   sel_head given(xsoftmax::knn_selector(xsoftmax::knn_graph::from_lists(n, d, 2, lists), options_with_k(2)),
                  mview(p.w, n, d));
   CHECK(std::isfinite(given.forward(hb.view(), cvec(p.targets))));
+  // Empty neighbour slots (-1) add nothing to the set: the same outputs as the class itself in those
+  // slots (the set holds every target anyway), and select() lists the targets and real neighbours.
+  std::vector<index_t> holes(lists), selves(lists);
+  for (index_t c = 0; c < n; c += 3) holes[size_t(2 * c + 1)] = -1, selves[size_t(2 * c + 1)] = c;
+  const sel_head with_holes(xsoftmax::knn_selector(xsoftmax::knn_graph::from_lists(n, d, 2, holes), options_with_k(2)),
+                            mview(p.w, n, d));
+  const sel_head with_selves(xsoftmax::knn_selector(xsoftmax::knn_graph::from_lists(n, d, 2, selves), options_with_k(2)),
+                             mview(p.w, n, d));
+  CHECK(same_outputs_across(run_forward_backward(with_holes, hb, p.targets, {}),
+                            run_forward_backward(with_selves, hb, p.targets, {})));
+  xsoftmax::active_set set;
+  with_holes.select(hb.view(), cvec(p.targets), set);
+  std::vector<index_t> expected;
+  for (index_t t : p.targets) {
+    if (t < 0) continue;
+    for (index_t j = 0; j < 2; ++j) {
+      const index_t c = holes[size_t(2 * t + j)];
+      expected.push_back(c >= 0 ? c : t);
+    }
+    expected.push_back(t);
+  }
+  std::sort(expected.begin(), expected.end());
+  expected.erase(std::unique(expected.begin(), expected.end()), expected.end());
+  CHECK(std::vector<index_t>(set.classes.begin(), set.classes.end()) == expected);
 }

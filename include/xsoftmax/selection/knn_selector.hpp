@@ -35,7 +35,10 @@ struct target_and_neighbours {
     const index_t t = targets[r];
     index_t* o = out + r * (used + 1);
     o[0] = t;
-    for (index_t j = 0; j < used; ++j) o[j + 1] = graph[t * k + j];
+    for (index_t j = 0; j < used; ++j) {  // an empty neighbour slot (-1): the target again (see sort_unique)
+      const index_t c = graph[t * k + j];
+      o[j + 1] = c >= 0 ? c : t;
+    }
   }
 };
 
@@ -165,11 +168,14 @@ class knn_selector {
       std::vector<index_t> slots(out.classes.size());
       for (index_t r = 0; r < rows; ++r) {
         slots[static_cast<std::size_t>(r * (used + 1))] = targets[static_cast<std::size_t>(r)];
-        std::copy_n(found.begin() + r * used, used, slots.begin() + r * (used + 1) + 1);
+        for (index_t j = 0; j < used; ++j) {  // an empty neighbour slot (-1): the target again
+          const index_t c = found[static_cast<std::size_t>(r * used + j)];
+          slots[static_cast<std::size_t>(r * (used + 1) + 1 + j)] = c >= 0 ? c : targets[static_cast<std::size_t>(r)];
+        }
       }
       execution_type::ops::copy(ex.res, detail::raw(out.classes), slots.data(), static_cast<index_t>(slots.size()));
     }
-    detail::sort_unique(ex, out.classes);  // drops the empty slots (-1) too
+    detail::sort_unique(ex, out.classes);
   }
 
  private:

@@ -23,14 +23,14 @@ struct is_empty_slot {
   XSOFTMAX_HD bool operator()(index_t id) const { return id < 0; }
 };
 
-/// Sorts `classes` ascending, drops duplicates and empty slots (negative ids), and shrinks it.
+/// Sorts `classes` ascending, drops duplicates, and shrinks it. Every id must be a class: a selector
+/// fills a slot it has nothing for with a class the set holds anyway (its row's target), so that one
+/// count comes back to the host (removing empty slots first was a second).
 template <class Backend, class Vector>
 void sort_unique(const execution<Backend>& ex, Vector& classes) {
-  count_host_read();  // the kept count, then the unique count (each an iterator the host needs)
-  auto end = thrust::remove_if(ex.policy(), classes.begin(), classes.end(), is_empty_slot{});
-  thrust::sort(ex.policy(), classes.begin(), end);
-  count_host_read();
-  end = thrust::unique(ex.policy(), classes.begin(), end);
+  thrust::sort(ex.policy(), classes.begin(), classes.end());
+  count_host_read();  // the unique count
+  const auto end = thrust::unique(ex.policy(), classes.begin(), classes.end());
   classes.resize(static_cast<std::size_t>(end - classes.begin()));
 }
 
