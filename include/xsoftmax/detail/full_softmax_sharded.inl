@@ -12,9 +12,6 @@
 namespace xsoftmax {
 
 namespace detail {
-/// Merges every rank's sorted top-k of a row (ranks x rows x k, best first, global class ids) into
-/// the row's top-k over all classes: the j-th pick is the best candidate ranked after the (j-1)-th
-/// by (score desc, class asc), a strict order, so ties resolve as on one rank.
 /// Slot (r, e) of a rank's k candidates a row: its e-th best of its local_k (score -inf and class -1
 /// past them), as the merge reads them.
 struct pad_ranked_candidates {
@@ -30,6 +27,9 @@ struct pad_ranked_candidates {
   }
 };
 
+/// Merges every rank's sorted top-k of a row (ranks x rows x k, best first, global class ids) into
+/// the row's top-k over all classes: the j-th pick is the best candidate ranked after the (j-1)-th
+/// by (score desc, class asc), a strict order, so ties resolve as on one rank.
 struct merge_ranked_topk {
   const float* score;
   const index_t* index;

@@ -149,8 +149,7 @@ class sampled_negatives {
     // The draw and its multiplicities in one copy to the execution's memory (scratch of the call).
     std::vector<index_t> draw_lists(d.classes);
     draw_lists.insert(draw_lists.end(), d.multiplicity.begin(), d.multiplicity.end());
-    detail::scratch_buffer<typename execution_type::backend, index_t> lists(draw_lists.size(), ex);
-    execution_type::ops::copy(ex.res, lists.data(), draw_lists.data(), static_cast<index_t>(draw_lists.size()));
+    const auto lists = detail::to_scratch(ex, draw_lists);
     const index_t* negatives = lists.data();
     const index_t* multiplicity = lists.data() + drawn;
     out.reset(active_layout::shared);

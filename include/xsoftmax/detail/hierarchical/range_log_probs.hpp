@@ -97,8 +97,7 @@ void tree_log_distribution(const execution<B>& ex, const HostView& host_view, ma
     packed.insert(packed.end(), lists[l]->begin(), lists[l]->end());
     at[l + 1] = packed.size();
   }
-  scratch_vector<B, index_t> uploaded(packed.size(), ex);
-  execution<B>::ops::copy(ex.res, uploaded.data(), packed.data(), static_cast<index_t>(packed.size()));
+  const scratch_vector<B, index_t> uploaded = to_scratch(ex, packed);
   const index_t* bb = uploaded.data() + at[0];
   const index_t* bs = uploaded.data() + at[1];
   const index_t* bo = uploaded.data() + at[2];

@@ -565,8 +565,7 @@ void write_gradient_row_ids(const execution<B>& ex, const run_plan& plan, bool s
     q[1] = run.grad_offset;
     q[2] = sigmoid ? 1 : run.block_size;
   }
-  scratch_buffer<B, index_t> described(host.size(), ex);
-  execution<B>::ops::copy(ex.res, described.data(), host.data(), 3 * runs);
+  const scratch_vector<B, index_t> described = to_scratch(ex, host);
   parallel_for(ex, runs, run_row_ids{described.data(), out});
 }
 

@@ -36,6 +36,7 @@
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace xsoftmax::detail {
 
@@ -201,5 +202,14 @@ class scratch_vector {
 /// Working memory of one call that its user writes before reading.
 template <class B, class T>
 using scratch_buffer = scratch_vector<B, T>;
+
+/// Host `v` copied into working memory of the call in the execution's memory: one copy, complete on
+/// return.
+template <class B, class T>
+scratch_vector<B, T> to_scratch(const execution<B>& ex, const std::vector<T>& v) {
+  scratch_vector<B, T> out(v.size(), ex);
+  if (!v.empty()) execution<B>::ops::copy(ex.res, out.data(), v.data(), static_cast<index_t>(v.size()));
+  return out;
+}
 
 }  // namespace xsoftmax::detail

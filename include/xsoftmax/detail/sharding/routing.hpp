@@ -68,14 +68,6 @@ std::vector<index_t> exchange_counts(const execution<B>& ex, Comm& comm, const s
   return recv_rows;
 }
 
-/// Host `v` copied into working memory of the call in the execution's memory (complete on return).
-template <class B, class T>
-scratch_vector<B, T> to_scratch(const execution<B>& ex, const std::vector<T>& v) {
-  scratch_vector<B, T> out(v.size(), ex);
-  if (!v.empty()) backend_ops<B>::copy(ex.res, out.data(), v.data(), static_cast<index_t>(v.size()));
-  return out;
-}
-
 /// Every rank's `count` host elements at `send`, concatenated in rank order into host `recv`
 /// (`counts[q]` from rank q), through device copies for a device-memory communicator.
 template <class Comm, class B, class T>
