@@ -125,6 +125,30 @@ class full_softmax
   /// on a device backend (see `training_plan`).
   void use_automatic_plan();
 
+  /// \name Evaluation: the loss and the top-k from one pass over the scores
+  /// `forward(hidden, targets, options, per_sample)` and `topk(hidden, k, classes, log_probs)` in one
+  /// call that scores every class once: the top-k is kept from the forward's own score chunks, so
+  /// a validation step that wants its loss and its accuracy@k pays one score GEMM (2 B x N x dim
+  /// FLOPs), not two. The loss and per-sample losses are the forward's, bitwise. Each row's top-k
+  /// (best first, ties: smaller class first) is that of the distribution the loss is taken over:
+  /// with `options.softcap` the capped logits' (the order is the uncapped one); label smoothing,
+  /// z-loss and class weights change the loss, not the distribution. A row whose target is
+  /// `options.ignore_index` is not scored: its `classes` row is -1 and its `log_probs` row -inf.
+  /// Checks: those of `forward` and `topk`; `invalid_argument` with an angular margin (its target
+  /// logit is not a prediction). Not offered by a class-sharded head (a compile-time error).
+  /// `forward_topk_async` writes the loss to `loss` (1 element, backend memory) and queues the rest
+  /// (see the `_async` verbs).
+  /// @{
+  template <class H>
+  float forward_topk(matrix_view<H> hidden, vector_view<const index_t> targets, index_t k,
+                     matrix_view<index_t> classes, matrix_view<float> log_probs, loss_options options = {},
+                     vector_view<float> per_sample = {}) const;
+  template <class H>
+  void forward_topk_async(matrix_view<H> hidden, vector_view<const index_t> targets, index_t k,
+                          matrix_view<index_t> classes, matrix_view<float> log_probs, vector_view<float> loss,
+                          loss_options options = {}, vector_view<float> per_sample = {}) const;
+  /// @}
+
   /// \name Prefetch (class-sharded heads): the next micro-batch's gather while this one computes
   /// `auto next = head.gather_rows_async(hidden_next);` starts gathering `hidden_next`'s rows from
   /// every rank (data-parallel layout: the communicator's `start_all_gather`, see
@@ -212,15 +236,12 @@ class full_softmax
   // forms, apply_sgd) are head_verbs'. What is particular to this head:
   // * forward_backward / backward: `grad_weights` receives every class (the exact softmax touches
   //   all of them), or no row when every sample is ignored.
-  // * `_async` on cuda: free of host synchronisation once buffers exist. Ignored samples are masked
-  //   (zero hidden row, upstream and loss) rather than packed out, and fp16 heads fold their
-  //   gradient scale into the upstream gradients rather than into the GEMMs' alpha (one extra pass
-  //   over grad_hidden and over the num_classes x dim weight gradient; bf16 and fp32 heads need no
-  //   scale), so the values equal the blocking verb's up to the GEMMs' summation order, with one
-  //   difference: `grad_weights` always holds every class, with zero rows when every sample is
-  //   ignored. The first call of a batch size may grow the workspace, create the cuBLAS handle and
-  //   the status word, and resizing `grad_weights` allocates synchronously; from the second step on,
-  //   reusing the same gradient object, nothing does.
+  // * `_async` on cuda: the blocking verb's path without its final wait. It still waits for the
+  //   stream three times before the GEMMs (the finite check of `hidden`, the target check and the
+  //   count of kept rows, which sizes the call's buffers: tests/heads/call_cost_test.cpp counts
+  //   them), once more to check `options.class_weight` and once more to read a scalar
+  //   `grad_output`; after that nothing waits. The first call of a batch size may grow the workspace and
+  //   create the cuBLAS handle, and resizing `grad_weights` allocates.
 
  private:
   template <class H>
@@ -244,10 +265,21 @@ class full_softmax
   void log_distribution_async_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                                matrix_view<float> out) const;
 
+  /// `forward_topk`'s outputs, handed to `run_into_`.
+  struct topk_outputs {
+    index_t k;
+    matrix_view<index_t> classes;
+    matrix_view<float> log_probs;
+  };
   template <class H>
   void run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-                 gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+                 gradient_type* grad_weights, vector_view<const float> grad_output, float* loss,
+                 const topk_outputs* topk = nullptr) const;
+  template <class H>
+  void check_forward_topk_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                           index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
+                           const loss_options& options, vector_view<float> per_sample) const;
   template <class H>
   void topk_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                   matrix_view<float> log_probs) const;

@@ -243,10 +243,7 @@ class head_verbs {
     if (backward) detail::check_grad_output_shape(w, options.reduce, grad_output, rows);
   }
 
- private:
-  [[nodiscard]] const Head& self() const { return static_cast<const Head&>(*this); }
-  [[nodiscard]] static std::string where(const char* verb) { return detail::verb_where(Head::head_name, verb); }
-
+  /// `hidden` as read-only, of a supported element type.
   template <class H>
   [[nodiscard]] static matrix_view<const std::remove_const_t<H>> as_const(matrix_view<H> m) {
     static_assert(is_supported_element<std::remove_const_t<H>>,
@@ -254,14 +251,7 @@ class head_verbs {
     return m;
   }
 
-  // The checks every head shares, run before any work is queued or any output written: the one
-  // validation layer of every head and backend. Data checks (finite hidden values, targets in
-  // range) run where the data lives and wait for their answer.
-
-  [[nodiscard]] detail::execution<Backend> checked_execution() const {
-    return detail::execution<Backend>{self().resources()};
-  }
-
+  /// A loss verb's checks (see `check_loss_rows`) of `hidden` in its place.
   template <class H>
   void check_loss_inputs(const char* w, matrix_view<const H> hidden, vector_view<const index_t> targets,
                          const loss_options& options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
@@ -269,6 +259,27 @@ class head_verbs {
     check_loss_rows(w, hidden.rows, [&](const detail::execution<Backend>& ex) {
       detail::check_hidden(ex, w, hidden, self().dim());
     }, targets, options, per_sample, grad_hidden, backward, grad_output);
+  }
+
+  /// `topk`'s k and its outputs' shapes for `rows` rows.
+  void check_topk_outputs(const char* w, index_t rows, index_t k, matrix_view<index_t> classes,
+                          matrix_view<float> log_probs) const {
+    const index_t n = self().num_classes();
+    detail::expects(k >= 1 && k <= n, w, ": k = ", k, " must be in [1, num_classes = ", n, "]");
+    detail::check_output(w, "classes", classes, rows, k);
+    detail::check_output(w, "log_probs", log_probs, rows, k);
+  }
+
+ private:
+  [[nodiscard]] const Head& self() const { return static_cast<const Head&>(*this); }
+  [[nodiscard]] static std::string where(const char* verb) { return detail::verb_where(Head::head_name, verb); }
+
+  // The checks every head shares, run before any work is queued or any output written: the one
+  // validation layer of every head and backend. Data checks (finite hidden values, targets in
+  // range) run where the data lives and wait for their answer.
+
+  [[nodiscard]] detail::execution<Backend> checked_execution() const {
+    return detail::execution<Backend>{self().resources()};
   }
 
   /// log_prob ignores nothing: every target must be a class (even one equal to some ignore_index).
@@ -286,10 +297,7 @@ class head_verbs {
                          matrix_view<float> log_probs) const {
     const detail::execution<Backend> ex = checked_execution();
     detail::check_hidden(ex, w, hidden, self().dim());
-    const index_t n = self().num_classes();
-    detail::expects(k >= 1 && k <= n, w, ": k = ", k, " must be in [1, num_classes = ", n, "]");
-    detail::check_output(w, "classes", classes, hidden.rows, k);
-    detail::check_output(w, "log_probs", log_probs, hidden.rows, k);
+    check_topk_outputs(w, hidden.rows, k, classes, log_probs);
   }
 
   template <class H>

@@ -129,6 +129,14 @@ TEST_CASE("call cost: the full softmax's forward, top-k and log_distribution sta
                  head.log_distribution(hv, 100, 200, matrix_view<float>(dist.data(), rows, 100));
                }),
                {9, 1, 1, 5});
+  // The loss and the top-k from one pass: the forward's read-backs and no wait before the loss is
+  // read; three more buffers (the top-k state) and loops (its start, finish and output) than forward.
+  check_within("full_softmax forward_topk", count_call([&] {
+                 (void)head.forward_topk(hv, vector_view<const index_t>(t.data(), rows), k,
+                                         matrix_view<index_t>(cls.data(), rows, k),
+                                         matrix_view<float>(lp.data(), rows, k));
+               }),
+               {14, 4, 0, 10});
 }
 
 TEST_CASE("call cost: the hierarchical softmax's top-k and log_distribution stay within their budgets") {

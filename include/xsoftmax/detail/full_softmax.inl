@@ -16,12 +16,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace xsoftmax {
 
 namespace detail {
-/// Row r's j-th best (score, class) of a finished top-k state, as a class and a log-probability.
+/// Row r's j-th best (score, class) of a finished top-k state, as a class and a log-probability,
+/// into output row `sample[r]` (r when `sample` is null).
 struct write_topk {
   const float* score;
   const index_t* index;
@@ -29,10 +31,23 @@ struct write_topk {
   index_t k;
   matrix_view<index_t> classes;
   matrix_view<float> log_probs;
+  const index_t* sample = nullptr;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    const index_t r = i / k, j = i % k, out = sample ? sample[r] : r;
+    classes(out, j) = index[i];
+    log_probs(out, j) = score[i] - lse[r];
+  }
+};
+
+/// Every entry of a top-k output: class -1, log-probability -inf (the rows no top-k is written to).
+struct clear_topk {
+  index_t k;
+  matrix_view<index_t> classes;
+  matrix_view<float> log_probs;
   XSOFTMAX_HD void operator()(index_t i) const {
     const index_t r = i / k, j = i % k;
-    classes(r, j) = index[i];
-    log_probs(r, j) = score[i] - lse[r];
+    classes(r, j) = -1;
+    log_probs(r, j) = -INFINITY;
   }
 };
 
@@ -136,6 +151,47 @@ float full_softmax<P, B, S>::run_(const char* where, matrix_view<const H> hidden
 
 template <class P, class B, class S>
 template <class H>
+void full_softmax<P, B, S>::check_forward_topk_(const char* where, matrix_view<const H> hidden,
+                                             vector_view<const index_t> targets, index_t k,
+                                             matrix_view<index_t> classes, matrix_view<float> log_probs,
+                                             const loss_options& options, vector_view<float> per_sample) const {
+  static_assert(!sharded, "full_softmax::forward_topk: not offered by a class-sharded head");
+  verbs::check_topk_outputs(where, hidden.rows, k, classes, log_probs);  // no data read: before the scans
+  detail::expects(!options.margin.enabled(), where,
+                  ": an angular margin changes the target's logit in the loss, so its scores are not the ",
+                  "model's prediction; call forward and topk separately");
+  verbs::check_loss_inputs(where, hidden, targets, options, per_sample, nullptr, false, {});
+}
+
+template <class P, class B, class S>
+template <class H>
+float full_softmax<P, B, S>::forward_topk(matrix_view<H> hidden, vector_view<const index_t> targets, index_t k,
+                                       matrix_view<index_t> classes, matrix_view<float> log_probs,
+                                       loss_options options, vector_view<float> per_sample) const {
+  const auto h = verbs::as_const(hidden);
+  check_forward_topk_("full_softmax::forward_topk", h, targets, k, classes, log_probs, options, per_sample);
+  const detail::execution<B> ex{resources_};
+  detail::scratch_vector<B, float> loss(1, ex);
+  const topk_outputs out{k, classes, log_probs};
+  run_into_("full_softmax::forward_topk", h, targets, options, per_sample, nullptr, nullptr, {}, loss.data(), &out);
+  return detail::backend_ops<B>::read(resources_, loss.data());  // waits for the work queued
+}
+
+template <class P, class B, class S>
+template <class H>
+void full_softmax<P, B, S>::forward_topk_async(matrix_view<H> hidden, vector_view<const index_t> targets, index_t k,
+                                            matrix_view<index_t> classes, matrix_view<float> log_probs,
+                                            vector_view<float> loss, loss_options options,
+                                            vector_view<float> per_sample) const {
+  detail::check_async_loss("full_softmax::forward_topk_async", loss);
+  const auto h = verbs::as_const(hidden);
+  check_forward_topk_("full_softmax::forward_topk", h, targets, k, classes, log_probs, options, per_sample);
+  const topk_outputs out{k, classes, log_probs};
+  run_into_("full_softmax::forward_topk", h, targets, options, per_sample, nullptr, nullptr, {}, loss.data, &out);
+}
+
+template <class P, class B, class S>
+template <class H>
 void full_softmax<P, B, S>::run_async_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                                     loss_options options, vector_view<float> per_sample,
                                     matrix_view<float>* grad_hidden, gradient_type* grad_weights,
@@ -151,7 +207,8 @@ template <class H>
 void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                                    loss_options options, vector_view<float> per_sample,
                                    matrix_view<float>* grad_hidden, gradient_type* grad_weights,
-                                   vector_view<const float> grad_output, float* loss) const {
+                                   vector_view<const float> grad_output, float* loss,
+                                   const topk_outputs* topk) const {
   if constexpr (sharded) {
     run_sharded_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss);
     return;
@@ -204,7 +261,26 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
     a.grad_w = detail::raw(g.values);
     a.grad_b = g.bias_values.empty() ? nullptr : detail::raw(g.bias_values);
   }
+  // forward_topk: the top-k kept from the same score chunks, its log-probabilities against the
+  // rows' log-sum-exp (no second GEMM). Rows that are not packed (ignored) get -1 / -inf.
+  std::optional<detail::basic_row_topk_state<B>> best;
+  detail::scratch_vector<B, float> row_lse(topk ? static_cast<std::size_t>(rows) : 0, ex);
+  if (topk) {
+    best.emplace(rows, topk->k, ex);
+    a.row_lse = detail::raw(row_lse);
+    a.observe_scores = [&](index_t c0, index_t cn, const float* s) {
+      detail::row_topk_update(ex, s, rows, cn, cn, c0, *best);
+    };
+  }
   detail::dense_softmax(ex, matrix_view<const storage_type>(weights()), bias, a);
+  if (topk) {
+    detail::row_topk_finish(ex, rows, *best);
+    const index_t k = topk->k;
+    if (rows < hidden.rows) detail::parallel_for(ex, hidden.rows * k, detail::clear_topk{k, topk->classes, topk->log_probs});
+    detail::parallel_for(ex, rows * k,
+                         detail::write_topk{detail::raw(best->score), detail::raw(best->index), detail::raw(row_lse), k,
+                                            topk->classes, topk->log_probs, batch.sample_data()});
+  }
   if (grad_hidden) detail::scatter_rows(ex, batch, detail::raw(grad_packed), *grad_hidden);
   detail::weigh_losses(ex, batch, options, detail::raw(losses));
   if (per_sample.size != 0) detail::scatter_losses(ex, batch, detail::raw(losses), per_sample);

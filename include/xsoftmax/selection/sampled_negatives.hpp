@@ -143,7 +143,6 @@ class sampled_negatives {
     detail::expects<shape_error>(req.num_classes == sampler_.n, req.where, ": sampled_negatives was built for num_classes = ",
                                  sampler_.n, " but the head has num_classes = ", req.num_classes);
     const auto& ex = detail::as_execution(ex_in);
-    using execution_type = std::decay_t<decltype(ex)>;
     const detail::class_draw d = draw();
     const index_t drawn = static_cast<index_t>(d.classes.size()), rows = req.rows();
     // The draw and its multiplicities in one copy to the execution's memory (scratch of the call).

@@ -17,6 +17,7 @@
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
+#include <xsoftmax/error.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -95,6 +96,13 @@ struct dense_softmax_args {
   /// Optional additive margin on normalised rows and weights (see `margin_options`); the bias must
   /// be null with one. The loss terms and offsets then apply to the margin logits.
   margin_options margin = {};
+  /// Optional: a second reader of pass 1's scores, called once a chunk with its final scores (rows x
+  /// cn, stride cn, columns c0 ...; soft-capped, with margins and offsets) before the log-sum-exp
+  /// reads them. The full softmax's `forward_topk` keeps its top-k here: one GEMM for both. Not with
+  /// row blocks (a block's rows would start at its own row 0).
+  std::function<void(index_t c0, index_t cn, const float* s)> observe_scores;
+  /// Optional, rows: receives each row's log-sum-exp over the block (after `combine_rows`).
+  float* row_lse = nullptr;
 };
 
 /// Default columns per chunk for `rows` rows: about 32 MiB of fp32 scores, large enough for the
@@ -264,6 +272,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     dense_softmax_rows<Tuned>(ex_in, w, bias, a);
     return;
   }
+  expects(!a.observe_scores, "dense_softmax: observe_scores is not offered with row blocks");
   // One score cache and work buffer for every block (the largest block's, or the last's, which may
   // keep more chunks): allocated per block, a host cache of hundreds of MiB would be page-faulted
   // in again by each block.
@@ -281,6 +290,7 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     b.upstream = a.upstream + r0;
     b.row_weight = a.row_weight ? a.row_weight + r0 : nullptr;
     b.grad_h = a.grad_h ? a.grad_h + r0 * a.h.cols : nullptr;
+    b.row_lse = a.row_lse ? a.row_lse + r0 : nullptr;
     b.accumulate_weight_gradient = a.accumulate_weight_gradient || r0 > 0;
     b.row_block = 0;
     dense_softmax_rows<Tuned>(ex_in, w, bias, b, memory.data());
@@ -467,6 +477,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     const index_t cn = std::min(chunk, a.n - c0);
     float* s = chunk_scores(c0);
     score_chunk(c0, cn, s);
+    if (a.observe_scores) a.observe_scores(c0, cn, s);
     if (exp_form && c0 / chunk < kept) {
       online_lse_update_keeping_exp(ex, s, rows, cn, cn, c0, a.target, lse, chunk_shift(c0));
     } else {
@@ -507,8 +518,8 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   if (a.combine_rows)
     a.combine_rows(dense_row_statistics{raw(lse.max), raw(lse.sum), raw(lse.target_logit), eps > 0.f ? fs : nullptr,
                                         eps > 0.f ? fc : nullptr, rows});
-  scratch_vector<backend, float> row_lse_buffer(static_cast<std::size_t>(rows), ex);
-  float* l = raw(row_lse_buffer);
+  scratch_vector<backend, float> row_lse_buffer(a.row_lse ? 0 : static_cast<std::size_t>(rows), ex);
+  float* l = a.row_lse ? a.row_lse : raw(row_lse_buffer);
   online_lse_finish(ex, lse, rows, l);
   {
     float* loss = a.loss;
