@@ -7,7 +7,8 @@
 //   heads_cuda_bench --quick    small sizes only (a smoke run)
 //   heads_cuda_bench --filter full_bf16   configurations whose name contains the string
 //   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
-//                               forward_backward_async, topk; the others print nan), e.g. under a profiler
+//                               forward_backward_async, topk, forward_topk; the others print nan),
+//                               e.g. under a profiler
 //   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
 //   heads_cuda_bench --filter hs_uniform --train-steps 300 [--train-lr 1]   then 300 SGD steps on
 //                               the head's inputs and the forward and top-10 again, with the HS
@@ -206,6 +207,13 @@ void report_expansions(const std::string& name, const char* when, const Head& he
   }
 }
 
+/// Whether `Head` has the full softmax's `forward_topk` (the loss and the top-k in one pass).
+template <class Head, class = void>
+struct has_forward_topk : std::false_type {};
+template <class Head>
+struct has_forward_topk<Head, std::void_t<decltype(&Head::template forward_topk<const __nv_bfloat16>)>>
+    : std::true_type {};
+
 template <class Head, class... TopkExtra>
 void run_head(const std::string& name, Head& head, index_t rows, index_t num_classes, bool zipf, int reps,
               std::size_t base, TopkExtra... topk_extra) {
@@ -249,6 +257,20 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
       },
       std::max(1, reps / 2), peak);
   report_expansions(name, "untrained", head, in.hv(), topk_extra...);
+  // The full softmax's loss and top-10 from one pass over the scores (full_softmax::forward_topk),
+  // against the forward alone and forward + topk.
+  if constexpr (has_forward_topk<Head>::value) {
+    progress("forward_topk");
+    const double ftk = time_ms("forward_topk",
+        [&] {
+          loss = head.forward_topk(in.hv(), in.tv(), k,
+                                   xs::matrix_view<index_t>(thrust::raw_pointer_cast(cls.data()), rows, k),
+                                   xs::matrix_view<float>(thrust::raw_pointer_cast(lp.data()), rows, k));
+        },
+        std::max(1, reps / 2), peak);
+    std::printf("%-34s loss + top10 in one pass (forward_topk) %9.3f ms: %.2fx fwd (fwd then topk: %.2fx)\n",
+                name.c_str(), ftk, ftk / fwd, (fwd + tk) / fwd);
+  }
   if (train_steps > 0) {  // the top-10 again on weights trained on these inputs (target 4)
     progress("training");
     xs::loss_options mean;
@@ -424,9 +446,10 @@ int main(int argc, char** argv) {
     }
   }
   if (!only_measurement.empty() && only_measurement != "forward" && only_measurement != "forward_backward" &&
-      only_measurement != "forward_backward_async" && only_measurement != "topk") {
-    std::fprintf(stderr, "heads_cuda_bench: --only '%s' is not forward, forward_backward, forward_backward_async "
-                 "or topk\n", only_measurement.c_str());
+      only_measurement != "forward_backward_async" && only_measurement != "topk" &&
+      only_measurement != "forward_topk") {
+    std::fprintf(stderr, "heads_cuda_bench: --only '%s' is not forward, forward_backward, forward_backward_async, "
+                 "topk or forward_topk\n", only_measurement.c_str());
     return 2;
   }
   int devices = 0;
