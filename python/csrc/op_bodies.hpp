@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The body of every operator of the PyTorch bindings (schemas in ops.cpp), written once for every
-// device: `loss_op<Backend>`, `loss_fused_op`, `backward_op`, `topk_op`, templates on
+// device: `loss_op<Backend>`, `loss_fused_op`, `backward_op`, `topk_op`, `loss_topk_op`, templates on
 // the library's backend, instantiated for CPU tensors (`omp`, ops.cpp) and for CUDA tensors
 // (`cuda`, ops_cuda.cu, when the extension is built with its CUDA operators). What differs per
 // device is only `torch_backend<Backend>` (specialised beside each instantiation): the resources a
@@ -273,6 +273,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_op(const at::Tensor& hidden,
       }
     });
     return std::make_tuple(log_probs, classes, expansions);
+  });
+}
+
+/// The loss and the top-k of the full softmax from one pass over the scores (the library's
+/// `forward_topk`): (loss, log_probs, classes); the loss as `loss_op` returns it. Forward only.
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> loss_topk_op(const at::Tensor& hidden, const at::Tensor& weight,
+                                                              const c10::optional<at::Tensor>& bias,
+                                                              const at::Tensor& targets, int64_t reduction,
+                                                              int64_t ignore_index, int64_t head, int64_t k,
+                                                              const c10::optional<at::Tensor>& class_weight) {
+  return guarded([&] {
+    const char* op = "loss_topk";
+    const loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    TORCH_CHECK_VALUE(k >= 1, "xsoftmax::loss_topk: k = ", k, " must be >= 1");
+    const at::Tensor cw = prepare_class_weight(class_weight, weight, op);
+    const c10::DeviceGuard on_device(weight.device());
+    const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
+    const int64_t b = a.hidden.size(0);
+    at::Tensor per_sample = at::empty({b}, float_on(weight));
+    at::Tensor loss = at::empty({}, float_on(weight));
+    at::Tensor log_probs = at::empty({b, k}, float_on(weight));
+    at::Tensor classes = at::empty({b, k}, at::TensorOptions().dtype(at::kLong).device(weight.device()));
+    with_head<Backend, false>(head, weight, bias, c10::nullopt, op, [&](auto& h, bool) {
+      using head_t = std::decay_t<decltype(h)>;
+      if constexpr (std::is_same_v<typename head_t::search_options_type, xs::exact_search>) {
+        h.forward_topk_async(hidden_view(a.hidden), targets_view(a.targets), k,
+                             xs::matrix_view<index_t>(classes.data_ptr<int64_t>(), b, k), matrix_of(log_probs),
+                             vector_of(loss), options, vector_of(per_sample));
+      } else {
+        TORCH_CHECK_VALUE(false, "xsoftmax::loss_topk: head = ", head,
+                          " is a hierarchical head; the loss and top-k in one pass are the full softmax's ",
+                          "(call loss and topk)");
+      }
+    });
+    at::Tensor out = a.options.reduce == xs::reduction::none ? per_sample : nan_if_nothing_counts(loss, a, cw);
+    return std::make_tuple(out, log_probs, classes);
   });
 }
 

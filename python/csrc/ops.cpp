@@ -20,6 +20,9 @@
 //       the library's backward with the upstream gradient `grad_output` (a scalar or B values).
 //   topk(hidden, weight, bias?, k, head, beam_width) -> (log_probs, classes, expansions)
 //       expansions: B int64, a tree search's node expansions per row; -1 for heads without one.
+//   loss_topk(hidden, weight, bias?, targets, reduction, ignore_index, head, k, class_weight?) -> (loss, log_probs, classes)
+//       the full softmax's forward_topk: loss's value and topk's outputs from one pass over the
+//       scores (not differentiable; a full softmax head only). Ignored rows: classes -1, log_probs -inf.
 //
 // Weight gradients: with sparse_grad = false, grad_values is the dense (rows x dim) gradient and
 // grad_rows is empty; with sparse_grad = true, grad_rows holds the touched rows and grad_values
@@ -278,6 +281,8 @@ TORCH_LIBRARY(xsoftmax, m) {
         "int head, Tensor? step, bool sparse_grad, Tensor grad_output, Tensor? class_weight=None) -> (Tensor, Tensor, "
         "Tensor, Tensor)");
   m.def("topk(Tensor hidden, Tensor weight, Tensor? bias, int k, int head, int beam_width) -> (Tensor, Tensor, Tensor)");
+  m.def("loss_topk(Tensor hidden, Tensor weight, Tensor? bias, Tensor targets, int reduction, int ignore_index, "
+        "int head, int k, Tensor? class_weight=None) -> (Tensor, Tensor, Tensor)");
 }
 
 // CPU tensors: the bodies of op_bodies.hpp on the `omp` backend (CUDA tensors: ops_cuda.cu).
@@ -286,6 +291,7 @@ TORCH_LIBRARY_IMPL(xsoftmax, CPU, m) {
   m.impl("loss_fused", &loss_fused_op<host_backend>);
   m.impl("backward", &backward_op<host_backend>);
   m.impl("topk", &topk_op<host_backend>);
+  m.impl("loss_topk", &loss_topk_op<host_backend>);
 }
 
 #if !defined(XSOFTMAX_TORCH_WITH_CUDA)
@@ -309,6 +315,11 @@ TORCH_LIBRARY_IMPL(xsoftmax, CUDA, m) {
          });
   m.impl("topk", [](const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, int64_t, int64_t,
                     int64_t) -> std::tuple<at::Tensor, at::Tensor, at::Tensor> { no_cuda_operators("topk"); });
+  m.impl("loss_topk",
+         [](const at::Tensor&, const at::Tensor&, const optional_tensor&, const at::Tensor&, int64_t, int64_t, int64_t,
+            int64_t, const optional_tensor&) -> std::tuple<at::Tensor, at::Tensor, at::Tensor> {
+           no_cuda_operators("loss_topk");
+         });
 }
 #endif
 

@@ -20,9 +20,11 @@ TORCH_LIBRARY_IMPL(xsoftmax, CUDA, m) {
   using xsoftmax_torch::backward_op;
   using xsoftmax_torch::loss_fused_op;
   using xsoftmax_torch::loss_op;
+  using xsoftmax_torch::loss_topk_op;
   using xsoftmax_torch::topk_op;
   m.impl("loss", &loss_op<xsoftmax::cuda>);
   m.impl("loss_fused", &loss_fused_op<xsoftmax::cuda>);
   m.impl("backward", &backward_op<xsoftmax::cuda>);
   m.impl("topk", &topk_op<xsoftmax::cuda>);
+  m.impl("loss_topk", &loss_topk_op<xsoftmax::cuda>);
 }

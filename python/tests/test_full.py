@@ -266,3 +266,51 @@ def test_upstream_scale_is_applied_to_the_weight_gradient():
     head.weight.grad = None
     (head(h, t) * 2.5).backward()
     torch.testing.assert_close(head.weight.grad, 2.5 * g1)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
+def test_evaluate_is_forward_and_predict_in_one_pass(reduction, softcap):
+    head = FullSoftmaxLoss(N, D, bias=True, reduction=reduction, softcap=softcap, label_smoothing=0.1)
+    with torch.no_grad():
+        head.bias.normal_()
+    hidden = torch.randn(3, 4, D)
+    targets = torch.randint(0, N, (3, 4))
+    targets[1, 2] = -100  # ignored: class -1, log-probability -inf
+    loss, values, indices = head.evaluate(hidden, targets, k=5)
+    with torch.no_grad():
+        alone = head(hidden, targets)
+    assert not loss.requires_grad
+    assert torch.equal(loss, alone)  # the same pass as forward: bitwise
+    logits = F.linear(hidden, head.weight, head.bias).detach()
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    ref_v, ref_i = F.log_softmax(logits, -1).topk(5, dim=-1)
+    assert values.shape == (3, 4, 5) and indices.shape == (3, 4, 5)
+    kept = targets != -100
+    torch.testing.assert_close(values[kept], ref_v[kept], rtol=1e-5, atol=1e-5)
+    assert torch.equal(indices[kept], ref_i[kept])
+    assert indices[1, 2].tolist() == [-1] * 5
+    assert torch.isneginf(values[1, 2]).all()
+    if not softcap:  # predict's top-k
+        pv, pi = head.predict(hidden, k=5)
+        assert torch.equal(indices[kept], pi[kept])
+        torch.testing.assert_close(values[kept], pv[kept], rtol=1e-6, atol=1e-6)
+
+
+def test_evaluate_refuses_what_it_cannot_answer():
+    head = FullSoftmaxLoss(N, D)
+    hidden, targets = torch.randn(4, D), torch.randint(0, N, (4,))
+    with pytest.raises(ValueError, match=r"k = 0 must be in \[1, num_classes = 37\]"):
+        head.evaluate(hidden, targets, k=0)
+    with pytest.raises(ValueError, match="targets has shape"):
+        head.evaluate(hidden, targets[:3], k=2)
+    margin = FullSoftmaxLoss(N, D, margin="cosface")
+    with pytest.raises(ValueError, match="angular margin"):
+        margin.evaluate(hidden, targets, k=2)
+    # Empty batch: forward's value (nan for the mean) and empty top-k outputs.
+    loss, values, indices = head.evaluate(hidden[:0], targets[:0], k=3)
+    assert torch.isnan(loss) and values.shape == (0, 3) and indices.shape == (0, 3)
+    # Every row ignored: the mean is nan (as F.cross_entropy), every class -1.
+    loss, _, indices = head.evaluate(hidden, torch.full((4,), -100), k=2)
+    assert torch.isnan(loss) and (indices == -1).all()

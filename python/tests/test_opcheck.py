@@ -69,6 +69,20 @@ def test_topk_op(name, device):
     torch.library.opcheck(ops.topk, (h, weight.detach(), None if bias is None else bias.detach(), 3, head, 0))
 
 
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+@pytest.mark.parametrize("class_weight", [False, True])
+def test_loss_topk_op(reduction, class_weight, device):
+    by_id, heads, _ = cases(str(device))
+    h, _, _, t = by_id["full-r1-dense"][1][:4]
+    weight, bias, _, _ = heads["full"]
+    cw = torch.rand(N) + 0.1 if class_weight else None
+    torch.library.opcheck(ops.loss_topk, (h.detach(), weight.detach(), bias.detach(), t, reduction, -100, 0, 3, cw))
+    # A hierarchical head has no one-pass loss and top-k: a clear error, not a wrong answer.
+    hs_weight, hs_bias, hs_head, _ = heads["hs"]
+    with pytest.raises(ValueError, match="is a hierarchical head"):
+        ops.loss_topk(h.detach(), hs_weight.detach(), hs_bias.detach(), t, reduction, -100, hs_head, 3)
+
+
 @pytest.mark.parametrize("name", ["full", "hs", "sampled"])
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_loss_ops_with_class_weight(name, reduction, device):

@@ -12,6 +12,8 @@ operators (``build_info()['cuda']``), on CUDA tensors: one body per operator for
   the (scalar) upstream gradient.
 * ``xsoftmax::backward`` -- the gradients for a given upstream gradient.
 * ``xsoftmax::topk`` -- the k most probable classes and their log-probabilities.
+* ``xsoftmax::loss_topk`` -- the full softmax's loss and top-k from one pass over the scores (an
+  evaluation step's loss and accuracy@k for one score GEMM). Not differentiable.
 """
 import os
 
@@ -44,7 +46,7 @@ if ("OPENBLAS_CORETYPE" not in os.environ and os.environ.get("XSOFTMAX_OPENBLAS_
 
 from . import _C  # noqa: E402,F401  (registers the operators)
 
-__all__ = ["REDUCTIONS", "loss", "topk", "INT64_MIN", "build_info", "has_cuda"]
+__all__ = ["REDUCTIONS", "loss", "topk", "loss_topk", "INT64_MIN", "build_info", "has_cuda"]
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 INT64_MIN = -(2 ** 63)
@@ -134,6 +136,13 @@ def _topk_fake(hidden, weight, bias, k, head, beam_width):
     b = hidden.shape[0]
     return (hidden.new_empty((b, k), dtype=torch.float32), hidden.new_empty((b, k), dtype=torch.int64),
             hidden.new_empty((b,), dtype=torch.int64))
+
+
+@torch.library.register_fake("xsoftmax::loss_topk")
+def _loss_topk_fake(hidden, weight, bias, targets, reduction, ignore_index, head, k, class_weight=None):
+    b = hidden.shape[0]
+    loss = _loss_fake(hidden, weight, bias, targets, reduction, ignore_index, head, None, False)
+    return loss, hidden.new_empty((b, k), dtype=torch.float32), hidden.new_empty((b, k), dtype=torch.int64)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -288,3 +297,12 @@ def topk(hidden, weight, bias, k, head=0, beam_width=0, return_expansions=False)
     _refuse_functorch()
     values, classes, expansions = _ops.topk(hidden, weight, bias, k, head, beam_width)
     return (values, classes, expansions) if return_expansions else (values, classes)
+
+
+def loss_topk(hidden, weight, bias, targets, reduction, ignore_index, k, head=0, class_weight=None):
+    """(loss, log-probabilities, classes) of a full softmax head from one pass over the scores: the
+    loss as ``loss`` gives it (``reduction`` an int, see ``REDUCTIONS``) and the k most probable
+    classes of each row, best first, as ``topk`` (-1 and -inf for rows whose target is ignored).
+    Not differentiable: evaluation only (run it under ``torch.no_grad()``)."""
+    _refuse_functorch()
+    return _ops.loss_topk(hidden, weight, bias, targets, reduction, ignore_index, head, k, class_weight)
