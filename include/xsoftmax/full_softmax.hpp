@@ -13,6 +13,7 @@
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/class_range_weights.hpp>
 #include <xsoftmax/detail/full_softmax_plan.hpp>
+#include <xsoftmax/detail/primitives/row_topk.hpp>
 #include <xsoftmax/detail/sharding/prefetch.hpp>
 #include <xsoftmax/detail/weight_store.hpp>
 #include <xsoftmax/head_verbs.hpp>
@@ -135,7 +136,9 @@ class full_softmax
   /// z-loss and class weights change the loss, not the distribution. A row whose target is
   /// `options.ignore_index` is not scored: its `classes` row is -1 and its `log_probs` row -inf.
   /// Checks: those of `forward` and `topk`; `invalid_argument` with an angular margin (its target
-  /// logit is not a prediction). Not offered by a class-sharded head (a compile-time error).
+  /// logit is not a prediction). A class-sharded head keeps each rank's top-k of its own classes
+  /// from its score chunks, then all-gathers and merges the candidates as its `topk` does (the row
+  /// statistics are combined once, by the loss): collective, every rank gets its own rows' top-k.
   /// `forward_topk_async` writes the loss to `loss` (1 element, backend memory) and queues the rest
   /// (see the `_async` verbs).
   /// @{
@@ -290,12 +293,17 @@ class full_softmax
   template <class H>
   void run_sharded_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                          loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
-                         gradient_type* grad_weights, vector_view<const float> grad_output, float* loss) const;
+                         gradient_type* grad_weights, vector_view<const float> grad_output, float* loss,
+                         const topk_outputs* topk = nullptr) const;
   void run_gathered_(detail::sharded_rows<Backend>& rows, const detail::batch_rows<Backend>& own, loss_options options,
                      vector_view<float> per_sample, matrix_view<float>* grad_hidden, gradient_type* grad_weights,
-                     float* loss) const;
+                     float* loss, const topk_outputs* topk = nullptr) const;
   void topk_gathered_(detail::sharded_rows<Backend>& rows, index_t own_rows, index_t k, matrix_view<index_t> classes,
                       matrix_view<float> log_probs) const;
+  void merge_topk_candidates_(const detail::sharded_rows<Backend>& rows, index_t own_rows,
+                              detail::basic_row_topk_state<Backend>& best, const float* row_lse, index_t k,
+                              matrix_view<index_t> classes, matrix_view<float> log_probs,
+                              const index_t* own_sample) const;
   float run_prefetched_(const char* where, gathered_batch& g, vector_view<const index_t> targets, loss_options options,
                         vector_view<float> per_sample, matrix_view<float>* grad_hidden, gradient_type* grad_weights,
                         vector_view<const float> grad_output) const;

@@ -2,8 +2,8 @@
 // full_softmax over class_sharding<mpi_communicator>, run by ctest under mpirun with 1, 2, 3 and 4
 // ranks (1003 classes: no rank count divides them): every verb equals the unsharded head on the
 // same weights — loss, per-sample losses, grad_hidden of the rank's own rows, each rank's weight
-// gradient rows, log_prob, top-k — with label smoothing, z-loss and angular margins too, in both
-// hidden layouts;
+// gradient rows, log_prob, top-k, forward_topk — with label smoothing, z-loss and angular margins
+// too, in both hidden layouts;
 // repeated runs are bitwise equal; a rank with no class and mismatched shards are rejected.
 // Also compiled by nvcc for the cuda backend (xsoftmax_cuda_mpi_tests, XSOFTMAX_TEST_ON_CUDA): every
 // rank's heads on the one GPU, host staging through mpi_communicator (issue 26, target 8).
@@ -208,6 +208,40 @@ TEST_CASE_TEMPLATE("sharded full softmax: log_prob and top-k over every class", 
     test_vector<float> out(static_cast<std::size_t>(own.rows * 2));
     CHECK_THROWS_AS(head.log_distribution(hidden(own), 0, 2, xs::matrix_view<float>(out.data(), own.rows, 2)),
                     xs::invalid_argument);
+  }
+}
+
+TEST_CASE_TEMPLATE("sharded full softmax: forward_topk equals the unsharded head's (both layouts, ignored rows)", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  fixture<B> f;
+  for (auto layout : {xs::hidden_layout::data_parallel, xs::hidden_layout::replicated}) {
+    auto head = f.sharded(layout);
+    const batch own = batch_of(layout == xs::hidden_layout::replicated ? 0 : f.rank);  // every fifth row ignored
+    for (const xs::loss_options& o : option_sets()) {
+      if (o.margin.enabled()) continue;  // refused: tests/full/forward_topk_test.cpp
+      for (index_t k : {index_t(1), index_t(5), index_t(300)}) {  // 300 > the 251 classes of a rank of 4
+        test_vector<index_t> c(static_cast<std::size_t>(own.rows * k)), ref_c(c.size());
+        test_vector<float> v(c.size()), ref_v(c.size()), per(static_cast<std::size_t>(own.rows)), ref_per(per.size());
+        const float loss = head.forward_topk(hidden(own), targets(own), k, xs::matrix_view<index_t>(c.data(), own.rows, k),
+                                             xs::matrix_view<float>(v.data(), own.rows, k), o,
+                                             xs::vector_view<float>(per.data(), own.rows));
+        const float ref_loss = f.reference.forward_topk(hidden(own), targets(own), k,
+                                                        xs::matrix_view<index_t>(ref_c.data(), own.rows, k),
+                                                        xs::matrix_view<float>(ref_v.data(), own.rows, k), o,
+                                                        xs::vector_view<float>(ref_per.data(), own.rows));
+        CAPTURE(k);
+        check_close({loss}, {ref_loss}, 1e-6, 1e-3, "loss");
+        check_close(per, ref_per, 1e-6, 1e-3, "per-sample losses");
+        CHECK(c == ref_c);  // ignored rows: -1 on both
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          if (std::isinf(ref_v[i])) {
+            CHECK(v[i] == ref_v[i]);  // an ignored row's -inf
+          } else {
+            CHECK(v[i] == doctest::Approx(ref_v[i]).epsilon(1e-5));
+          }
+        }
+      }
+    }
   }
 }
 

@@ -80,5 +80,19 @@ TEST_CASE_TEMPLATE("class_sharding<solo_communicator> equals the unsharded full 
     reference.topk(hv, k, xs::matrix_view<index_t>(ref_c.data(), rows, k), xs::matrix_view<float>(ref_v.data(), rows, k));
     CHECK(std::vector<index_t>(c.begin(), c.end()) == std::vector<index_t>(ref_c.begin(), ref_c.end()));
     CHECK(std::vector<float>(v.begin(), v.end()) == std::vector<float>(ref_v.begin(), ref_v.end()));
+
+    // The loss and the top-k in one pass (soft-capped, label smoothing, ignored rows): one rank is
+    // the unsharded head's forward_topk, bit for bit.
+    const float fused = head.forward_topk(hv, tv, k, xs::matrix_view<index_t>(c.data(), rows, k),
+                                          xs::matrix_view<float>(v.data(), rows, k), o,
+                                          xs::vector_view<float>(per.data(), rows));
+    const float ref_fused = reference.forward_topk(hv, tv, k, xs::matrix_view<index_t>(ref_c.data(), rows, k),
+                                                   xs::matrix_view<float>(ref_v.data(), rows, k), o,
+                                                   xs::vector_view<float>(ref_per.data(), rows));
+    CHECK(fused == ref_fused);
+    CHECK(std::vector<float>(per.begin(), per.end()) == std::vector<float>(ref_per.begin(), ref_per.end()));
+    CHECK(std::vector<index_t>(c.begin(), c.end()) == std::vector<index_t>(ref_c.begin(), ref_c.end()));
+    CHECK(std::vector<float>(v.begin(), v.end()) == std::vector<float>(ref_v.begin(), ref_v.end()));
+    CHECK(c[6 * k] == -1);  // row 6's target is ignored
   }
 }

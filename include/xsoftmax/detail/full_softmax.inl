@@ -155,7 +155,6 @@ void full_softmax<P, B, S>::check_forward_topk_(const char* where, matrix_view<c
                                              vector_view<const index_t> targets, index_t k,
                                              matrix_view<index_t> classes, matrix_view<float> log_probs,
                                              const loss_options& options, vector_view<float> per_sample) const {
-  static_assert(!sharded, "full_softmax::forward_topk: not offered by a class-sharded head");
   verbs::check_topk_outputs(where, hidden.rows, k, classes, log_probs);  // no data read: before the scans
   detail::expects(!options.margin.enabled(), where,
                   ": an angular margin changes the target's logit in the loss, so its scores are not the ",
@@ -210,7 +209,7 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
                                    vector_view<const float> grad_output, float* loss,
                                    const topk_outputs* topk) const {
   if constexpr (sharded) {
-    run_sharded_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss);
+    run_sharded_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss, topk);
     return;
   }
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs

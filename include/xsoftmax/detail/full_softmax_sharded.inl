@@ -9,6 +9,9 @@
 #include <xsoftmax/detail/primitives/score_chunks.hpp>
 #include <xsoftmax/detail/sharding/sharded_rows.hpp>
 
+#include <algorithm>
+#include <optional>
+
 namespace xsoftmax {
 
 namespace detail {
@@ -30,6 +33,7 @@ struct pad_ranked_candidates {
 /// Merges every rank's sorted top-k of a row (ranks x rows x k, best first, global class ids) into
 /// the row's top-k over all classes: the j-th pick is the best candidate ranked after the (j-1)-th
 /// by (score desc, class asc), a strict order, so ties resolve as on one rank.
+/// Own row i's picks go to output row `own_sample[i]` (i when null: every row of the batch is own).
 struct merge_ranked_topk {
   const float* score;
   const index_t* index;
@@ -37,8 +41,9 @@ struct merge_ranked_topk {
   index_t ranks, rows, k, own_offset;
   matrix_view<index_t> classes;
   matrix_view<float> log_probs;
-  XSOFTMAX_HD void operator()(index_t i) const {
-    const index_t r = own_offset + i;
+  const index_t* own_sample = nullptr;
+  XSOFTMAX_HD void operator()(index_t own) const {
+    const index_t r = own_offset + own, i = own_sample ? own_sample[own] : own;
     float last_s = INFINITY;
     index_t last_c = -1;
     for (index_t j = 0; j < k; ++j) {
@@ -85,11 +90,13 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
                                               vector_view<const index_t> targets, loss_options options,
                                               vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                               gradient_type* grad_weights, vector_view<const float> grad_output,
-                                              float* loss) const {
+                                              float* loss, const topk_outputs* topk) const {
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   detail::sharded_batch<B> b =
       detail::gather_batch(ex, where, sharding_, hidden, targets, options, grad_weights != nullptr, grad_output);
-  run_gathered_(b.rows, b.own, options, per_sample, grad_hidden, grad_weights, loss);
+  if (topk && b.own.rows < hidden.rows)  // forward_topk: the ignored rows' -1 / -inf
+    detail::parallel_for(ex, hidden.rows * topk->k, detail::clear_topk{topk->k, topk->classes, topk->log_probs});
+  run_gathered_(b.rows, b.own, options, per_sample, grad_hidden, grad_weights, loss, topk);
 }
 
 // The rows gathered: one dense softmax over the local block with the row statistics combined
@@ -98,7 +105,7 @@ template <class P, class B, class S>
 void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const detail::batch_rows<B>& own_rows_map,
                                           loss_options options, vector_view<float> per_sample,
                                           matrix_view<float>* grad_hidden, gradient_type* grad_weights,
-                                          float* loss) const {
+                                          float* loss, const topk_outputs* topk) const {
   const detail::execution<B> ex{resources_};
   const index_t d = dim(), n_local = local_classes();
   const index_t total = rows.all.rows;
@@ -137,7 +144,21 @@ void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const d
     a.grad_w = detail::raw(g.values);
     a.grad_b = g.bias_values.empty() ? nullptr : detail::raw(g.bias_values);
   }
+  // forward_topk: this rank's top-k of its own classes kept from the loss's score chunks, the row
+  // statistics combined by the loss (combine_rows above), then the candidates merged as in topk.
+  std::optional<detail::basic_row_topk_state<B>> best;
+  detail::scratch_vector<B, float> row_lse(topk ? static_cast<std::size_t>(total) : 0, ex);
+  if (topk) {
+    best.emplace(total, std::min(topk->k, n_local), ex);
+    a.row_lse = detail::raw(row_lse);
+    a.observe_scores = [&](index_t c0, index_t cn, const float* s) {
+      detail::row_topk_update(ex, s, total, cn, cn, class_begin() + c0, *best);
+    };
+  }
   detail::dense_softmax(ex, matrix_view<const storage_type>(weights()), bias, a);
+  if (topk)
+    merge_topk_candidates_(rows, own_rows_map.rows, *best, detail::raw(row_lse), topk->k, topk->classes,
+                           topk->log_probs, own_rows_map.sample_data());
   detail::finish_batch(ex, sharding_, rows, own_rows_map, grad_all, losses, options.reduce, per_sample, grad_hidden,
                        loss);
 }
@@ -165,14 +186,26 @@ void full_softmax<P, B, S>::topk_gathered_(detail::sharded_rows<B>& rows, index_
                                  detail::online_lse_update(ex, s, total, cn, cn, c0, nullptr, lse);
                                  detail::row_topk_update(ex, s, total, cn, cn, class_begin() + c0, best);
                                });
-  detail::row_topk_finish(ex, total, best);
   detail::combine_row_statistics(
       ex, sharding_.communicator(),
       detail::dense_row_statistics{detail::raw(lse.max), detail::raw(lse.sum), detail::raw(lse.target_logit), nullptr,
                                    nullptr, total});
   detail::scratch_buffer<B, float> row_lse(static_cast<std::size_t>(total), ex);
   detail::online_lse_finish(ex, lse, total, detail::raw(row_lse));
+  merge_topk_candidates_(rows, own_rows, best, row_lse.data(), k, classes, log_probs, nullptr);
+}
 
+// Every rank's top-k candidates of every gathered row (`best`, not yet finished: sorted here),
+// all-gathered and merged into this rank's own rows' top-k over all classes against the rows'
+// (combined) log-sum-exp; own row i goes to output row own_sample[i] (i when null).
+template <class P, class B, class S>
+void full_softmax<P, B, S>::merge_topk_candidates_(const detail::sharded_rows<B>& rows, index_t own_rows,
+                                                   detail::basic_row_topk_state<B>& best, const float* row_lse,
+                                                   index_t k, matrix_view<index_t> classes,
+                                                   matrix_view<float> log_probs, const index_t* own_sample) const {
+  const detail::execution<B> ex{resources_};
+  const index_t total = rows.all.rows, local_k = best.k;
+  detail::row_topk_finish(ex, total, best);
   // Every rank's candidates, k per row (slots past local_k unfilled: class -1), packed where they
   // live (was a round trip through the host).
   const index_t ranks = sharding_.size(), per_rank = total * k;
@@ -186,8 +219,8 @@ void full_softmax<P, B, S>::topk_gathered_(detail::sharded_rows<B>& rows, index_
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_s), per_rank, cand_s, counts.data());
   detail::all_gather_into(ex, sharding_.communicator(), detail::raw(send_c), per_rank, cand_c, counts.data());
   detail::parallel_for(ex, own_rows,
-                       detail::merge_ranked_topk{detail::raw(cand_s), detail::raw(cand_c), detail::raw(row_lse), ranks,
-                                                 total, k, rows.own_offset, classes, log_probs});
+                       detail::merge_ranked_topk{detail::raw(cand_s), detail::raw(cand_c), row_lse, ranks, total, k,
+                                                 rows.own_offset, classes, log_probs, own_sample});
 }
 
 }  // namespace xsoftmax
