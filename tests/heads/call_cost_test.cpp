@@ -225,6 +225,15 @@ TEST_CASE("call cost: the class-sharded heads' steps and top-k (one rank) stay w
                              matrix_view<float>(lp.data(), rows, 5));
                  }),
                  {gathered ? 19 : 17, 1, 1, 9, 0});
+    std::vector<index_t> t(static_cast<std::size_t>(rows));
+    for (index_t r = 0; r < rows; ++r) t[static_cast<std::size_t>(r)] = (r * 37) % classes;
+    check_within("sharded full_softmax forward_topk", count_call([&] {
+                   (void)head.forward_topk(matrix_view<const float>(h.data(), rows, dim),
+                                           vector_view<const index_t>(t.data(), rows), 5,
+                                           matrix_view<index_t>(cls.data(), rows, 5),
+                                           matrix_view<float>(lp.data(), rows, 5));
+                 }),
+                 {gathered ? 24 : 22, 4, 0, 13, 0});
     xsoftmax::sampling_options so;
     so.num_sampled = 40;
     const xsoftmax::selective_softmax<xsoftmax::sampled_negatives, xsoftmax::fp32, xsoftmax::serial, sharding> sampled(
