@@ -120,6 +120,34 @@ std::tuple<at::Tensor, at::Tensor> sharded_full_topk_on(const group_ptr& group, 
   });
 }
 
+/// sharded_full_evaluate (see sharded_ops.cpp) on `Backend`: the loss and top-k from one pass over
+/// each rank's scores (the library's forward_topk): (loss, log_probs, classes).
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sharded_full_evaluate_on(
+    const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t k) {
+  return guarded([&] {
+    const char* op = "sharded_full_evaluate";
+    loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
+    a.options.label_smoothing = static_cast<float>(label_smoothing);
+    a.options.z_loss = static_cast<float>(z_loss);
+    TORCH_CHECK_VALUE(k >= 1, "xsoftmax::", op, ": k = ", k, " must be >= 1");
+    const c10::DeviceGuard on_device(weight.device());
+    const int64_t b = a.hidden.size(0);
+    at::Tensor per_sample = at::empty({b}, float_on(weight)), loss = at::empty({}, float_on(weight));
+    at::Tensor log_probs = at::empty({b, k}, float_on(weight));
+    at::Tensor classes = at::empty({b, k}, at::TensorOptions().dtype(at::kLong).device(weight.device()));
+    with_sharded_head<Backend>(group, weight, bias, num_classes, layout, op, [&](auto& head) {
+      head.forward_topk_async(hidden_view(a.hidden), targets_view(a.targets), k,
+                              xs::matrix_view<index_t>(classes.data_ptr<int64_t>(), b, k), matrix_of(log_probs),
+                              vector_of(loss), a.options, vector_of(per_sample));
+    });
+    at::Tensor out = a.options.reduce == xs::reduction::none ? per_sample : nan_if_nothing_counts(loss, a);
+    return std::make_tuple(out, log_probs, classes);
+  });
+}
+
 /// The CUDA instantiations (sharded_ops_cuda.cu; declared for the dispatch in sharded_ops.cpp).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run_cuda(
     const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
@@ -130,5 +158,9 @@ std::tuple<at::Tensor, at::Tensor> sharded_full_topk_cuda(const group_ptr& group
                                                           const at::Tensor& weight,
                                                           const c10::optional<at::Tensor>& bias, int64_t num_classes,
                                                           int64_t layout, int64_t k);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sharded_full_evaluate_cuda(
+    const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t k);
 
 }  // namespace xsoftmax_torch

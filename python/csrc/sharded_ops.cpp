@@ -9,6 +9,10 @@
 //                    grad_output?, want_gradients)
 //       -> (loss, grad_hidden, grad_weight, grad_bias)
 //   sharded_full_topk(group, hidden, weight, bias?, num_classes, layout, k) -> (log_probs, classes)
+//   sharded_full_evaluate(group, hidden, weight, bias?, targets, num_classes, layout, reduction,
+//                         ignore_index, label_smoothing, z_loss, k) -> (loss, log_probs, classes)
+//       the loss and the top-k from one pass over each rank's scores (forward_topk); ignored rows:
+//       classes -1, log_probs -inf
 //
 // On CPU tensors the `omp` backend's head; on CUDA tensors (a build with the CUDA operators) the
 // `cuda` backend's, over the group's NCCL backend or through host copies
@@ -68,6 +72,23 @@ std::tuple<at::Tensor, at::Tensor> sharded_full_topk(const group_ptr& group, con
   return sharded_full_topk_on<host_backend>(group, hidden, weight, bias, num_classes, layout, k);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sharded_full_evaluate(
+    const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t k) {
+  if (weight.is_cuda()) {
+#if defined(XSOFTMAX_TORCH_WITH_CUDA)
+    return sharded_full_evaluate_cuda(group, hidden, weight, bias, targets, num_classes, layout, reduction,
+                                      ignore_index, label_smoothing, z_loss, k);
+#else
+    no_cuda_sharded("sharded_full_evaluate");
+#endif
+  }
+  guarded([&] { check_cpu(weight, "sharded_full_evaluate", "weight"); });
+  return sharded_full_evaluate_on<host_backend>(group, hidden, weight, bias, targets, num_classes, layout, reduction,
+                                                ignore_index, label_smoothing, z_loss, k);
+}
+
 /// One `all_to_all` of the communicator (for tests): `send` (int64, on the CPU or a CUDA device)
 /// split by `send_counts`; the receive counts are exchanged first, as the library does.
 at::Tensor communicator_all_to_all(const group_ptr& group, const at::Tensor& send, std::vector<int64_t> send_counts) {
@@ -109,6 +130,10 @@ void register_sharded_ops(pybind11::module& m) {
         py::arg("want_gradients"), py::call_guard<py::gil_scoped_release>());
   m.def("sharded_full_topk", &sharded_full_topk, py::arg("group"), py::arg("hidden"), py::arg("weight"),
         py::arg("bias"), py::arg("num_classes"), py::arg("layout"), py::arg("k"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sharded_full_evaluate", &sharded_full_evaluate, py::arg("group"), py::arg("hidden"), py::arg("weight"),
+        py::arg("bias"), py::arg("targets"), py::arg("num_classes"), py::arg("layout"), py::arg("reduction"),
+        py::arg("ignore_index"), py::arg("label_smoothing"), py::arg("z_loss"), py::arg("k"),
         py::call_guard<py::gil_scoped_release>());
   m.def("communicator_all_to_all", &communicator_all_to_all, py::arg("group"), py::arg("send"),
         py::arg("send_counts"), py::call_guard<py::gil_scoped_release>());

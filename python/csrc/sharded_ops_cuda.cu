@@ -32,4 +32,12 @@ std::tuple<at::Tensor, at::Tensor> sharded_full_topk_cuda(const group_ptr& group
   return sharded_full_topk_on<xs::cuda>(group, hidden, weight, bias, num_classes, layout, k);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sharded_full_evaluate_cuda(
+    const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
+    double label_smoothing, double z_loss, int64_t k) {
+  return sharded_full_evaluate_on<xs::cuda>(group, hidden, weight, bias, targets, num_classes, layout, reduction,
+                                            ignore_index, label_smoothing, z_loss, k);
+}
+
 }  // namespace xsoftmax_torch

@@ -116,6 +116,16 @@ def _worker(rank, world, init_file, device="cpu", backend="gloo"):
         assert torch.equal(classes, ref_classes), f"rank {rank}: predict classes {classes} != {ref_classes}"
         _close(values, ref_values, "predict log-probabilities")
 
+        # evaluate: forward's loss and predict's top-k from one pass (ignored rows: -1 / -inf).
+        loss, values, classes = head.evaluate(h[rows].float().to(device), t[rows].to(device), k=3)
+        with torch.no_grad():
+            _close(loss, head(h[rows].float().to(device), t[rows].to(device)), "evaluate loss")
+        classes = classes.cpu()
+        kept = t[rows] != -100
+        assert torch.equal(classes[kept], ref_classes[kept]), f"rank {rank}: evaluate classes {classes}"
+        assert (classes[~kept] == -1).all()
+        _close(values[kept.to(values.device)], ref_values[kept], "evaluate log-probabilities")
+
         # Replicated rows: every rank passes the whole batch and gets the whole loss and gradient.
         rep = ShardedFullSoftmaxLoss(N, D, bias=True, layout="replicated", device=device)
         with torch.no_grad():
@@ -158,6 +168,8 @@ def _worker(rank, world, init_file, device="cpu", backend="gloo"):
         _close(arc.weight.grad, arc.shard_of(wr.grad), "arcface weight grad")
         with pytest.raises(ValueError, match="bias=False"):
             ShardedFullSoftmaxLoss(N, D, margin="cosface", bias=True)
+        with pytest.raises(ValueError, match="angular margin"):  # refused before any collective
+            arc.evaluate(h[rows].float().to(device), t[rows].to(device), k=2)
 
         # The communicator's all_to_all (the sharded hierarchical softmax's routing): rank p sends
         # q + 1 copies of 100 p + q to rank q.

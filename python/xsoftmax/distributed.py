@@ -206,3 +206,25 @@ class ShardedFullSoftmaxLoss(nn.Module):
             values, classes = _C.sharded_full_topk(self.group, h, self.weight, self.bias, self.num_classes,
                                                    _LAYOUTS[self.layout], int(k))
         return values.reshape(tuple(lead) + (k,)), classes.reshape(tuple(lead) + (k,))
+
+    def evaluate(self, hidden, targets, k=1):
+        """(loss, log-probabilities, classes) of this rank's rows: ``forward``'s loss (this module's
+        reduction and loss terms) and ``predict``'s top-k from one pass over each rank's scores, a
+        validation step's loss and accuracy@k for one score GEMM a rank instead of two. Collective,
+        like ``forward``. Not differentiable. Rows whose target is ``ignore_index`` get class -1 and
+        log-probability -inf. Raises ``ValueError`` with a margin (its target logit is not a
+        prediction: call ``forward`` and ``predict``) and unless 1 <= k <= num_classes."""
+        if not 1 <= int(k) <= self.num_classes:
+            raise ValueError(f"k = {k} must be in [1, num_classes = {self.num_classes}]")
+        if self._margin_code:
+            raise ValueError(f"evaluate: margin = {self.margin!r}: an angular margin changes the target's logit in "
+                             f"the loss, so its scores are not the model's prediction; call forward and predict")
+        k = int(k)
+        lead = tuple(hidden.shape[:-1])
+        h, t = self._rows(hidden, targets)
+        with torch.no_grad():
+            loss, values, classes = _C.sharded_full_evaluate(
+                self.group, h, self.weight, self.bias, t, self.num_classes, _LAYOUTS[self.layout],
+                _ops.REDUCTIONS[self.reduction], self.ignore_index, self.label_smoothing, self.z_loss, k)
+        red = _ops.REDUCTIONS[self.reduction]
+        return (loss.reshape(lead) if red == 0 else loss), values.reshape(lead + (k,)), classes.reshape(lead + (k,))
