@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <string>
 
 namespace {
@@ -26,15 +25,6 @@ using xsoftmax::reduction;
 
 template <class B>
 using fs32 = xsoftmax::full_softmax<xsoftmax::fp32, B>;
-
-/// Row i's classes by the reference's log-probabilities, best first (ties: smaller class first).
-test_vector<index_t> reference_order(const test_vector<double>& log_dist, index_t i, index_t n) {
-  test_vector<index_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), index_t(0));
-  const double* row = log_dist.data() + i * n;
-  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return row[a] > row[b]; });
-  return order;
-}
 
 }  // namespace
 
@@ -71,7 +61,7 @@ TEST_CASE_TEMPLATE("forward_topk: forward's loss bitwise and the reference's top
             CHECK(bitwise_equal(per, per_alone));
             for (index_t i = 0; i < batch; ++i) {
               const bool ignored = p.targets[static_cast<size_t>(i)] == opt.ignore_index;
-              const test_vector<index_t> order = reference_order(ref, i, n);
+              const test_vector<index_t> order = reference_topk_order(ref, i, n);
               for (index_t j = 0; j < k; ++j) {
                 const index_t c = cls[static_cast<size_t>(i * k + j)];
                 const float lp = lps[static_cast<size_t>(i * k + j)];

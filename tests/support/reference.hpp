@@ -288,6 +288,16 @@ inline test_vector<double> reference_log_distribution(const sample_loss_fn& loss
   return out;
 }
 
+/// Row i's classes of a B x n log-distribution (`reference_log_distribution`), best first, ties:
+/// smaller class first (the heads' top-k order).
+inline test_vector<index_t> reference_topk_order(const test_vector<double>& log_dist, index_t i, index_t n) {
+  test_vector<index_t> order(static_cast<size_t>(n));
+  for (index_t c = 0; c < n; ++c) order[static_cast<size_t>(c)] = c;
+  const double* row = log_dist.data() + i * n;
+  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return row[a] > row[b]; });
+  return order;
+}
+
 /// Central finite differences of `reference_objective` in double with respect to every weight,
 /// every bias entry and every hidden value.
 struct fd_gradients {
