@@ -79,6 +79,23 @@ def test_eval_mode_is_exact_and_log_prob_predict_are_full():
     assert sampled.item() != pytest.approx(full(hidden, targets).item())
 
 
+@pytest.mark.parametrize("cls", [SampledSoftmaxLoss, KNNSoftmaxLoss])
+def test_evaluate_is_the_exact_eval_loss_and_predict(cls):
+    head = cls(N, D, num_sampled=4, label_smoothing=0.1) if cls is SampledSoftmaxLoss else cls(N, D, k=5, label_smoothing=0.1)
+    hidden = torch.randn(7, D)
+    targets = torch.randint(0, N, (7,))
+    targets[3] = -100
+    loss, values, classes = head.evaluate(hidden, targets, k=3)  # in training mode too: exact
+    assert head.step.item() == 0
+    head.eval()
+    with torch.no_grad():
+        assert torch.equal(loss, head(hidden, targets))
+    ref_values, ref_classes = head.predict(hidden, 3)
+    kept = targets != -100
+    assert torch.equal(classes[kept], ref_classes[kept]) and (classes[3] == -1).all()
+    torch.testing.assert_close(values[kept], ref_values[kept], rtol=1e-6, atol=1e-6)
+
+
 def finite_difference_check(head_handle, weight, bias, hidden, targets, reduction, step):
     """Analytic gradients of the selective loss (fixed draw) against central differences in fp32."""
     red = _ops.REDUCTIONS[reduction]

@@ -249,6 +249,26 @@ class _SoftmaxHead(nn.Module):
                                            expansions.reshape(lead))
         return (values, indices, expansions) if return_expansions else (values, indices)
 
+    def _evaluate(self, hidden, targets, k, head):
+        """(loss, log-probabilities, classes) of the full softmax handle `head` in one pass
+        (``xsoftmax::loss_topk``), shaped as ``forward`` and ``predict`` shape them."""
+        h = self._hidden_2d(hidden)
+        lead = tuple(hidden.shape[:-1])
+        t = self._targets_1d(targets, hidden)
+        if not 1 <= int(k) <= self.num_classes:
+            raise ValueError(f"k = {k} must be in [1, num_classes = {self.num_classes}]")
+        k = int(k)
+        with torch.no_grad():
+            if h.shape[0] == 0:  # as forward and predict on an empty batch
+                loss = self._loss(hidden, targets, head, None, class_weight=self.class_weight)
+                return loss, h.new_empty(lead + (k,), dtype=torch.float32), h.new_empty(lead + (k,), dtype=torch.int64)
+            if self.class_weight is not None:
+                self._check_device("class_weight", self.class_weight)
+            red = _ops.REDUCTIONS[self.reduction]
+            loss, values, indices = _ops.loss_topk(h, self.weight, self.bias, t, red, self.ignore_index, k, head,
+                                                   self.class_weight)
+        return (loss.reshape(lead) if red == 0 else loss), values.reshape(lead + (k,)), indices.reshape(lead + (k,))
+
 
 class FullSoftmaxLoss(_SoftmaxHead):
     """Exact softmax cross-entropy over ``num_classes`` classes:
@@ -333,28 +353,13 @@ class FullSoftmaxLoss(_SoftmaxHead):
         """(loss, log-probabilities, classes): ``forward``'s loss (this module's reduction, loss terms
         and class weights) and the k most probable classes of each row, shape (..., k), best first,
         from **one** pass over the scores -- a validation step's loss and accuracy@k for one score GEMM
-        instead of two (``forward`` then ``predict``). Not differentiable (run under ``torch.no_grad()``;
-        the loss comes back detached). The top-k is that of the distribution the loss is taken over:
-        ``predict``'s, except with ``softcap``, where the log-probabilities are the capped logits'
-        (the order is the same). Rows whose target is ``ignore_index`` get class -1 and log-probability
-        -inf. Raises ``ValueError`` with a margin (its target logit is not a prediction: call
-        ``forward`` and ``predict``) and unless 1 <= k <= num_classes."""
-        h = self._hidden_2d(hidden)
-        lead = tuple(hidden.shape[:-1])
-        t = self._targets_1d(targets, hidden)
-        if not 1 <= int(k) <= self.num_classes:
-            raise ValueError(f"k = {k} must be in [1, num_classes = {self.num_classes}]")
-        k = int(k)
-        with torch.no_grad():
-            if h.shape[0] == 0:  # as forward and predict on an empty batch
-                loss = self._loss(hidden, targets, self._head, None, class_weight=self.class_weight)
-                return loss, h.new_empty(lead + (k,), dtype=torch.float32), h.new_empty(lead + (k,), dtype=torch.int64)
-            if self.class_weight is not None:
-                self._check_device("class_weight", self.class_weight)
-            red = _ops.REDUCTIONS[self.reduction]
-            loss, values, indices = _ops.loss_topk(h, self.weight, self.bias, t, red, self.ignore_index, k,
-                                                   self._head, self.class_weight)
-        return (loss.reshape(lead) if red == 0 else loss), values.reshape(lead + (k,)), indices.reshape(lead + (k,))
+        instead of two (``forward`` then ``predict``). Not differentiable (the loss comes back
+        detached). The top-k is that of the distribution the loss is taken over: ``predict``'s,
+        except with ``softcap``, where the log-probabilities are the capped logits' (the order is the
+        same). Rows whose target is ``ignore_index`` get class -1 and log-probability -inf. Raises
+        ``ValueError`` with a margin (its target logit is not a prediction: call ``forward`` and
+        ``predict``) and unless 1 <= k <= num_classes."""
+        return self._evaluate(hidden, targets, k, self._head)
 
 
 class HierarchicalSoftmaxLoss(_SoftmaxHead):
@@ -514,6 +519,13 @@ class _SelectiveHead(_SoftmaxHead):
     def predict(self, hidden, k=1):
         """(log-probabilities, classes) of the k most probable classes (exact), best first."""
         return self._predict(hidden, k, 0)
+
+    def evaluate(self, hidden, targets, k=1):
+        """(loss, log-probabilities, classes): the exact evaluation loss (``eval()``'s, with this
+        module's reduction, loss terms and class weights, whatever ``training`` and ``exact_eval``
+        say) and the k most probable classes of each row, from one pass over every class's scores
+        (see ``FullSoftmaxLoss.evaluate``). Not differentiable; does not advance ``step``."""
+        return self._evaluate(hidden, targets, k, 0 if self._eval_handle is None else self._eval_handle.value)
 
 
 class SampledSoftmaxLoss(_SelectiveHead):
