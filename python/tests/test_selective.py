@@ -81,7 +81,8 @@ def test_eval_mode_is_exact_and_log_prob_predict_are_full():
 
 @pytest.mark.parametrize("cls", [SampledSoftmaxLoss, KNNSoftmaxLoss])
 def test_evaluate_is_the_exact_eval_loss_and_predict(cls):
-    head = cls(N, D, num_sampled=4, label_smoothing=0.1) if cls is SampledSoftmaxLoss else cls(N, D, k=5, label_smoothing=0.1)
+    options = {"num_sampled": 4} if cls is SampledSoftmaxLoss else {"k": 5}
+    head = cls(N, D, label_smoothing=0.1, **options)
     hidden = torch.randn(7, D)
     targets = torch.randint(0, N, (7,))
     targets[3] = -100
