@@ -78,6 +78,20 @@ def test_compiled_inference_and_predict():
     assert torch.equal(i_c, i_e)
 
 
+@pytest.mark.parametrize("cls", [FullSoftmaxLoss, SampledSoftmaxLoss])
+def test_compiled_evaluate(cls):
+    torch._dynamo.reset()
+    head = cls(N, D) if cls is FullSoftmaxLoss else cls(N, D, num_sampled=5)
+    compiled = torch.compile(lambda h, t: head.evaluate(h, t, k=3), fullgraph=True)
+    h = torch.randn(6, D)
+    t = torch.randint(0, N, (6,))
+    t[2] = -100  # an ignored row: -1 / -inf
+    (loss_e, v_e, i_e), (loss_c, v_c, i_c) = head.evaluate(h, t, k=3), compiled(h, t)
+    torch.testing.assert_close(loss_c, loss_e)
+    torch.testing.assert_close(v_c, v_e)
+    assert torch.equal(i_c, i_e) and (i_c[2] == -1).all()
+
+
 def test_compiled_sparse_grad():
     torch._dynamo.reset()
     eager = HierarchicalSoftmaxLoss(N, D, tree=Tree.uniform(N, 2, 7), sparse_grad=True)
