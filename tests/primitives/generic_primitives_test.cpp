@@ -27,6 +27,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace xs = xsoftmax;
@@ -119,6 +120,40 @@ TEST_CASE_TEMPLATE("generic primitives: pack_rows, upstream_gradients, scatter a
   CHECK(xs::detail::reduce_losses(ex, first_values, batch.rows, xs::reduction::mean) ==
         doctest::Approx(total / static_cast<double>(batch.rows)).epsilon(1e-6));
   CHECK(xs::detail::reduce_losses(ex, first_values, 0, xs::reduction::mean) == 0.f);
+}
+
+namespace {
+/// An element of 12 bytes: a list of them ends off an 8-byte boundary.
+struct twelve_bytes {
+  std::int32_t a, b, c;
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE("generic primitives: scratch_lists uploads several lists in one copy, each where it says", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  const xs::backend_resources<B> res{};
+  const xs::detail::execution<B> ex{res};
+  const std::vector<twelve_bytes> odd = {{1, 2, 3}, {4, 5, 6}, {7, 8, 9}};
+  const std::vector<index_t> empty, ids = {10, -20, 30, 1ll << 40};
+  const std::vector<float> values = {0.5f, -1.25f};
+  const auto before = xs::detail::call_counters::local();
+  xs::detail::scratch_lists<B, twelve_bytes, index_t, index_t, float> lists(ex, odd, empty, ids, values);
+  CHECK(xs::detail::call_counters::since(before).host_reads == 1);  // one copy for the four lists
+  CHECK(lists.template list<1>() != nullptr);  // an empty list still has its place (not read)
+  const auto back = [&](const auto* p, std::size_t n) {
+    using E = std::remove_const_t<std::remove_pointer_t<decltype(p)>>;
+    std::vector<E> out(n);
+    xs::detail::backend_ops<B>::copy(res, out.data(), p, static_cast<index_t>(n));
+    return out;
+  };
+  const auto o = back(lists.template list<0>(), odd.size());
+  for (std::size_t i = 0; i < odd.size(); ++i) {
+    CHECK(o[i].a == odd[i].a);
+    CHECK(o[i].c == odd[i].c);
+  }
+  CHECK(back(lists.template list<2>(), ids.size()) == ids);
+  CHECK(back(lists.template list<3>(), values.size()) == values);
+  CHECK(reinterpret_cast<std::uintptr_t>(lists.template list<2>()) % 8 == 0);
 }
 
 TEST_CASE_TEMPLATE("generic primitives: data checks name the first bad element and its value", B,

@@ -356,8 +356,6 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
                   const std::vector<node_run>& runs) {
     const cudaStream_t stream = ex.res.stream();
     const index_t n_runs = static_cast<index_t>(runs.size());
-    scratch_vector<::xsoftmax::cuda, node_run> device_runs(runs.size(), ex);  // no fill, no synchronising free
-    backend_ops<::xsoftmax::cuda>::copy(ex.res, raw(device_runs), runs.data(), n_runs);
     const index_t row0 = runs.front().begin, rows = runs.back().end - row0;
     index_t max_width = 1, samples = 0;
     for (const node_run& run : runs) {
@@ -373,23 +371,34 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
     // XSOFTMAX_CUDA_HS_GATHER=per_sample, a block per sample.
     const index_t per_run = samples / n_runs;
     const bool by_node = wide && !per_sample_forced();
-    bool weight_grad_done = false;
+    int piece_samples = 0;  // the node-at-a-time kernel's samples a block (0: not used)
     if (by_node && per_run >= 4 && gpu::run_wide_shared_bytes<16>(a.dim) <= 48 * 1024)
-      weight_grad_done = run_wide<16>(ex, a, runs, raw(device_runs));
+      piece_samples = 16;
     else if (by_node && per_run >= 2 && gpu::run_wide_shared_bytes<4>(a.dim) <= 48 * 1024)
-      weight_grad_done = run_wide<4>(ex, a, runs, raw(device_runs));
+      piece_samples = 4;
+    const std::vector<gpu::run_piece> pieces = piece_samples == 16  ? gpu::run_pieces<16>(runs)
+                                               : piece_samples == 4 ? gpu::run_pieces<4>(runs)
+                                                                    : std::vector<gpu::run_piece>();
+    // The runs and their pieces in one upload (working memory of the call; was one each).
+    scratch_lists<::xsoftmax::cuda, node_run, gpu::run_piece> device(ex, runs, pieces);
+    const node_run* device_runs = device.template list<0>();
+    bool weight_grad_done = false;
+    if (piece_samples == 16)
+      weight_grad_done = run_wide<16>(ex, a, runs.size(), device_runs, pieces.size(), device.template list<1>());
+    else if (piece_samples == 4)
+      weight_grad_done = run_wide<4>(ex, a, runs.size(), device_runs, pieces.size(), device.template list<1>());
     else if (wide)
       gpu::gather_level_wide_kernel<gpu::block_threads, T><<<gpu::grid_rows(rows), gpu::block_threads, 0, stream>>>(
-          raw(device_runs), n_runs, row0, rows, a);
+          device_runs, n_runs, row0, rows, a);
     else
       gpu::gather_level_kernel<Sigmoid, T><<<gpu::grid_for(rows, warps_per_block), gpu::block_threads, 0, stream>>>(
-          raw(device_runs), n_runs, row0, rows, a);
+          device_runs, n_runs, row0, rows, a);
     XSOFTMAX_CUDA_CHECK_LAUNCH();
     if (!a.backward() || weight_grad_done) return;
     expects(n_runs <= static_cast<index_t>(INT_MAX), "hierarchical_softmax: ", n_runs,
             " gather runs in one level exceed the CUDA grid limit");
     const dim3 grid(static_cast<unsigned>(n_runs), static_cast<unsigned>(std::min<index_t>(max_width, 64)));
-    gpu::gather_weight_grad_kernel<Sigmoid, T><<<grid, 128, 0, stream>>>(raw(device_runs), a);
+    gpu::gather_weight_grad_kernel<Sigmoid, T><<<grid, 128, 0, stream>>>(device_runs, a);
     XSOFTMAX_CUDA_CHECK_LAUNCH();
   }
 
@@ -403,19 +412,17 @@ struct gather_runs_tuning<::xsoftmax::cuda, T, Sigmoid> {
     return on;
   }
 
-  /// The level's wide runs by `gpu::gather_run_wide_kernel`, in pieces of S samples; returns whether
-  /// it wrote their weight gradient too (with gradients, when every run is one piece).
+  /// The level's wide runs by `gpu::gather_run_wide_kernel`, in pieces of S samples (`run_pieces<S>`,
+  /// uploaded with the runs); returns whether it wrote their weight gradient too (with gradients,
+  /// when every run is one piece).
   template <int S>
-  static bool run_wide(const execution<::xsoftmax::cuda>& ex, const node_run_data<T>& a,
-                       const std::vector<node_run>& runs, const node_run* device_runs) {
-    const std::vector<gpu::run_piece> pieces = gpu::run_pieces<S>(runs);
-    const index_t n = static_cast<index_t>(pieces.size());
-    const bool weight_grad = a.backward() && pieces.size() == runs.size();
-    scratch_vector<::xsoftmax::cuda, gpu::run_piece> device_pieces(pieces.size(), ex);
-    backend_ops<::xsoftmax::cuda>::copy(ex.res, device_pieces.data(), pieces.data(), n);
+  static bool run_wide(const execution<::xsoftmax::cuda>& ex, const node_run_data<T>& a, std::size_t n_runs,
+                       const node_run* device_runs, std::size_t n_pieces, const gpu::run_piece* device_pieces) {
+    const index_t n = static_cast<index_t>(n_pieces);
+    const bool weight_grad = a.backward() && n_pieces == n_runs;
     gpu::gather_run_wide_kernel<gpu::block_threads, S, T>
         <<<gpu::grid_rows(n), gpu::block_threads, gpu::run_wide_shared_bytes<S>(a.dim), ex.res.stream()>>>(
-            device_runs, device_pieces.data(), n, a, weight_grad);
+            device_runs, device_pieces, n, a, weight_grad);
     return weight_grad;
   }
 };

@@ -555,21 +555,20 @@ void sigmoid_levels_generic(const execution<B>& ex, const node_run_data<T>& a, c
   }
   std::vector<node_run> long_runs;
   const std::vector<sigmoid_task> tasks = sigmoid_tasks(runs, 1, long_runs, run_parallel_inside);
-  // A device gets copies of the lists (working memory of the call, each written before it is read).
-  scratch_vector<B, node_run> device_runs(runs.size(), ex), device_long(long_runs.size(), ex);
-  scratch_vector<B, sigmoid_task> device_tasks(tasks.size(), ex);
-  using ops = typename execution<B>::ops;
-  ops::copy(ex.res, raw(device_runs), runs.data(), static_cast<index_t>(runs.size()));
-  ops::copy(ex.res, raw(device_tasks), tasks.data(), static_cast<index_t>(tasks.size()));
-  if (!long_runs.empty()) ops::copy(ex.res, raw(device_long), long_runs.data(), static_cast<index_t>(long_runs.size()));
+  // A device gets copies of the three lists in working memory of the call, one upload for all
+  // (was one each: a wait for the stream each).
+  scratch_lists<B, node_run, sigmoid_task, node_run> device(ex, runs, tasks, long_runs);
+  const node_run* device_runs = device.template list<0>();
+  const sigmoid_task* device_tasks = device.template list<1>();
+  const node_run* device_long = device.template list<2>();
   parallel_for_uneven(ex, static_cast<index_t>(tasks.size()),
-                      sigmoid_pair_pass<T, G>{a, at, raw(device_runs), raw(device_tasks), nullptr, nullptr, pair_loss,
-                                              gs, false, {}, nullptr, 0, nullptr});
+                      sigmoid_pair_pass<T, G>{a, at, device_runs, device_tasks, nullptr, nullptr, pair_loss, gs, false,
+                                              {}, nullptr, 0, nullptr});
   const index_t blocks = (a.dim + sigmoid_column_block::width - 1) / sigmoid_column_block::width;
   const index_t row_tasks = at.rows;  // a row per task
   const index_t column_tasks = gs ? static_cast<index_t>(long_runs.size()) * blocks : 0;
   parallel_for_uneven(ex, row_tasks + column_tasks,
-                      sigmoid_row_pass<T>{a, at, pair_loss, gs, raw(device_long), 1, row_tasks, blocks});
+                      sigmoid_row_pass<T>{a, at, pair_loss, gs, device_long, 1, row_tasks, blocks});
 }
 
 }  // namespace xsoftmax::detail

@@ -30,10 +30,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -211,5 +214,44 @@ scratch_vector<B, T> to_scratch(const execution<B>& ex, const std::vector<T>& v)
   if (!v.empty()) execution<B>::ops::copy(ex.res, out.data(), v.data(), static_cast<index_t>(v.size()));
   return out;
 }
+
+/// Several host lists of T... (contiguous containers: `data()`, `size()`; trivially copyable
+/// elements aligned to at most 8 bytes) in one block of the call's working memory, with one copy (on
+/// a device one upload and one wait instead of one each): `list<I>()` is the I-th list's copy, each
+/// starting on an 8-byte boundary. The block lives as long as this object.
+template <class B, class... T>
+class scratch_lists {
+  static_assert(sizeof...(T) > 0, "scratch_lists: at least one list");
+  static_assert(((std::is_trivially_copyable_v<T> && alignof(T) <= sizeof(std::uint64_t)) && ...),
+                "scratch_lists: elements are copied as bytes into 8-byte words");
+
+ public:
+  template <class... L>
+  explicit scratch_lists(const execution<B>& ex, const L&... lists) {
+    static_assert(sizeof...(L) == sizeof...(T), "scratch_lists: one container a list");
+    static_assert((std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(lists.data())>>, T> && ...),
+                  "scratch_lists: each container holds its list's element type");
+    std::size_t words = 0, i = 0;
+    ((offset_[i++] = words, words += (lists.size() * sizeof(T) + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t)),
+     ...);
+    std::vector<std::uint64_t> host(words);
+    i = 0;
+    ((lists.empty() ? void() : void(std::memcpy(host.data() + offset_[i], lists.data(), lists.size() * sizeof(T))),
+      ++i),
+     ...);
+    block_ = to_scratch(ex, host);
+  }
+
+  /// The I-th list's elements in the execution's memory (null when the block is empty).
+  template <std::size_t I>
+  [[nodiscard]] auto* list() {
+    using E = std::tuple_element_t<I, std::tuple<T...>>;
+    return block_.empty() ? static_cast<E*>(nullptr) : reinterpret_cast<E*>(block_.data() + offset_[I]);
+  }
+
+ private:
+  std::size_t offset_[sizeof...(T)] = {};  // in words
+  scratch_vector<B, std::uint64_t> block_;
+};
 
 }  // namespace xsoftmax::detail
