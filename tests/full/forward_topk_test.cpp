@@ -106,6 +106,33 @@ TEST_CASE_TEMPLATE("forward_topk: without a cap its top-k is topk's; every row i
   }
 }
 
+TEST_CASE_TEMPLATE("forward_topk: a bf16 head (cuda: the tuned score GEMM) gives its forward and topk", B,
+                   XSOFTMAX_TEST_BACKENDS) {
+  const index_t n = 3000, d = 32, batch = 24, k = 10;  // several chunks
+  xsoftmax::full_softmax<xsoftmax::bf16, B> head(n, d, true, xsoftmax::init_options{5});
+  test_rng rng(4105);
+  const auto hb = make_hidden<float>(random_floats(rng, batch * d, 1.0), batch, d);
+  test_vector<index_t> t = random_targets(rng, batch, n, 0.2);
+  for (index_t chunk : {index_t(0), index_t(512)}) {
+    head.set_chunk_size(chunk);
+    test_vector<index_t> cls(static_cast<size_t>(batch * k)), cls_alone(cls.size());
+    test_vector<float> lps(cls.size()), lps_alone(cls.size());
+    const float loss = head.forward_topk(hb.view(), cvec(t), k, mview(cls, batch, k), mview(lps, batch, k));
+    const float alone = head.forward(hb.view(), cvec(t));
+    head.topk(hb.view(), k, mview(cls_alone, batch, k), mview(lps_alone, batch, k));
+    CAPTURE(chunk);
+    CHECK(bitwise_equal(&loss, &alone, 1));
+    for (index_t i = 0; i < batch; ++i) {
+      if (t[static_cast<size_t>(i)] == -100) continue;
+      for (index_t j = 0; j < k; ++j) {
+        const size_t e = static_cast<size_t>(i * k + j);
+        CHECK(cls[e] == cls_alone[e]);  // the same scores, the same order
+        CHECK(lps[e] == doctest::Approx(lps_alone[e]).epsilon(1e-5));
+      }
+    }
+  }
+}
+
 TEST_CASE_TEMPLATE("forward_topk: the async form writes what the blocking one returns", B, XSOFTMAX_TEST_BACKENDS) {
   test_rng rng(4103);
   const index_t n = 30, d = 6, batch = 7, k = 3;
