@@ -224,3 +224,19 @@ def test_uniform_tree_large_is_fast():
     tree = Tree.uniform(1_000_000, 2, 1000)
     head = HierarchicalSoftmaxLoss(1_000_000, 4, tree=tree)
     assert head.weight.shape == (1_001_000, 4)
+
+
+@pytest.mark.parametrize("beam_width", [0, 4])
+def test_evaluate_is_forward_and_predict(beam_width):
+    head = HierarchicalSoftmaxLoss(40, 8, tree=Tree.uniform(40, 2, 7))
+    hidden = torch.randn(6, 8)
+    targets = torch.randint(0, 40, (6,))
+    targets[4] = -100
+    loss, values, classes = head.evaluate(hidden, targets, k=3, beam_width=beam_width)
+    with torch.no_grad():
+        assert torch.equal(loss, head(hidden, targets))
+    ref_values, ref_classes = head.predict(hidden, 3, beam_width=beam_width)
+    kept = targets != -100
+    assert torch.equal(classes[kept], ref_classes[kept]) and (classes[4] == -1).all()
+    assert torch.equal(values[kept], ref_values[kept]) and torch.isneginf(values[4]).all()
+

@@ -425,6 +425,20 @@ class HierarchicalSoftmaxLoss(_SoftmaxHead):
         best-first search (the same results)."""
         return self._predict(hidden, k, self._handle.value, beam_width, return_expansions)
 
+    def evaluate(self, hidden, targets, k=1, beam_width=0):
+        """(loss, log-probabilities, classes), as ``FullSoftmaxLoss.evaluate`` returns them:
+        ``forward``'s loss and ``predict``'s top-k (exact, or a beam search with ``beam_width``),
+        rows whose target is ``ignore_index`` with class -1 and log-probability -inf. Two passes here
+        (the loss reads each row's path, the search its own nodes: nothing to share). Not
+        differentiable."""
+        with torch.no_grad():
+            loss = self(hidden, targets)
+            values, classes = self.predict(hidden, k, beam_width)
+            ignored = targets == self.ignore_index
+            values = values.masked_fill(ignored[..., None], float("-inf"))
+            classes = classes.masked_fill(ignored[..., None], -1)
+        return loss, values, classes
+
     @torch.no_grad()
     def init_weights_from_class_vectors(self, class_vectors, class_bias=None):
         """Sets the node weights from one vector per class (num_classes x dim: embeddings, mean
