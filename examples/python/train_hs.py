@@ -226,8 +226,8 @@ def main(argv=None):
         x, t = problem.sample(args.eval_batch)
         x, t = x.to(device), t.to(device)
         h = model.hidden(x)
-        held_out = model.head(h, t).item()
-        _, top = model.head.predict(h, k=min(5, n))
+        loss, _, top = model.head.evaluate(h, t, k=min(5, n))  # held-out loss and top-5 in one call
+        held_out = loss.item()
         top1 = (top[:, 0] == t).float().mean().item()
         top5 = (top == t[:, None]).any(1).float().mean().item()
     window = max(1, min(20, len(losses) // 5))

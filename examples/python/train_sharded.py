@@ -70,11 +70,14 @@ def train(rank, world, args, init):
             print(f"step {step:4d}  loss {mean_loss.item() / world:.4f}  {rate:,.0f} samples/s", flush=True)
     with torch.no_grad():
         x, t = synthetic(args.classes, args.dim, 512, data, centres)
-        _, classes = head.predict(encoder(x), k=1)
+        # The held-out loss and top-1 from one pass over each rank's scores.
+        held_out, _, classes = head.evaluate(encoder(x), t, k=1)
         hits = (classes[:, 0] == t).float().sum()
         dist.all_reduce(hits)
+        dist.all_reduce(held_out)
     if rank == 0:
-        print(f"held-out top-1 over all {args.classes} classes: {100 * hits.item() / (512 * world):.1f} %", flush=True)
+        print(f"held-out loss {held_out.item() / world:.4f}, top-1 over all {args.classes} classes: "
+              f"{100 * hits.item() / (512 * world):.1f} %", flush=True)
     dist.destroy_process_group()
 
 
