@@ -98,7 +98,9 @@ struct range_row_copies {
   float* sorted;
   matrix_view<float> grad_out;  ///< no rows: no gradients to copy out
   const float* grad_sorted;
-  void in(index_t r0, index_t r1) const {
+  // Host-only in use (a device has no row-range tasks), but callable from the pass's host-device
+  // operator() without nvcc's warning about a host function there.
+  XSOFTMAX_HD void in(index_t r0, index_t r1) const {
     const index_t d = hidden.cols;
     for (index_t r = r0; r < r1; ++r) {
       const H* from = hidden.row(source[r]);
@@ -106,7 +108,7 @@ struct range_row_copies {
       for (index_t p = 0; p < d; ++p) to[p] = to_float(from[p]);
     }
   }
-  void out(index_t r0, index_t r1) const {
+  XSOFTMAX_HD void out(index_t r0, index_t r1) const {
     if (grad_out.rows == 0) return;
     const index_t d = grad_out.cols;
     for (index_t r = r0; r < r1; ++r) {
