@@ -157,8 +157,9 @@ class full_softmax
   /// every rank (data-parallel layout: the communicator's `start_all_gather`, see
   /// class_sharding.hpp; replicated: nothing to move) and returns at once with a `gathered_batch`;
   /// the current batch's verbs run meanwhile; then `head.forward_backward(next, targets, ...)`
-  /// (or `forward`, `backward`, `log_prob`, `topk`) scores the gathered rows without gathering
-  /// them again: the same arguments as the verb taking `hidden`, the same results bit for bit.
+  /// (or `forward`, `backward`, `log_prob`, `topk`, `forward_topk`) scores the gathered rows
+  /// without gathering them again: the same arguments as the verb taking `hidden`, the same results
+  /// bit for bit.
   /// Collective, as every verb: every rank starts and uses its batches in the same order. The
   /// targets (and upstream gradients) are gathered by the verb, blocking (a few bytes a row).
   /// `gather_rows_async` checks `hidden` as the verbs do; the verbs throw `invalid_argument` for a
@@ -197,6 +198,9 @@ class full_softmax
                 vector_view<const float> grad_output = {}) const;
   void log_prob(gathered_batch& rows, vector_view<const index_t> targets, vector_view<float> out) const;
   void topk(gathered_batch& rows, index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs) const;
+  float forward_topk(gathered_batch& rows, vector_view<const index_t> targets, index_t k, matrix_view<index_t> classes,
+                     matrix_view<float> log_probs, loss_options options = {},
+                     vector_view<float> per_sample = {}) const;
   /// @}
   /// The default score-cache budget of `set_score_cache_bytes`: 64 MiB.
   static constexpr index_t default_score_cache_bytes = index_t(64) << 20;
@@ -306,7 +310,7 @@ class full_softmax
                               const index_t* own_sample) const;
   float run_prefetched_(const char* where, gathered_batch& g, vector_view<const index_t> targets, loss_options options,
                         vector_view<float> per_sample, matrix_view<float>* grad_hidden, gradient_type* grad_weights,
-                        vector_view<const float> grad_output) const;
+                        vector_view<const float> grad_output, const topk_outputs* topk = nullptr) const;
   [[nodiscard]] detail::gathered_state<Backend, typename detail::communicator_of<Sharding>::type>& usable_(
       const char* where, const gathered_batch& g) const;
   void check_prefetched_loss_(const char* where, const gathered_batch& g, vector_view<const index_t> targets,

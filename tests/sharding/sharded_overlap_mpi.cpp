@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The prefetch of a class-sharded full softmax's rows (issue 14), under mpirun with 1 to 4 ranks:
-// every verb taking a `gathered_batch` (forward, forward_backward, backward, log_prob, topk) gives
+// every verb taking a `gathered_batch` (forward, forward_backward, backward, log_prob, topk,
+// forward_topk) gives
 // bitwise the results of the verb taking `hidden`, in both layouts, with ignored rows (a rank with
 // none kept too), other verbs' collectives run between the start and the use of the gather, also
 // through a communicator without `start_all_gather` (the blocking fallback) and through
@@ -158,6 +159,18 @@ void prefetched_equals_blocking(Comm comm, xs::hidden_layout layout) {
     head.topk(gk, k, xs::matrix_view<index_t>(c_b.data(), n, k), xs::matrix_view<float>(v_b.data(), n, k));
     CHECK(c_a == c_b);
     CHECK(same_bits(v_a, v_b));
+    // The loss and the top-k in one pass (ignored targets: -1 / -inf rows), on a batch gathered for it.
+    auto gf = head.gather_rows_async(b.hidden());
+    std::vector<float> per_a(n), per_b(n);
+    const float la = head.forward_topk(b.hidden(), b.targets(), k, xs::matrix_view<index_t>(c_a.data(), n, k),
+                                       xs::matrix_view<float>(v_a.data(), n, k), {}, xs::vector_view<float>(per_a.data(), n));
+    const float lb = head.forward_topk(gf, b.targets(), k, xs::matrix_view<index_t>(c_b.data(), n, k),
+                                       xs::matrix_view<float>(v_b.data(), n, k), {}, xs::vector_view<float>(per_b.data(), n));
+    CHECK(std::memcmp(&la, &lb, sizeof la) == 0);
+    CHECK(same_bits(per_a, per_b));
+    CHECK(c_a == c_b);
+    CHECK(same_bits(v_a, v_b));
+    CHECK_FALSE(gf.usable());
   }
 }
 

@@ -53,7 +53,7 @@ template <class P, class B, class S>
 float full_softmax<P, B, S>::run_prefetched_(const char* where, gathered_batch& g, vector_view<const index_t> targets,
                                              loss_options options, vector_view<float> per_sample,
                                              matrix_view<float>* grad_hidden, gradient_type* grad_weights,
-                                             vector_view<const float> grad_output) const {
+                                             vector_view<const float> grad_output, const topk_outputs* topk) const {
   auto& st = usable_(where, g);
   st.used = true;
   const detail::execution<B> ex{resources_};
@@ -66,7 +66,9 @@ float full_softmax<P, B, S>::run_prefetched_(const char* where, gathered_batch& 
   detail::sharded_rows<B> rows =
       detail::finish_gather(ex, sharding_, st, targets, options.ignore_index, grad_weights ? &own_upstream : nullptr);
   detail::scratch_vector<B, float> loss(1, ex);
-  run_gathered_(rows, own, options, per_sample, grad_hidden, grad_weights, loss.data());
+  if (topk && own.rows < st.rows)  // forward_topk: the ignored rows' -1 / -inf
+    detail::parallel_for(ex, st.rows * topk->k, detail::clear_topk{topk->k, topk->classes, topk->log_probs});
+  run_gathered_(rows, own, options, per_sample, grad_hidden, grad_weights, loss.data(), topk);
   return detail::backend_ops<B>::read(resources_, loss.data());
 }
 
@@ -123,6 +125,20 @@ void full_softmax<P, B, S>::topk(gathered_batch& rows, index_t k, matrix_view<in
   const detail::execution<B> ex{resources_};
   detail::sharded_rows<B> gathered = detail::finish_gather(ex, sharding_, st, {}, 0, nullptr);
   topk_gathered_(gathered, st.rows, k, classes, log_probs);
+}
+
+template <class P, class B, class S>
+float full_softmax<P, B, S>::forward_topk(gathered_batch& rows, vector_view<const index_t> targets, index_t k,
+                                          matrix_view<index_t> classes, matrix_view<float> log_probs,
+                                          loss_options options, vector_view<float> per_sample) const {
+  const std::string w = detail::verb_where(head_name, "forward_topk");
+  verbs::check_topk_outputs(w.c_str(), usable_(w.c_str(), rows).rows, k, classes, log_probs);
+  detail::expects(!options.margin.enabled(), w,
+                  ": an angular margin changes the target's logit in the loss, so its scores are not the ",
+                  "model's prediction; call forward and topk separately");
+  check_prefetched_loss_(w.c_str(), rows, targets, options, per_sample, nullptr, false, {});
+  const topk_outputs out{k, classes, log_probs};
+  return run_prefetched_(w.c_str(), rows, targets, options, per_sample, nullptr, nullptr, {}, &out);
 }
 
 }  // namespace xsoftmax
