@@ -287,6 +287,9 @@ class full_softmax
   void check_forward_topk_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                            index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,
                            const loss_options& options, vector_view<float> per_sample) const;
+  /// forward_topk's checks that read no data: k and the outputs' shapes for `rows` rows, no margin.
+  void check_topk_without_margin_(const char* where, index_t rows, index_t k, matrix_view<index_t> classes,
+                                  matrix_view<float> log_probs, const loss_options& options) const;
   template <class H>
   void topk_into_(matrix_view<const H> hidden, index_t k, matrix_view<index_t> classes,
                   matrix_view<float> log_probs) const;

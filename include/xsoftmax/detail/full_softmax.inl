@@ -155,11 +155,18 @@ void full_softmax<P, B, S>::check_forward_topk_(const char* where, matrix_view<c
                                              vector_view<const index_t> targets, index_t k,
                                              matrix_view<index_t> classes, matrix_view<float> log_probs,
                                              const loss_options& options, vector_view<float> per_sample) const {
-  verbs::check_topk_outputs(where, hidden.rows, k, classes, log_probs);  // no data read: before the scans
+  check_topk_without_margin_(where, hidden.rows, k, classes, log_probs, options);  // no data read: first
+  verbs::check_loss_inputs(where, hidden, targets, options, per_sample, nullptr, false, {});
+}
+
+template <class P, class B, class S>
+void full_softmax<P, B, S>::check_topk_without_margin_(const char* where, index_t rows, index_t k,
+                                                    matrix_view<index_t> classes, matrix_view<float> log_probs,
+                                                    const loss_options& options) const {
+  verbs::check_topk_outputs(where, rows, k, classes, log_probs);
   detail::expects(!options.margin.enabled(), where,
                   ": an angular margin changes the target's logit in the loss, so its scores are not the ",
                   "model's prediction; call forward and topk separately");
-  verbs::check_loss_inputs(where, hidden, targets, options, per_sample, nullptr, false, {});
 }
 
 template <class P, class B, class S>

@@ -132,10 +132,7 @@ float full_softmax<P, B, S>::forward_topk(gathered_batch& rows, vector_view<cons
                                           matrix_view<index_t> classes, matrix_view<float> log_probs,
                                           loss_options options, vector_view<float> per_sample) const {
   const std::string w = detail::verb_where(head_name, "forward_topk");
-  verbs::check_topk_outputs(w.c_str(), usable_(w.c_str(), rows).rows, k, classes, log_probs);
-  detail::expects(!options.margin.enabled(), w,
-                  ": an angular margin changes the target's logit in the loss, so its scores are not the ",
-                  "model's prediction; call forward and topk separately");
+  check_topk_without_margin_(w.c_str(), usable_(w.c_str(), rows).rows, k, classes, log_probs, options);
   check_prefetched_loss_(w.c_str(), rows, targets, options, per_sample, nullptr, false, {});
   const topk_outputs out{k, classes, log_probs};
   return run_prefetched_(w.c_str(), rows, targets, options, per_sample, nullptr, nullptr, {}, &out);
