@@ -483,8 +483,9 @@ carry_python() {
 # The PyTorch package on CUDA, on the GPU machine: the package carried in .gpu-py/ (carry_python), or
 # built there when PY_BUILD=1 or the carried one does not import (about 3 minutes on 16 cores); then
 # the CUDA test cases (pytest -m cuda; $PY_TEST_LIMIT s, default 240), torch_peer.py with xsoftmax's
-# operators beside PyTorch, Cut Cross-Entropy and Liger ($PY_PEER_LIMIT, 150), and train_hs.py --device
-# cuda at 1M classes ($PY_TRAIN_LIMIT, 90).
+# operators beside PyTorch, Cut Cross-Entropy and Liger ($PY_PEER_LIMIT, 150), train_hs.py --device
+# cuda at 1M classes ($PY_TRAIN_LIMIT, 90) and evaluate_vs_torch.py at 8192 x 2304 x 256K bf16
+# ($PY_EVAL_LIMIT, 60).
 python_phase() {
   log "python $(date -u +%FT%TZ)"
   if compgen -G ".whl/*.whl" > /dev/null; then
@@ -511,6 +512,10 @@ python_phase() {
   PYTHONUNBUFFERED=1 timeout "${PY_TRAIN_LIMIT:-90}" python3 examples/python/train_hs.py --device cuda \
     --classes 1000000 --dim 256 --batch 8192 --steps 100 --quiet > "$out/train_hs_cuda.txt" 2>&1 || true
   tail -n 3 "$out/train_hs_cuda.txt" | tee -a "$out/phases.txt"
+  # An evaluation step (loss and top-10) at the peers' shape: evaluate, forward + predict, PyTorch.
+  PYTHONUNBUFFERED=1 timeout "${PY_EVAL_LIMIT:-60}" python3 bench/python/evaluate_vs_torch.py --device cuda \
+    --classes 262144 --batch 8192 --dim 2304 --dtype bfloat16 --rounds 5 > "$out/py_evaluate.txt" 2>&1 || true
+  tail -n 7 "$out/py_evaluate.txt" | tee -a "$out/phases.txt"
 }
 
 # OpenMPI's runtime for the GPU machine, which has none and reaches no registry: Debian 12's
