@@ -10,8 +10,8 @@ rounds are printed, with the results compared (same loss within 1e-4, same top-k
     OMP_WAIT_POLICY=passive python3 bench/python/evaluate_vs_torch.py --classes 100000 --threads 2
     python3 bench/python/evaluate_vs_torch.py --device cuda --classes 262144 --batch 8192 --dim 2304 --dtype bfloat16
 
-Floor: one score GEMM of 2 B N d FLOPs; torch also writes and reads the B x N logits (4 B N bytes
-in float32) for its loss and its top-k. Needs the xsoftmax package (pip install --no-build-isolation ./python).
+Floor: one score GEMM of 2 B N d FLOPs; torch also writes and reads the B x N logits (B N times the
+element size of the weights' dtype) for its loss and its top-k. Needs the xsoftmax package (pip install --no-build-isolation ./python).
 """
 import argparse
 import statistics
@@ -59,7 +59,7 @@ def main():
 
     def torch_logits():
         with torch.no_grad():
-            logits = F.linear(h, w).float()
+            logits = F.linear(h, w)  # in the weights' dtype, as a PyTorch user would have them
             loss = F.cross_entropy(logits, t)
             _, classes = logits.topk(args.k, dim=1)
         return loss, classes

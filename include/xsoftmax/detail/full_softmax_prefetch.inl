@@ -66,8 +66,6 @@ float full_softmax<P, B, S>::run_prefetched_(const char* where, gathered_batch& 
   detail::sharded_rows<B> rows =
       detail::finish_gather(ex, sharding_, st, targets, options.ignore_index, grad_weights ? &own_upstream : nullptr);
   detail::scratch_vector<B, float> loss(1, ex);
-  if (topk && own.rows < st.rows)  // forward_topk: the ignored rows' -1 / -inf
-    detail::parallel_for(ex, st.rows * topk->k, detail::clear_topk{topk->k, topk->classes, topk->log_probs});
   run_gathered_(rows, own, options, per_sample, grad_hidden, grad_weights, loss.data(), topk);
   return detail::backend_ops<B>::read(resources_, loss.data());
 }

@@ -94,8 +94,6 @@ void full_softmax<P, B, S>::run_sharded_into_(const char* where, matrix_view<con
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   detail::sharded_batch<B> b =
       detail::gather_batch(ex, where, sharding_, hidden, targets, options, grad_weights != nullptr, grad_output);
-  if (topk && b.own.rows < hidden.rows)  // forward_topk: the ignored rows' -1 / -inf
-    detail::parallel_for(ex, hidden.rows * topk->k, detail::clear_topk{topk->k, topk->classes, topk->log_probs});
   run_gathered_(b.rows, b.own, options, per_sample, grad_hidden, grad_weights, loss, topk);
 }
 
@@ -156,6 +154,9 @@ void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const d
     };
   }
   detail::dense_softmax(ex, matrix_view<const storage_type>(weights()), bias, a);
+  const index_t batch_rows = topk ? topk->classes.rows : 0;  // the caller's rows, ignored ones too
+  if (topk && own_rows_map.rows < batch_rows)  // the ignored rows' -1 / -inf
+    detail::parallel_for(ex, batch_rows * topk->k, detail::clear_topk{topk->k, topk->classes, topk->log_probs});
   if (topk)
     merge_topk_candidates_(rows, own_rows_map.rows, *best, detail::raw(row_lse), topk->k, topk->classes,
                            topk->log_probs, own_rows_map.sample_data());

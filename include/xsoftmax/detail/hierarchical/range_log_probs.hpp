@@ -90,19 +90,13 @@ void tree_log_distribution(const execution<B>& ex, const HostView& host_view, ma
   // The plan's five lists go to the execution's memory in one copy (on a device one transfer, not
   // five), and they and the tiles' log-probabilities are the call's working memory (scratch:
   // written before they are read; on a device no cudaMalloc, fill or synchronising cudaFree).
-  const std::vector<index_t>* lists[] = {&p.block_begin, &p.block_size, &p.block_offset, &p.path_ptr, &p.path_off};
-  std::vector<index_t> packed;
-  std::size_t at[6] = {};
-  for (int l = 0; l < 5; ++l) {
-    packed.insert(packed.end(), lists[l]->begin(), lists[l]->end());
-    at[l + 1] = packed.size();
-  }
-  const scratch_vector<B, index_t> uploaded = to_scratch(ex, packed);
-  const index_t* bb = uploaded.data() + at[0];
-  const index_t* bs = uploaded.data() + at[1];
-  const index_t* bo = uploaded.data() + at[2];
-  const index_t* pp = uploaded.data() + at[3];
-  const index_t* po = uploaded.data() + at[4];
+  scratch_lists<B, index_t, index_t, index_t, index_t, index_t> uploaded(ex, p.block_begin, p.block_size,
+                                                                         p.block_offset, p.path_ptr, p.path_off);
+  const index_t* bb = uploaded.template list<0>();
+  const index_t* bs = uploaded.template list<1>();
+  const index_t* bo = uploaded.template list<2>();
+  const index_t* pp = uploaded.template list<3>();
+  const index_t* po = uploaded.template list<4>();
   const index_t blocks = static_cast<index_t>(p.block_begin.size());
   const index_t tile = std::clamp<index_t>(
       static_cast<index_t>(tree_search_budget_bytes / (sizeof(float) * static_cast<std::size_t>(std::max<index_t>(p.children, 1)))),
