@@ -116,6 +116,9 @@ TEST_CASE_TEMPLATE("dense_softmax row blocks: the same results as one block, wit
       a.score_cache_bytes = block * chunk * index_t(sizeof(float));  // one chunk of each block kept
       xsoftmax::detail::dense_softmax_generic(ex, xsoftmax::matrix_view<const float>(w.data(), weight_rows, d),
                                               bias.data(), a);
+      // The primitive only queues its work on the backend's stream (the heads wait at the end of
+      // a verb); on cuda the outputs are read here only after that work is done.
+      xsoftmax::detail::backend_ops<B>::synchronize(res);
       return o;
     };
     const outputs one = run(0);

@@ -25,6 +25,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -171,7 +172,8 @@ TEST_CASE_TEMPLATE("hs search: beam 1 on top-1 expands the returned leaf's path 
 }
 
 /// Beam searches of every width against the plain beam search (full sort and truncate after each
-/// expansion): the same classes and log-probabilities, bit for bit, and the same expansions; on
+/// expansion): the same classes and log-probabilities (bit for bit on the host backends, to a few
+/// ulps on the device), and the same expansions; on
 /// softmax nodes (Huffman arity 3, blocks up to 3; a uniform tree of 40-child blocks, where a
 /// beam's selection sees far more entries than it keeps) and on sigmoid nodes.
 template <class B, class Form, class Tree>
@@ -201,7 +203,16 @@ void check_beams(const Tree& tree, index_t n, index_t d, const std::string& what
         CHECK(counts[static_cast<size_t>(i)] == ref_expansions);
         for (index_t j = 0; j < k; ++j) {
           CHECK(cls[static_cast<size_t>(i * k + j)] == rc[static_cast<size_t>(j)]);
-          CHECK(bits(lps[static_cast<size_t>(i * k + j)]) == bits(rl[static_cast<size_t>(j)]));
+          const float got = lps[static_cast<size_t>(i * k + j)], want = rl[static_cast<size_t>(j)];
+          // The host backends run the reference's arithmetic; nvcc contracts the device's
+          // multiply-adds into FMAs, so there a log-probability may differ from the host's in its
+          // last bits (the H200 of stop 50: 1-2 ulps on the arity-3 Huffman tree, the classes and
+          // expansions identical). The cuda runner's own oracle, the generic device search, is
+          // compared bit for bit in tests/cuda/hs_tuned_cuda_test.cu.
+          if constexpr (xsoftmax::is_host_backend<B>)
+            CHECK(bits(got) == bits(want));
+          else
+            CHECK(std::abs(got - want) <= 1e-6f * (1.f + std::abs(want)));
         }
       }
     }
