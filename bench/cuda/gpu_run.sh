@@ -17,6 +17,10 @@
 #                                    case in its own process (a crash fails that case only), the example,
 #                                    memcheck the same way, the quick bench, each under its own time limit,
 #                                    in one call of at most about 9 minutes (device tool: timeout_s 600)
+#   bench/cuda/gpu_run.sh second     the call right after `first` (the machine goes back after 30 s idle:
+#                                    have it typed): the per-kernel breakdown (ncu) of the headline
+#                                    configurations every GPU session must bring back, in about 4 minutes
+#                                    (device tool: timeout_s 270), packed
 #   bench/cuda/gpu_run.sh prebuilt   the same checks on binaries built here (saves the device build):
 #                                    `BUILD=<sm_90 build> bench/cuda/gpu_run.sh carry` puts them, stripped
 #                                    and compressed, in .gpu-bin/ (name it in `carry`); about 2.5 minutes
@@ -585,6 +589,12 @@ mpi() {
 # `timeout` so that a slow phase costs its own limit. About 540 s.
 # $SESSION_PHASES (phase:limit words; default "rowblocks:170 sweep:80 scale:60") picks the phases
 # after prebuilt; NO_PREBUILT=1 leaves prebuilt out (a second call on the same binaries).
+second() {
+  local specs="full256k|full_bf16_256k|--reps 1|4500|70;hs2_1m|hs_uniform2_1m|--reps 1|600|40"
+  specs+=";hs3_1m|hs_uniform3_1m|--reps 1|600|40;small|full_bf16_256k|--quick --reps 1|400|20"
+  specs+=";full256k_topk|full_bf16_256k|--reps 1|3000|60|topk"
+  NO_PREBUILT=1 SESSION_PHASES=${SESSION_PHASES:-profiles:240} PROFILE_SPECS=${PROFILE_SPECS:-$specs} session
+}
 session() {
   local t0=$SECONDS rc
   if [[ -z ${NO_PREBUILT:-} ]]; then
@@ -689,6 +699,7 @@ case "${1:-all}" in
   peer) peer ;;
   all) build && test_phase && sanitize && sanitize2 && bench && peer ;;
   first) first ;;
+  second) second ;;
   carry) carry_phase ;;
   fresh) fresh ;;
   prebuilt) prebuilt ;;
