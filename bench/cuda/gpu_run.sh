@@ -17,6 +17,8 @@
 #                                    case in its own process (a crash fails that case only), the example,
 #                                    memcheck the same way, the quick bench, each under its own time limit,
 #                                    in one call of at most about 9 minutes (device tool: timeout_s 600)
+#   bench/cuda/gpu_run.sh pyfirst    instead of `first`, for the PyTorch package (issue 27): built there beside
+#                                    heads_cuda_bench, then the `python` phase, in one call of about 9.5 minutes
 #   bench/cuda/gpu_run.sh second     the call right after `first` (the machine goes back after 30 s idle:
 #                                    have it typed): the per-kernel breakdown (ncu) of the headline
 #                                    configurations every GPU session must bring back, in about 4 minutes
@@ -98,9 +100,11 @@ build() {
     -DCMAKE_CUDA_ARCHITECTURES=90 -DXSOFTMAX_INSTALL=OFF "${nccl[@]}" \
     -DXSOFTMAX_DOCTEST_INCLUDE_DIR="$doctest_dir" > "$out/configure.txt" 2>&1
   grep -E 'NCCL|CBLAS|doctest' "$out/configure.txt" || true
-  cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_tests heads_cuda_bench cuda_training_step 2>&1 | tail -n 20
+  # shellcheck disable=SC2086  # $BUILD_TARGETS: words
+  cmake --build "$build" -j "${BUILD_JOBS:-$(nproc)}" --target ${BUILD_TARGETS:-xsoftmax_cuda_tests heads_cuda_bench cuda_training_step} 2>&1 |
+    tail -n 20
   # The CUDA MPI tests, where an MPI is found (here; the GPU image has none: carry_mpi brings them).
-  if grep -q xsoftmax_cuda_mpi_tests "$build/build.ninja" "$build/Makefile" 2> /dev/null; then
+  if [[ -z ${BUILD_TARGETS:-} ]] && grep -q xsoftmax_cuda_mpi_tests "$build/build.ninja" "$build/Makefile" 2> /dev/null; then
     cmake --build "$build" -j "$(nproc)" --target xsoftmax_cuda_mpi_tests 2>&1 | tail -n 5
   fi
 }
@@ -589,6 +593,19 @@ mpi() {
 # `timeout` so that a slow phase costs its own limit. About 540 s.
 # $SESSION_PHASES (phase:limit words; default "rowblocks:170 sweep:80 scale:60") picks the phases
 # after prebuilt; NO_PREBUILT=1 leaves prebuilt out (a second call on the same binaries).
+pyfirst() {
+  # The PyTorch package built there (8 jobs) while heads_cuda_bench builds beside it (4 jobs), then
+  # the python phase: the CUDA pytest suite, the peers, train_hs.py, evaluate_vs_torch.py.
+  local t0=$SECONDS rc=0
+  log "pyfirst $(date -u +%FT%TZ)"
+  BUILD_TARGETS=heads_cuda_bench BUILD_JOBS=4 timeout 330 bash "$self" build > "$out/build.txt" 2>&1 &
+  local bench_pid=$!
+  MAX_JOBS=${MAX_JOBS:-10} PY_BUILD=1 PY_TEST_LIMIT=${PY_TEST_LIMIT:-150} PY_PEER_LIMIT=${PY_PEER_LIMIT:-100} \
+    PY_TRAIN_LIMIT=${PY_TRAIN_LIMIT:-60} PY_EVAL_LIMIT=${PY_EVAL_LIMIT:-50} timeout 560 bash "$self" python || rc=$?
+  wait "$bench_pid" || log "pyfirst: heads_cuda_bench build exit $?"
+  log "pyfirst: python exit $rc after $((SECONDS - t0)) s"
+  pack
+}
 second() {
   local specs="full256k|full_bf16_256k|--reps 1|4500|70;hs2_1m|hs_uniform2_1m|--reps 1|600|40"
   specs+=";hs3_1m|hs_uniform3_1m|--reps 1|600|40;small|full_bf16_256k|--quick --reps 1|400|20"
@@ -700,6 +717,7 @@ case "${1:-all}" in
   all) build && test_phase && sanitize && sanitize2 && bench && peer ;;
   first) first ;;
   second) second ;;
+  pyfirst) pyfirst ;;
   carry) carry_phase ;;
   fresh) fresh ;;
   prebuilt) prebuilt ;;
