@@ -16,6 +16,8 @@
 ///    the stream): `find_if` (a non-finite value, a bad target, an active set's checks), the counts
 ///    of `copy_if`, `remove_if`, `unique` and `reduce_by_key`, `transform_reduce`, `max_element`, a
 ///    scalar `lower_bound`;
+///  * `uploads`: host lists sent to the backend's memory (`backend_ops::upload`): on a GPU a copy
+///    queued through page-locked memory, no wait (detail/cuda/pinned_staging.cuh);
 ///  * `synchronizations`: `backend_ops::synchronize` (waits for the queued work);
 ///  * `loops`: parallel loops launched (`parallel_for`, `XSOFTMAX_PARALLEL_FOR`): kernels on a device.
 /// Thread-local: the counts of the thread that calls the verb (a host backend's worker threads'
@@ -31,6 +33,7 @@ struct call_counters {
   std::int64_t synchronizations = 0;
   std::int64_t loops = 0;
   std::int64_t vectors = 0;
+  std::int64_t uploads = 0;
 
   /// The calling thread's counters.
   [[nodiscard]] static call_counters& local() noexcept {
@@ -42,11 +45,14 @@ struct call_counters {
     const call_counters& now = local();
     return {now.allocations - before.allocations, now.host_reads - before.host_reads,
             now.synchronizations - before.synchronizations, now.loops - before.loops,
-            now.vectors - before.vectors};
+            now.vectors - before.vectors, now.uploads - before.uploads};
   }
 };
 
 /// One value brought back to the host (see `call_counters::host_reads`).
 inline void count_host_read() noexcept { ++call_counters::local().host_reads; }
+
+/// One host list sent to the backend (see `call_counters::uploads`).
+inline void count_upload() noexcept { ++call_counters::local().uploads; }
 
 }  // namespace xsoftmax::detail

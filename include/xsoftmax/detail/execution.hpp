@@ -100,6 +100,9 @@ namespace xsoftmax::detail {
 ///   template <class T> static T read(const resources&, const T* p);   // one value, to the host
 ///   template <class T> static void copy(const resources&, T* dst, const T* src, index_t n);
 ///                                                           // host <-> backend memory, blocking
+///   template <class T> static void upload(const resources&, T* dst, const T* src, index_t n);
+///                                                           // host list -> backend memory, queued
+///                                                           // (src reusable on return, no wait)
 ///   static void synchronize(const resources&);              // wait for the work queued so far
 template <class Backend>
 struct backend_ops {

@@ -2,8 +2,8 @@
 #pragma once
 /// \file
 /// `backend_ops<cuda>`: what the generic algorithms need from the GPU besides Thrust — cuBLAS's
-/// fp32 GEMM on the resources' stream, reading one value back (a wait for the stream), waiting for
-/// queued work.
+/// fp32 GEMM on the resources' stream, reading one value back (a wait for the stream), copies,
+/// uploads of host lists that do not wait, waiting for queued work.
 
 #include <xsoftmax/detail/cuda/backend.cuh>
 #include <xsoftmax/detail/cuda/error.cuh>
@@ -40,6 +40,19 @@ struct backend_ops<::xsoftmax::cuda> {
     XSOFTMAX_CUDA_TRY(cudaMemcpyAsync(dst, src, sizeof(T) * static_cast<std::size_t>(n), cudaMemcpyDefault,
                                       res.stream()));
     XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(res.stream()));
+  }
+  /// `n` elements of host memory `src` (pageable or not) to device memory `dst`, queued on the
+  /// stream after the work before it, through the resources' page-locked ring: no wait for the
+  /// stream (`cuda_resources::upload_staged`); `src` may be reused on return. What the ring cannot
+  /// take goes by `copy`, which waits.
+  template <class T>
+  static void upload(const cuda_resources& res, T* dst, const T* src, index_t n) {
+    if (n <= 0) return;
+    if (res.upload_staged(dst, src, sizeof(T) * static_cast<std::size_t>(n))) {
+      count_upload();
+      return;
+    }
+    copy(res, dst, src, n);
   }
   static void synchronize(const cuda_resources& res) {
     ++call_counters::local().synchronizations;

@@ -170,8 +170,8 @@ void run_grouped_level(const execution<::xsoftmax::cuda>& ex, const node_run_dat
   }
   grouped_run* d_runs = scratch.take<grouped_run>(static_cast<index_t>(grouped.size()));
   const void** d_ptrs = scratch.take<const void*>(static_cast<index_t>(host_ptrs.size()));
-  backend_ops<::xsoftmax::cuda>::copy(res, d_runs, grouped.data(), static_cast<index_t>(grouped.size()));
-  backend_ops<::xsoftmax::cuda>::copy(res, d_ptrs, host_ptrs.data(), static_cast<index_t>(host_ptrs.size()));
+  backend_ops<::xsoftmax::cuda>::upload(res, d_runs, grouped.data(), static_cast<index_t>(grouped.size()));
+  backend_ops<::xsoftmax::cuda>::upload(res, d_ptrs, host_ptrs.data(), static_cast<index_t>(host_ptrs.size()));
   for (const grouped_batch<T>& bt : batches) {
     const grouped_run* dr = d_runs + bt.first;
     const index_t n = static_cast<index_t>(bt.count);

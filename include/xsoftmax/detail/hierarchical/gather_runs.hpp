@@ -128,7 +128,7 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
   scratch_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : runs.size(), ex);
   const node_run* list = runs.data();
   if constexpr (!is_host_backend<B>) {
-    execution<B>::ops::copy(ex.res, raw(device_runs), runs.data(), n);
+    execution<B>::ops::upload(ex.res, raw(device_runs), runs.data(), n);
     list = raw(device_runs);
   }
   parallel_for(ex, n, gather_run_step<T>{a, list});

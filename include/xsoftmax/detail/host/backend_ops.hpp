@@ -42,6 +42,12 @@ struct host_backend_ops {
     count_host_read();
     std::copy(src, src + n, dst);
   }
+  /// `n` elements of host memory `src` to backend memory `dst` (the same memory here): a copy.
+  template <class T>
+  static void upload(const host_resources&, T* dst, const T* src, index_t n) {
+    count_upload();
+    std::copy(src, src + n, dst);
+  }
   static void synchronize(const host_resources&) { ++call_counters::local().synchronizations; }
 };
 

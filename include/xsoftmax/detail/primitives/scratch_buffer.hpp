@@ -206,18 +206,19 @@ class scratch_vector {
 template <class B, class T>
 using scratch_buffer = scratch_vector<B, T>;
 
-/// Host `v` copied into working memory of the call in the execution's memory: one copy, complete on
-/// return.
+/// Host `v` copied into working memory of the call in the execution's memory: one upload, queued
+/// before the work that reads it (on a GPU without a wait for the stream: `backend_ops::upload`);
+/// `v` may change on return.
 template <class B, class T>
 scratch_vector<B, T> to_scratch(const execution<B>& ex, const std::vector<T>& v) {
   scratch_vector<B, T> out(v.size(), ex);
-  if (!v.empty()) execution<B>::ops::copy(ex.res, out.data(), v.data(), static_cast<index_t>(v.size()));
+  if (!v.empty()) execution<B>::ops::upload(ex.res, out.data(), v.data(), static_cast<index_t>(v.size()));
   return out;
 }
 
 /// Several host lists of T... (contiguous containers: `data()`, `size()`; trivially copyable
-/// elements aligned to at most 8 bytes) in one block of the call's working memory, with one copy (on
-/// a device one upload and one wait instead of one each): `list<I>()` is the I-th list's copy, each
+/// elements aligned to at most 8 bytes) in one block of the call's working memory, with one upload
+/// (on a device one queued copy instead of one each): `list<I>()` is the I-th list's copy, each
 /// starting on an 8-byte boundary. The block lives as long as this object.
 template <class B, class... T>
 class scratch_lists {
