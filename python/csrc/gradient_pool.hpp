@@ -10,7 +10,8 @@
 // so the head refills it exactly as a fresh one (its value-initialisation then writes pages already
 // mapped). At most `kept_gradients` objects are pooled, each as large as the largest gradient it
 // held; `xsoftmax.release_cached_gradients()` frees the idle ones. Device gradients are not pooled:
-// their buffers come from the framework's caching allocator already.
+// their buffers come from torch's caching allocator (`torch_vector_memory`, set for the library's
+// vectors when the extension loads: ops_cuda.cu), which already keeps freed blocks.
 
 #pragma once
 

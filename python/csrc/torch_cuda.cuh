@@ -32,6 +32,21 @@ class torch_device_memory final : public xs::device_memory_resource {
   }
 };
 
+/// torch's CUDA caching allocator for the library's vectors (`xs::set_vector_memory_resource`):
+/// the weight gradients the operators hand torch as tensors, without a copy. Each block is tied to
+/// torch's current stream when it is made, the stream of the operator that writes it; so
+/// torch.cuda.memory_allocated counts a gradient, and dropping one (`zero_grad(set_to_none=True)`)
+/// returns it to torch's cache instead of a cudaFree that waits for the whole device.
+class torch_vector_memory final : public xs::device_memory_resource {
+ public:
+  void* allocate(std::size_t bytes, cudaStream_t) override {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, at::cuda::getCurrentCUDAStream().stream());
+  }
+  void deallocate(void* p, std::size_t, cudaStream_t) noexcept override {
+    c10::cuda::CUDACachingAllocator::raw_delete(p);
+  }
+};
+
 template <>
 struct torch_backend<xs::cuda> {
   static std::shared_ptr<xs::device_memory_resource> memory() {

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The heads on CUDA tensors against the same heads on the CPU, and the CUDA operators as PyTorch
 citizens: torch's streams (two models on two streams equal one after the other) and torch's caching
-allocator (torch.cuda.max_memory_allocated sees the heads' working memory). Skipped, and counted,
+allocator (torch.cuda.max_memory_allocated sees the heads' working memory, torch.cuda.memory_allocated
+their weight gradients). Skipped, and counted,
 without a GPU (conftest.py)."""
 import copy
 
@@ -137,6 +138,24 @@ def test_max_memory_allocated_sees_the_heads_working_memory():
         head(hidden, targets)
         torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before >= 4 << 20
+
+
+def test_the_weight_gradient_is_counted_by_torchs_allocator():
+    # The fused operator hands its weight gradient (N x d fp32) to torch over the library's own
+    # buffer; that buffer comes from torch's caching allocator (torch_vector_memory), so torch counts
+    # it while the tensor lives and gets it back when the tensor goes.
+    n, d = 65536, 64
+    w = torch.randn(n, d, device="cuda")
+    h = torch.randn(256, d, device="cuda")
+    t = torch.randint(0, n, (256,), device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    outputs = torch.ops.xsoftmax.loss_fused(h, w, None, t, 1, -100, 0, None, False)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before >= n * d * 4
+    del outputs
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before < n * d * 4
 
 
 def test_sparse_gradients_are_cuda_sparse_tensors():

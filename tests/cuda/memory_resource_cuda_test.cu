@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // A host framework's resources in a head: every working buffer of a call comes from the caller's
 // `device_memory_resource` (and all of it goes back), a borrowed cuBLAS handle is used and left as
-// it was, and the results equal those of the library's own resources.
+// it was, and the results equal those of the library's own resources; a training step's gradient
+// vectors come from the resource set by `set_vector_memory_resource`.
 
 #include "support.cuh"
 
@@ -137,6 +138,26 @@ TEST_CASE("cuda_resources::use_cublas: a borrowed handle is used and kept; one b
   CHECK(cublasDestroy(handle) == CUBLAS_STATUS_SUCCESS);
   CHECK(cudaStreamDestroy(stream) == cudaSuccess);
   CHECK(cudaStreamDestroy(other) == cudaSuccess);
+}
+
+TEST_CASE("set_vector_memory_resource: a step's gradient vectors come from the resource and all go back to it") {
+  rng g(95);
+  weights<float> w(g, 900, 32, true);
+  const batch b = make_batch(g, 64, 32, 900, 0.0);
+  const device_batch db(b);
+  const xs::full_softmax<xs::fp32, xs::cuda> head(w.device_view(), w.device_bias());
+  const fb_outputs want = forward_backward_device(head, db, {}, {});  // the gradient from cudaMalloc
+  auto memory = std::make_shared<counting_resource>();
+  xs::set_vector_memory_resource(memory);
+  CHECK(xs::vector_memory_resource() == memory);
+  const fb_outputs got = forward_backward_device(head, db, {}, {});  // its gradient is made now
+  xs::set_vector_memory_resource(nullptr);
+  CHECK(xs::vector_memory_resource() == nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(memory->allocations >= 3);  // the gradient's rows, values and bias values
+  CHECK(memory->live == 0);         // all returned when the gradient went
+  CHECK_FALSE(memory->bad_size);
+  check_same_outputs(got, want, 1e-6, "gradient vectors from a resource");
 }
 
 }  // namespace

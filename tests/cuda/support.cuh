@@ -55,8 +55,9 @@ thrust::device_vector<T> to_device(const std::vector<T>& v) {
   return thrust::device_vector<T>(v.begin(), v.end());
 }
 
-template <class T>
-std::vector<T> to_host(const thrust::device_vector<T>& v) {
+/// A device vector (any allocator: the cuda backend's vectors take `vector_allocator`) to the host.
+template <class T, class A>
+std::vector<T> to_host(const thrust::device_vector<T, A>& v) {
   std::vector<T> h(v.size());
   thrust::copy(v.begin(), v.end(), h.begin());
   return h;
@@ -79,12 +80,12 @@ std::vector<T> to_host(const xsoftmax::detail::scratch_vector<xsoftmax::cuda, T>
   return h;
 }
 
-template <class T>
-T* raw(thrust::device_vector<T>& v) {
+template <class T, class A>
+T* raw(thrust::device_vector<T, A>& v) {
   return thrust::raw_pointer_cast(v.data());
 }
-template <class T>
-const T* raw(const thrust::device_vector<T>& v) {
+template <class T, class A>
+const T* raw(const thrust::device_vector<T, A>& v) {
   return thrust::raw_pointer_cast(v.data());
 }
 

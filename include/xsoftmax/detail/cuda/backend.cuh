@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// `backend_traits<cuda>`: device vectors, `cuda_resources`, and Thrust's CUDA system on the
-/// resources' stream.
+/// `backend_traits<cuda>`: device vectors (from `set_vector_memory_resource`'s resource when one is
+/// set), `cuda_resources`, and Thrust's CUDA system on the resources' stream.
 
 #include <xsoftmax/backend.hpp>
 #include <xsoftmax/detail/cuda/resources.cuh>
+#include <xsoftmax/detail/cuda/vector_memory.cuh>
 
 #include <thrust/device_vector.h>
 #include <thrust/system/cuda/execution_policy.h>
@@ -14,8 +15,10 @@ namespace xsoftmax {
 
 template <>
 struct backend_traits<cuda> {
+  /// Device vectors whose memory comes from `set_vector_memory_resource`'s resource, if any
+  /// (detail/cuda/vector_memory.cuh), else cudaMalloc.
   template <class T>
-  using vector = thrust::device_vector<T>;
+  using vector = thrust::device_vector<T, detail::gpu::vector_allocator<T>>;
   using resources = cuda_resources;
   static constexpr bool is_host = false;
   static constexpr const char* name = "cuda";

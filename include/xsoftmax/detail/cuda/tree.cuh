@@ -16,6 +16,7 @@
 
 #include <xsoftmax/detail/cuda/error.cuh>
 #include <xsoftmax/detail/cuda/resources.cuh>
+#include <xsoftmax/detail/cuda/vector_memory.cuh>
 #include <xsoftmax/detail/hierarchical/tree_access.hpp>
 #include <xsoftmax/tree/runtime_tree.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
@@ -63,7 +64,7 @@ struct runtime_tree_mirror {
     view = tree.view_over(p + offset[0], p + offset[1], p + offset[2], p + offset[3], p + offset[4], p + offset[5]);
   }
 
-  thrust::device_vector<index_t> data;
+  thrust::device_vector<index_t, gpu::vector_allocator<index_t>> data;  // memory as the head's vectors'
   runtime_tree_view<MaxDepth> view;
   int device = 0;
 };
