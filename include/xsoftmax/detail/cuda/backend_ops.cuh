@@ -42,9 +42,9 @@ struct backend_ops<::xsoftmax::cuda> {
     XSOFTMAX_CUDA_TRY(cudaStreamSynchronize(res.stream()));
   }
   /// `n` elements of host memory `src` (pageable or not) to device memory `dst`, queued on the
-  /// stream after the work before it, through the resources' page-locked ring: no wait for the
-  /// stream (`cuda_resources::upload_staged`); `src` may be reused on return. What the ring cannot
-  /// take goes by `copy`, which waits.
+  /// stream after the work before it, through the process's page-locked ring for the device: no
+  /// wait for the stream (`cuda_resources::upload_staged`); `src` may be reused on return. What the
+  /// ring cannot take goes by `copy`, which waits.
   template <class T>
   static void upload(const cuda_resources& res, T* dst, const T* src, index_t n) {
     if (n <= 0) return;

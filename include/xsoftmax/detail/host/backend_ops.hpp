@@ -45,6 +45,7 @@ struct host_backend_ops {
   /// `n` elements of host memory `src` to backend memory `dst` (the same memory here): a copy.
   template <class T>
   static void upload(const host_resources&, T* dst, const T* src, index_t n) {
+    if (n <= 0) return;
     count_upload();
     std::copy(src, src + n, dst);
   }
