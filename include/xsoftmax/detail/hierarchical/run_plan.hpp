@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -320,11 +321,19 @@ struct count_and_size {
   }
 };
 
+/// Whether every class of a tree view sits at one depth, `View::depth_value` (uniform_tree).
+template <class View, class = void>
+struct has_fixed_depth : std::false_type {};
+template <class View>
+struct has_fixed_depth<View, std::void_t<decltype(View::depth_value)>> : std::true_type {};
+
 /// The levels a step plans: the batch's deepest path (a Huffman tree's max_depth is far deeper),
-/// at most `max_depth`.
+/// at most `max_depth`. A tree whose classes all sit at one depth needs no look at the batch (on a
+/// device, no wait for the stream).
 template <class B, class View>
 int planned_levels(const execution<B>& ex, const View& tv, const index_t* target, index_t rows, int max_depth) {
   if (rows == 0) return 0;
+  if constexpr (has_fixed_depth<View>::value) return View::depth_value < max_depth ? View::depth_value : max_depth;
   const thrust::counting_iterator<index_t> first(0);
   count_host_read();  // the deepest path decides the levels
   const index_t deepest = with_light_policy(ex, rows, [&](auto policy) {
