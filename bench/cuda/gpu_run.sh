@@ -357,9 +357,11 @@ profile() {
 # by ';' (the measurement: forward_backward unless named, e.g. topk or forward).
 profiles() {
   local spec name filter args launches limit only specs
-  local default="full256k|full_bf16_256k|--reps 1|4500|70;full256k_r4096|full_bf16_256k|--reps 1 --row-blocks 4096|4500|60"
+  # The headline configurations (about 230 s): the full softmax at the peers' shape (its step, its
+  # top-10), the small call, the HS at 2 and 3 levels.
+  local default="full256k|full_bf16_256k|--reps 1|4500|70;full256k_topk|full_bf16_256k|--reps 1|3000|60|topk"
   default+=";small|full_bf16_256k|--quick --reps 1|400|20;hs2_1m|hs_uniform2_1m|--reps 1|600|40"
-  default+=";full256k_topk|full_bf16_256k|--reps 1|3000|60|topk"
+  default+=";hs3_1m|hs_uniform3_1m|--reps 1|600|40"
   IFS=';' read -r -a specs <<< "${PROFILE_SPECS:-$default}"
   for spec in "${specs[@]}"; do
     IFS='|' read -r name filter args launches limit only <<< "$spec"
@@ -607,10 +609,7 @@ pyfirst() {
   pack
 }
 second() {
-  local specs="full256k|full_bf16_256k|--reps 1|4500|70;hs2_1m|hs_uniform2_1m|--reps 1|600|40"
-  specs+=";hs3_1m|hs_uniform3_1m|--reps 1|600|40;small|full_bf16_256k|--quick --reps 1|400|20"
-  specs+=";full256k_topk|full_bf16_256k|--reps 1|3000|60|topk"
-  NO_PREBUILT=1 SESSION_PHASES=${SESSION_PHASES:-profiles:240} PROFILE_SPECS=${PROFILE_SPECS:-$specs} session
+  NO_PREBUILT=1 SESSION_PHASES=${SESSION_PHASES:-profiles:240} session
 }
 session() {
   local t0=$SECONDS rc

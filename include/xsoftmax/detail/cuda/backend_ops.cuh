@@ -8,6 +8,7 @@
 #include <xsoftmax/detail/cuda/backend.cuh>
 #include <xsoftmax/detail/cuda/error.cuh>
 #include <xsoftmax/detail/cuda/gemm.cuh>
+#include <xsoftmax/detail/cuda/pinned_staging.cuh>
 #include <xsoftmax/detail/cuda/resources.cuh>
 #include <xsoftmax/detail/execution.hpp>
 #include <xsoftmax/detail/host/gemm.hpp>
@@ -43,12 +44,12 @@ struct backend_ops<::xsoftmax::cuda> {
   }
   /// `n` elements of host memory `src` (pageable or not) to device memory `dst`, queued on the
   /// stream after the work before it, through the process's page-locked ring for the device: no
-  /// wait for the stream (`cuda_resources::upload_staged`); `src` may be reused on return. What the
-  /// ring cannot take goes by `copy`, which waits.
+  /// wait for the stream (`gpu::upload_staged`, detail/cuda/pinned_staging.cuh); `src` may be
+  /// reused on return. What the ring cannot take goes by `copy`, which waits.
   template <class T>
   static void upload(const cuda_resources& res, T* dst, const T* src, index_t n) {
     if (n <= 0) return;
-    if (res.upload_staged(dst, src, sizeof(T) * static_cast<std::size_t>(n))) {
+    if (gpu::upload_staged(dst, src, sizeof(T) * static_cast<std::size_t>(n), res.stream())) {
       count_upload();
       return;
     }

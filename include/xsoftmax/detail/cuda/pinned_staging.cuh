@@ -152,7 +152,6 @@ class pinned_staging {
 /// freed at exit, before the CUDA runtime's own teardown: it is made after the runtime started),
 /// under a lock shared by every thread.
 inline bool upload_staged(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return true;
   int device = 0;
   XSOFTMAX_CUDA_TRY(cudaGetDevice(&device));
   struct rings {

@@ -5,13 +5,12 @@
 /// stream every kernel, Thrust algorithm and cuBLAS call runs on, a cuBLAS handle bound to that
 /// stream, a device workspace (a cached buffer reused by every call) and a caching allocator for
 /// Thrust's temporaries, both from one CUB cache of device blocks (detail/cuda/workspace.cuh) or
-/// from the caller's `device_memory_resource`. A call's host lists reach the device without a wait
-/// through the process's ring of page-locked memory (detail/cuda/pinned_staging.cuh).
+/// from the caller's `device_memory_resource`. (A call's host lists reach the device through the
+/// process's ring of page-locked memory, not the resources': detail/cuda/pinned_staging.cuh.)
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/cuda/error.cuh>
 #include <xsoftmax/detail/cuda/memory_resource.cuh>
-#include <xsoftmax/detail/cuda/pinned_staging.cuh>
 #include <xsoftmax/detail/cuda/workspace.cuh>
 #include <xsoftmax/error.hpp>
 
@@ -115,15 +114,6 @@ class cuda_resources {
 
   /// Thrust's temporary-storage allocator (see detail/cuda/workspace.cuh).
   [[nodiscard]] detail::gpu::caching_allocator& thrust_allocator() const noexcept { return state_->alloc; }
-
-  /// Queues a copy of `bytes` from host memory to device memory `dst` on `stream()` through the
-  /// process's ring of page-locked memory for the current device (detail/cuda/pinned_staging.cuh),
-  /// without waiting for the stream; `src` may be reused on return. False, with nothing done, when
-  /// the ring cannot take it (too large, no page-locked memory, the stream capturing a graph).
-  /// Throws `cuda_error`.
-  bool upload_staged(void* dst, const void* src, std::size_t bytes) const {
-    return detail::gpu::upload_staged(dst, src, bytes, stream_);
-  }
 
   /// Waits for everything queued on `stream()`. Throws `cuda_error` when the stream reports a CUDA
   /// error.

@@ -123,15 +123,11 @@ void gather_runs_generic(const execution<B>& ex, const node_run_data<T>& a, cons
   static_assert(!Sigmoid, "xsoftmax: sigmoid-node runs take sigmoid_levels_generic (sigmoid_levels.hpp)");
   const index_t n = static_cast<index_t>(runs.size());
   if (n == 0) return;
-  // A host backend reads the list where it is; a device gets a copy (working memory of the call:
-  // no cudaMalloc, fill or synchronising cudaFree, as a device_vector had).
-  scratch_vector<B, node_run> device_runs(is_host_backend<B> ? 0 : runs.size(), ex);
-  const node_run* list = runs.data();
-  if constexpr (!is_host_backend<B>) {
-    execution<B>::ops::upload(ex.res, raw(device_runs), runs.data(), n);
-    list = raw(device_runs);
-  }
-  parallel_for(ex, n, gather_run_step<T>{a, list});
+  // A host backend reads the list where it is; a device gets it uploaded into the call's working
+  // memory (`to_scratch`: no cudaMalloc, fill or synchronising cudaFree, and no wait).
+  scratch_vector<B, node_run> device_runs;
+  if constexpr (!is_host_backend<B>) device_runs = to_scratch(ex, runs);
+  parallel_for(ex, n, gather_run_step<T>{a, is_host_backend<B> ? runs.data() : raw(device_runs)});
 }
 
 /// The gather path over one level's `runs`: the backend's tuned version when it has one.
