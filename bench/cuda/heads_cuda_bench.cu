@@ -7,8 +7,9 @@
 //   heads_cuda_bench --quick    small sizes only (a smoke run)
 //   heads_cuda_bench --filter full_bf16   configurations whose name contains the string
 //   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
-//                               forward_backward_async, topk, forward_topk; the others print nan),
-//                               e.g. under a profiler
+//                               forward_backward_async, topk, forward_topk, forward_backward_dense:
+//                               the full softmax's step into a dense gradient in the weights' type;
+//                               the others print nan), e.g. under a profiler
 //   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
 //   heads_cuda_bench --filter hs_uniform --train-steps 300 [--train-lr 1]   then 300 SGD steps on
 //                               the head's inputs and the forward and top-10 again, with the HS
@@ -302,6 +303,28 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
               static_cast<long long>(num_classes), fwd, fb, fba, tk, head.resources().workspace_bytes() / 1e6, grad_mb,
               static_cast<long long>(g.num_rows()), (peak - base) / 1e6, loss);
   std::fflush(stdout);
+  // The full softmax's step into a dense weight gradient in the weights' storage type (its
+  // `dense_gradient` overloads: what a framework's bf16 `.grad` is), with the sparse fp32
+  // gradient's buffers freed first, so that the peak is this step's own.
+  if constexpr (has_forward_topk<Head>::value) {
+    using storage = typename Head::storage_type;
+    g = typename Head::gradient_type{};
+    thrust::device_vector<storage> dense(static_cast<std::size_t>(num_classes * head.dim()));
+    std::size_t dense_peak = used_bytes();
+    progress("forward_backward_dense");
+    const double fbd = time_ms("forward_backward_dense",
+        [&] {
+          loss = head.forward_backward(in.hv(), in.tv(), in.ghv(),
+                                       xs::dense_gradient<storage>{xs::matrix_view<storage>(
+                                           thrust::raw_pointer_cast(dense.data()), num_classes, head.dim())});
+        },
+        reps, dense_peak);
+    std::printf("%-34s fwd+bwd into a dense %s gradient %9.3f ms (%.2fx the sparse fp32 one)  grad %9.1f MB  "
+                "peak %9.1f MB\n",
+                name.c_str(), xs::element_name<storage>(), fbd, fbd / fb,
+                static_cast<double>(dense.size() * sizeof(storage)) / 1e6, (dense_peak - base) / 1e6);
+    std::fflush(stdout);
+  }
 }
 
 std::vector<double> zipf_counts(index_t n) {
@@ -447,9 +470,9 @@ int main(int argc, char** argv) {
   }
   if (!only_measurement.empty() && only_measurement != "forward" && only_measurement != "forward_backward" &&
       only_measurement != "forward_backward_async" && only_measurement != "topk" &&
-      only_measurement != "forward_topk") {
+      only_measurement != "forward_topk" && only_measurement != "forward_backward_dense") {
     std::fprintf(stderr, "heads_cuda_bench: --only '%s' is not forward, forward_backward, forward_backward_async, "
-                 "topk or forward_topk\n", only_measurement.c_str());
+                 "topk, forward_topk or forward_backward_dense\n", only_measurement.c_str());
     return 2;
   }
   int devices = 0;

@@ -152,6 +152,37 @@ class full_softmax
                           loss_options options = {}, vector_view<float> per_sample = {}) const;
   /// @}
 
+  /// \name Training into a dense weight gradient (unsharded heads)
+  /// `forward_backward`, `backward` and their `_async` forms with the weight gradient written into
+  /// the caller's `grad_weights` (`dense_gradient<G>`: num_classes x dim, contiguous, G float or
+  /// the storage type; the bias gradient as floats, when the head has a bias) instead of a
+  /// `sparse_gradient`: the same arguments otherwise, the same loss and `grad_hidden`. With G =
+  /// float the weight gradient is bitwise the sparse gradient's values; with G = bf16 / fp16 each
+  /// element is rounded to G from its fp32 sum once per row block (`training_plan`; once when the
+  /// batch is one block), so a bf16 model needs neither an fp32 N x dim buffer nor a conversion pass.
+  /// When every sample is ignored the gradient is zero. Throws `shape_error` for a gradient that is
+  /// not num_classes x dim with stride dim, or a bias that is not num_classes floats (or not empty
+  /// for a head without a bias); `invalid_argument` for a null pointer. Nothing is written then.
+  /// @{
+  template <class H, class G>
+  float forward_backward(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                         dense_gradient<G> grad_weights, loss_options options = {},
+                         vector_view<float> per_sample = {}, vector_view<const float> grad_output = {}) const;
+  template <class H, class G>
+  void backward(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                dense_gradient<G> grad_weights, loss_options options = {},
+                vector_view<const float> grad_output = {}) const;
+  template <class H, class G>
+  void forward_backward_async(matrix_view<H> hidden, vector_view<const index_t> targets,
+                              matrix_view<float> grad_hidden, dense_gradient<G> grad_weights, vector_view<float> loss,
+                              loss_options options = {}, vector_view<float> per_sample = {},
+                              vector_view<const float> grad_output = {}) const;
+  template <class H, class G>
+  void backward_async(matrix_view<H> hidden, vector_view<const index_t> targets, matrix_view<float> grad_hidden,
+                      dense_gradient<G> grad_weights, loss_options options = {},
+                      vector_view<const float> grad_output = {}) const;
+  /// @}
+
   /// \name Prefetch (class-sharded heads): the next micro-batch's gather while this one computes
   /// `auto next = head.gather_rows_async(hidden_next);` starts gathering `hidden_next`'s rows from
   /// every rank (data-parallel layout: the communicator's `start_all_gather`, see
@@ -184,8 +215,10 @@ class full_softmax
   template <class H>
   [[nodiscard]] gathered_batch gather_rows_async(matrix_view<H> hidden) const;
   using verbs::backward;
+  using verbs::backward_async;
   using verbs::forward;
   using verbs::forward_backward;
+  using verbs::forward_backward_async;
   using verbs::log_prob;
   using verbs::topk;
   float forward(gathered_batch& rows, vector_view<const index_t> targets, loss_options options = {},
@@ -272,6 +305,16 @@ class full_softmax
   void log_distribution_async_(matrix_view<const H> hidden, index_t class_begin, index_t class_end,
                                matrix_view<float> out) const;
 
+  /// A dense weight gradient, handed to `run_into_`: fp32 `weights`, or `storage_weights` in the
+  /// storage type (bf16 / fp16 heads); `bias` (fp32) or null.
+  struct dense_outputs {
+    float* weights = nullptr;
+    storage_type* storage_weights = nullptr;
+    float* bias = nullptr;
+  };
+  template <class G>
+  [[nodiscard]] dense_outputs check_dense_gradient_(const char* where, dense_gradient<G> g) const;
+
   /// `forward_topk`'s outputs, handed to `run_into_`.
   struct topk_outputs {
     index_t k;
@@ -282,7 +325,7 @@ class full_softmax
   void run_into_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                  loss_options options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                  gradient_type* grad_weights, vector_view<const float> grad_output, float* loss,
-                 const topk_outputs* topk = nullptr) const;
+                 const topk_outputs* topk = nullptr, const dense_outputs* dense = nullptr) const;
   template <class H>
   void check_forward_topk_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                            index_t k, matrix_view<index_t> classes, matrix_view<float> log_probs,

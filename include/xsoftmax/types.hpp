@@ -154,6 +154,20 @@ struct sparse_gradient {
   }
 };
 
+/// A dense weight gradient written into the caller's memory (the full softmax's `forward_backward`
+/// and `backward`, every class a row): `weights` is num_classes x dim, contiguous (stride = dim),
+/// of float or of the head's storage type (bf16, fp16), in the backend's memory; `bias` holds
+/// num_classes floats when the head has a bias, and is empty otherwise. Overwritten, every entry.
+/// Why: a framework's gradient is its own tensor in the weights' dtype (PyTorch's `.grad` of a
+/// bf16 weight is bf16). Written there directly, a step needs no fp32 N x dim gradient beside it
+/// (2.4 GB at 262144 x 2304) and no conversion pass; in the storage type, each element is rounded
+/// once per row block (`full_softmax::training_plan`) from its fp32 sum.
+template <class T>
+struct dense_gradient {
+  matrix_view<T> weights;
+  vector_view<float> bias = {};
+};
+
 /// How a head's weights are initialised when the head owns them.
 struct init_options {
   unsigned long long seed = 0;

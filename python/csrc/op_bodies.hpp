@@ -162,6 +162,32 @@ inline at::TensorOptions float_on(const at::Tensor& weight) {
 
 inline xs::vector_view<float> vector_of(at::Tensor& t) { return {t.data_ptr<float>(), t.numel()}; }
 
+template <class Head>
+struct is_full_softmax : std::false_type {};
+template <class P, class B>
+struct is_full_softmax<xs::full_softmax<P, B>> : std::true_type {};
+
+/// Where a full softmax's dense weight gradient goes: straight into a tensor of the weight's dtype
+/// (the library's `dense_gradient`: no fp32 N x d buffer beside it, no conversion pass, memory from
+/// torch's allocator), on CUDA always and on CPU for bf16 / fp16 weights. fp32 weights on CPU keep
+/// the pooled gradient buffers (gradient_pool.hpp: a fresh N x d tensor a step costs page faults).
+struct dense_weight_gradient {
+  at::Tensor weights, bias;  // (N x d, weight's dtype), (N or 0, float32)
+  bool written = false;
+
+  dense_weight_gradient(const at::Tensor& weight, bool has_bias, bool sparse_grad) {
+    if (sparse_grad || (!weight.is_cuda() && weight.scalar_type() == at::kFloat)) return;
+    weights = at::empty({weight.size(0), weight.size(1)}, weight.options().memory_format(at::MemoryFormat::Contiguous));
+    bias = at::empty({has_bias ? weight.size(0) : 0}, at::TensorOptions().dtype(at::kFloat).device(weight.device()));
+  }
+  [[nodiscard]] bool wanted() const { return weights.defined(); }
+  template <class S>
+  [[nodiscard]] xs::dense_gradient<S> view() {
+    return {xs::matrix_view<S>(reinterpret_cast<S*>(weights.data_ptr()), weights.size(0), weights.size(1)),
+            xs::vector_view<float>(bias.numel() ? bias.data_ptr<float>() : nullptr, bias.numel())};
+  }
+};
+
 inline xs::matrix_view<float> matrix_of(at::Tensor& t) { return {t.data_ptr<float>(), t.size(0), t.size(1)}; }
 
 template <class Backend>
@@ -201,16 +227,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fuse
     const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
     at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
     at::Tensor loss = at::empty({}, float_on(weight));
+    const bool has_bias = bias.has_value() && bias->defined();
+    dense_weight_gradient dense(weight, has_bias, sparse_grad);
     auto g = call_gradient<Backend>();
     bool every_row = false;
     with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
+      using head_t = std::decay_t<decltype(h)>;
+      if constexpr (is_full_softmax<head_t>::value) {
+        if (dense.wanted()) {
+          h.forward_backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden),
+                                   dense.view<typename head_t::storage_type>(), vector_of(loss), options);
+          dense.written = true;
+          return;
+        }
+      }
       every_row = every_row_in_order;
       h.forward_backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden), *g,
                                vector_of(loss), options);
     });
-    const bool has_bias = bias.has_value() && bias->defined();
+    const at::Tensor out_loss = nan_if_nothing_counts(loss, a, cw);
+    if (dense.written) return std::make_tuple(out_loss, grad_hidden, no_rows(weight), dense.weights, dense.bias);
     auto [rows, values, gbias] = gradient_tensors<Backend>(g, weight, has_bias, sparse_grad, every_row);
-    return std::make_tuple(nan_if_nothing_counts(loss, a, cw), grad_hidden, rows, values, gbias);
+    return std::make_tuple(out_loss, grad_hidden, rows, values, gbias);
   });
 }
 
@@ -229,14 +267,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
     const at::Tensor go = grad_output.to(at::kFloat).contiguous();
     const xs::loss_options options = with_loss_terms(a.options, head, cw, op);
     at::Tensor grad_hidden = at::empty({a.hidden.size(0), a.hidden.size(1)}, float_on(weight));
+    const bool has_bias = bias.has_value() && bias->defined();
+    dense_weight_gradient dense(weight, has_bias, sparse_grad);
+    const xs::vector_view<const float> upstream(go.data_ptr<float>(), go.numel());
     auto g = call_gradient<Backend>();
     bool every_row = false;
     with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
+      using head_t = std::decay_t<decltype(h)>;
+      if constexpr (is_full_softmax<head_t>::value) {
+        if (dense.wanted()) {
+          h.backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden),
+                           dense.view<typename head_t::storage_type>(), options, upstream);
+          dense.written = true;
+          return;
+        }
+      }
       every_row = every_row_in_order;
-      h.backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden), *g, options,
-                       xs::vector_view<const float>(go.data_ptr<float>(), go.numel()));
+      h.backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden), *g, options, upstream);
     });
-    const bool has_bias = bias.has_value() && bias->defined();
+    if (dense.written) return std::make_tuple(grad_hidden, no_rows(weight), dense.weights, dense.bias);
     auto [rows, values, gbias] = gradient_tensors<Backend>(g, weight, has_bias, sparse_grad, every_row);
     return std::make_tuple(grad_hidden, rows, values, gbias);
   });

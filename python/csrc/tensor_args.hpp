@@ -186,9 +186,10 @@ template <class Backend>
 using gradient = xs::sparse_gradient<Backend, float>;
 
 /// (rows, values, bias) of a weight gradient, on the weight's device: dense (rows empty, values
-/// rows x dim) or sparse. The tensors share the gradient's buffers (no copy); the gradient lives as
-/// long as the last of them. `every_row_in_order`: the head produces every weight row in order
-/// (the full softmax), so that its values are the dense gradient as they are.
+/// N x dim in the weight's dtype, bias float32) or sparse (values and bias float32). The sparse
+/// tensors share the gradient's buffers (no copy); the gradient lives as long as the last of them.
+/// `every_row_in_order`: the head produces every weight row in order (the full softmax), so that
+/// for fp32 weights its values are the dense gradient as they are.
 template <class Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gradient_tensors(const std::shared_ptr<gradient<Backend>>& g,
                                                                 const at::Tensor& weight, bool has_bias, bool sparse,
@@ -211,14 +212,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gradient_tensors(const std::share
   }
   if (!has_bias) bias = at::empty({0}, f32);
   if (sparse) return {rows, values, bias};
-  if (every_row_in_order && r == weight_rows) return {at::empty({0}, i64), values, bias};
-  at::Tensor dense = at::zeros({weight_rows, dim}, f32);
+  if (every_row_in_order && r == weight_rows && weight.scalar_type() == at::kFloat)
+    return {at::empty({0}, i64), values, bias};
+  // Dense: in the weight's dtype (the gradient PyTorch keeps), as the full softmax's dense path.
+  at::Tensor dense = at::zeros({weight_rows, dim}, weight.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor dense_bias = at::zeros({has_bias ? weight_rows : 0}, f32);
   if (r > 0) {
-    dense.index_copy_(0, rows, values);
+    dense.index_copy_(0, rows, values.to(weight.scalar_type()));
     if (has_bias) dense_bias.index_copy_(0, rows, bias);
   }
   return {at::empty({0}, i64), dense, dense_bias};
+}
+
+/// The empty `rows` of a dense weight gradient.
+inline at::Tensor no_rows(const at::Tensor& weight) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kLong).device(weight.device()));
 }
 
 struct loss_args {

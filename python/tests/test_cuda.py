@@ -141,21 +141,45 @@ def test_max_memory_allocated_sees_the_heads_working_memory():
 
 
 def test_the_weight_gradient_is_counted_by_torchs_allocator():
-    # The fused operator hands its weight gradient (N x d fp32) to torch over the library's own
-    # buffer; that buffer comes from torch's caching allocator (torch_vector_memory), so torch counts
-    # it while the tensor lives and gets it back when the tensor goes.
+    # The fused operator hands a sparse weight gradient (here every row: N x d fp32) to torch over
+    # the library's own buffer; that buffer comes from torch's caching allocator
+    # (torch_vector_memory), so torch counts it while the tensor lives and gets it back when the
+    # tensor goes. (A dense one is a torch tensor from the start: the next test.)
     n, d = 65536, 64
     w = torch.randn(n, d, device="cuda")
     h = torch.randn(256, d, device="cuda")
     t = torch.randint(0, n, (256,), device="cuda")
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    outputs = torch.ops.xsoftmax.loss_fused(h, w, None, t, 1, -100, 0, None, False)
+    outputs = torch.ops.xsoftmax.loss_fused(h, w, None, t, 1, -100, 0, None, True)
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before >= n * d * 4
     del outputs
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before < n * d * 4
+
+
+def test_a_bf16_step_holds_no_fp32_weight_gradient():
+    # The full softmax writes its dense weight gradient into a bf16 tensor (the library's
+    # dense_gradient): a step's peak beyond the weights is that bf16 gradient plus the scores, below
+    # what an fp32 N x d gradient alone would take (which the old path held, and then converted).
+    n, d, b = 131072, 512, 64
+    head = FullSoftmaxLoss(n, d, dtype=torch.bfloat16).cuda()
+    hidden = torch.randn(b, d, device="cuda")
+    targets = torch.randint(0, n, (b,), device="cuda")
+    head(hidden, targets).backward()  # warm-up: workspace, cuBLAS
+    head.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    head(hidden, targets).backward()
+    torch.cuda.synchronize()
+    assert head.weight.grad.dtype == torch.bfloat16
+    peak = torch.cuda.max_memory_allocated() - before
+    bf16_gradient, scores = n * d * 2, b * n * 4
+    assert peak >= bf16_gradient
+    assert peak < n * d * 4, f"peak {peak / 2**20:.0f} MiB: an fp32 weight gradient was held"
+    assert peak <= bf16_gradient + 2 * scores + (64 << 20)
 
 
 def test_sparse_gradients_are_cuda_sparse_tensors():

@@ -62,6 +62,29 @@ def test_loss_ops(case_id, device):
     torch.library.opcheck(ops.backward, detached + (grad_output,))
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("name", ["full", "hs"])
+def test_loss_ops_with_bf16_weights(name, sparse, device):
+    # A dense weight gradient comes back in the weight's dtype (the full softmax writes it there
+    # directly), a sparse one in float32: the fake kernels must say the same.
+    torch.manual_seed(1)
+    rows, head = N, 0
+    if name == "hs":
+        hs = HierarchicalSoftmaxLoss(N, D, tree=Tree.uniform(N, 2, 5), bias=True)
+        rows, head = hs.weight.shape[0], hs._handle.value  # (the tree's node rows)
+    w = torch.randn(rows, D, dtype=torch.bfloat16, device=device)
+    b = torch.randn(rows, dtype=torch.bfloat16, device=device)
+    h = torch.randn(B, D, device=device)
+    t = torch.randint(0, N, (B,), device=device)
+    t[1] = -100
+    args = (h, w, b, t, 1, -100, head, None, sparse)
+    torch.library.opcheck(ops.loss_fused, args)
+    torch.library.opcheck(ops.backward, args + (torch.tensor(0.7, device=device),))
+    _, _, rows, values, bias_grad = ops.loss_fused(*args)
+    assert values.dtype == (torch.float32 if sparse else torch.bfloat16)
+    assert bias_grad.dtype == torch.float32
+
+
 @pytest.mark.parametrize("name", ["full", "hs", "hs_sigmoid"])
 def test_topk_op(name, device):
     weight, bias, head, _ = cases(str(device))[1][name]

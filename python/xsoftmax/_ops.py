@@ -106,7 +106,7 @@ def _fake_gradients(hidden, weight, bias, sparse_grad):
     else:
         n = weight.shape[0]
         grad_rows = hidden.new_empty((0,), dtype=torch.int64)
-        grad_values = hidden.new_empty((n, d), dtype=torch.float32)
+        grad_values = hidden.new_empty((n, d), dtype=weight.dtype)  # dense: the weight's dtype
         grad_bias = hidden.new_empty((n if bias is not None else 0,), dtype=torch.float32)
     return grad_hidden, grad_rows, grad_values, grad_bias
 

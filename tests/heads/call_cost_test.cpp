@@ -106,6 +106,26 @@ TEST_CASE("call cost: a full softmax training step stays within its allocations,
   // 17 allocations: the 13 of every backend and the host's exponential-form buffers (the chunks'
   // shifts, a_r, E W and a H: backend vectors until 2026-11-29, uncounted; a GPU never makes them).
   check_within("full_softmax step", count_step(head, rows, dim, classes), {17, 4, 0, 14});
+  // Into a dense gradient (the caller's memory): no gradient vectors, the same buffers otherwise
+  // (fp32); a bf16 head's step into a bf16 gradient: its counts when this case was written.
+  std::vector<float> h(static_cast<std::size_t>(rows * dim), 0.05f), gh(h.size()), gw(static_cast<std::size_t>(classes * dim));
+  std::vector<index_t> t(static_cast<std::size_t>(rows));
+  for (index_t r = 0; r < rows; ++r) t[static_cast<std::size_t>(r)] = (r * 37) % classes;
+  const auto hv = matrix_view<const float>(h.data(), rows, dim);
+  const auto tv = vector_view<const index_t>(t.data(), rows);
+  check_within("full_softmax step, dense gradient", count_call([&] {
+                 (void)head.forward_backward(hv, tv, matrix_view<float>(gh.data(), rows, dim),
+                                             xsoftmax::dense_gradient<float>{matrix_view<float>(gw.data(), classes, dim)});
+               }),
+               {17, 4, 0, 14});
+  using bf16_t = xsoftmax::bf16::storage_type;
+  std::vector<bf16_t> w16(static_cast<std::size_t>(classes * dim), xsoftmax::from_float<bf16_t>(0.01f)), gw16(w16.size());
+  const xsoftmax::full_softmax<xsoftmax::bf16, xsoftmax::serial> head16(matrix_view<bf16_t>(w16.data(), classes, dim));
+  check_within("full_softmax bf16 step, dense bf16 gradient", count_call([&] {
+                 (void)head16.forward_backward(hv, tv, matrix_view<float>(gh.data(), rows, dim),
+                                               xsoftmax::dense_gradient<bf16_t>{matrix_view<bf16_t>(gw16.data(), classes, dim)});
+               }),
+               {19, 4, 0, 14});
 }
 
 TEST_CASE("call cost: a hierarchical softmax training step stays within its allocations, read-backs and loops") {

@@ -51,6 +51,13 @@ struct clear_topk {
   }
 };
 
+/// v[i] = 0 (in T).
+template <class T>
+struct store_zero {
+  T* v;
+  XSOFTMAX_HD void operator()(index_t i) const { v[i] = from_float<T>(0.f); }
+};
+
 /// A chunk of scores (rows x cn, classes from c0 on) as log-probabilities into `out`.
 struct write_log_probs {
   const float* s;
@@ -197,6 +204,84 @@ void full_softmax<P, B, S>::forward_topk_async(matrix_view<H> hidden, vector_vie
 }
 
 template <class P, class B, class S>
+template <class G>
+auto full_softmax<P, B, S>::check_dense_gradient_(const char* where, dense_gradient<G> g) const -> dense_outputs {
+  static_assert(!sharded, "full_softmax: a dense weight gradient is offered by unsharded heads only (a class-sharded "
+                "head's gradient covers its own classes: use its sparse_gradient)");
+  static_assert(std::is_same_v<G, float> || std::is_same_v<G, storage_type>,
+                "full_softmax: a dense_gradient holds float or the head's storage type");
+  const index_t n = num_classes(), d = dim();
+  detail::check_output(where, "grad_weights.weights", g.weights, n, d);
+  detail::expects<shape_error>(g.weights.stride == d, where, ": grad_weights.weights.stride = ", g.weights.stride,
+                               " must be dim = ", d, " (a contiguous num_classes x dim matrix)");
+  detail::check_output(where, "grad_weights.bias", g.bias, has_bias() ? n : 0);
+  dense_outputs out;
+  if constexpr (std::is_same_v<G, float>) {
+    out.weights = g.weights.data;
+  } else {
+    out.storage_weights = g.weights.data;
+  }
+  out.bias = has_bias() ? g.bias.data : nullptr;
+  return out;
+}
+
+template <class P, class B, class S>
+template <class H, class G>
+float full_softmax<P, B, S>::forward_backward(matrix_view<H> hidden, vector_view<const index_t> targets,
+                                              matrix_view<float> grad_hidden, dense_gradient<G> grad_weights,
+                                              loss_options options, vector_view<float> per_sample,
+                                              vector_view<const float> grad_output) const {
+  const char* w = "full_softmax::forward_backward";
+  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
+  const auto h = verbs::as_const(hidden);
+  verbs::check_loss_inputs(w, h, targets, options, per_sample, &grad_hidden, true, grad_output);
+  const detail::execution<B> ex{resources_};
+  detail::scratch_vector<B, float> loss(1, ex);
+  run_into_(w, h, targets, options, per_sample, &grad_hidden, nullptr, grad_output, loss.data(), nullptr, &dense);
+  return detail::backend_ops<B>::read(resources_, loss.data());  // waits for the work queued
+}
+
+template <class P, class B, class S>
+template <class H, class G>
+void full_softmax<P, B, S>::backward(matrix_view<H> hidden, vector_view<const index_t> targets,
+                                     matrix_view<float> grad_hidden, dense_gradient<G> grad_weights,
+                                     loss_options options, vector_view<const float> grad_output) const {
+  const char* w = "full_softmax::backward";
+  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
+  const auto h = verbs::as_const(hidden);
+  verbs::check_loss_inputs(w, h, targets, options, {}, &grad_hidden, true, grad_output);
+  run_into_(w, h, targets, options, {}, &grad_hidden, nullptr, grad_output, nullptr, nullptr, &dense);
+  detail::backend_ops<B>::synchronize(resources_);
+}
+
+template <class P, class B, class S>
+template <class H, class G>
+void full_softmax<P, B, S>::forward_backward_async(matrix_view<H> hidden, vector_view<const index_t> targets,
+                                                   matrix_view<float> grad_hidden, dense_gradient<G> grad_weights,
+                                                   vector_view<float> loss, loss_options options,
+                                                   vector_view<float> per_sample,
+                                                   vector_view<const float> grad_output) const {
+  detail::check_async_loss("full_softmax::forward_backward_async", loss);
+  const char* w = "full_softmax::forward_backward";
+  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
+  const auto h = verbs::as_const(hidden);
+  verbs::check_loss_inputs(w, h, targets, options, per_sample, &grad_hidden, true, grad_output);
+  run_into_(w, h, targets, options, per_sample, &grad_hidden, nullptr, grad_output, loss.data, nullptr, &dense);
+}
+
+template <class P, class B, class S>
+template <class H, class G>
+void full_softmax<P, B, S>::backward_async(matrix_view<H> hidden, vector_view<const index_t> targets,
+                                           matrix_view<float> grad_hidden, dense_gradient<G> grad_weights,
+                                           loss_options options, vector_view<const float> grad_output) const {
+  const char* w = "full_softmax::backward";
+  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
+  const auto h = verbs::as_const(hidden);
+  verbs::check_loss_inputs(w, h, targets, options, {}, &grad_hidden, true, grad_output);
+  run_into_(w, h, targets, options, {}, &grad_hidden, nullptr, grad_output, nullptr, nullptr, &dense);
+}
+
+template <class P, class B, class S>
 template <class H>
 void full_softmax<P, B, S>::run_async_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
                                     loss_options options, vector_view<float> per_sample,
@@ -214,22 +299,23 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
                                    loss_options options, vector_view<float> per_sample,
                                    matrix_view<float>* grad_hidden, gradient_type* grad_weights,
                                    vector_view<const float> grad_output, float* loss,
-                                   const topk_outputs* topk) const {
+                                   const topk_outputs* topk, const dense_outputs* dense) const {
   if constexpr (sharded) {
     run_sharded_into_(where, hidden, targets, options, per_sample, grad_hidden, grad_weights, grad_output, loss, topk);
     return;
   }
+  const bool backward = grad_weights || dense;
   const detail::execution<B> ex{resources_};  // inputs were checked by head_verbs
   const index_t n_cls = local_classes(), d = dim();
 
   detail::batch_rows<B> batch = detail::pack_rows(ex, hidden, targets, options.ignore_index);
   detail::weigh_rows(ex, batch, options);
   detail::scratch_vector<B, float> upstream;
-  if (grad_weights) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
+  if (backward) upstream = detail::upstream_gradients(ex, where, batch, hidden.rows, options.reduce, grad_output);
   const index_t rows = batch.rows;
   const storage_type* bias = store_.bias();
   detail::scratch_vector<B, float> losses(static_cast<std::size_t>(rows), ex, 0.f);  // accumulated into
-  detail::scratch_vector<B, float> grad_packed(grad_weights ? static_cast<std::size_t>(rows * d) : 0, ex, 0.f);
+  detail::scratch_vector<B, float> grad_packed(backward ? static_cast<std::size_t>(rows * d) : 0, ex, 0.f);
 
   // The exact softmax is one dense block: every packed row against every class.
   detail::dense_softmax_args a;
@@ -237,7 +323,7 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   a.target = batch.target_data();
   a.n = n_cls;
   // Row blocks and the score cache only in the backward (see training_plan).
-  if (grad_weights) {
+  if (backward) {
     const dense_step_plan plan = training_plan(rows);
     a.chunk = plan.chunk;
     a.row_block = plan.row_block;
@@ -266,6 +352,18 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
     a.grad_h = detail::raw(grad_packed);
     a.grad_w = detail::raw(g.values);
     a.grad_b = g.bias_values.empty() ? nullptr : detail::raw(g.bias_values);
+  } else if (dense) {  // the caller's dense gradient; zero when no row counts (no block writes it)
+    a.upstream = detail::raw(upstream);
+    a.grad_h = detail::raw(grad_packed);
+    a.grad_w = dense->weights;
+    a.grad_w_storage = dense->storage_weights;
+    a.grad_b = dense->bias;
+    if (rows == 0) {
+      if (dense->storage_weights)
+        detail::parallel_for(ex, n_cls * d, detail::store_zero<storage_type>{dense->storage_weights});
+      if (dense->weights) detail::parallel_for(ex, n_cls * d, detail::store_zero<float>{dense->weights});
+      if (dense->bias) detail::parallel_for(ex, n_cls, detail::store_zero<float>{dense->bias});
+    }
   }
   // forward_topk: the top-k kept from the same score chunks, its log-probabilities against the
   // rows' log-sum-exp (no second GEMM). Rows that are not packed (ignored) get -1 / -inf.

@@ -222,7 +222,7 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   /// Chunk c0's scores s (rows x cn) -> G = (softmax - onehot) * upstream in T times `scale_`
   /// (one thread per element), and in place in fp32 when the bias gradient reads it; then
   /// grad_h += G W_chunk and grad_w[c0 : c0 + cn] = (or +=, a later row block) G^T H, reading the
-  /// copy in T, scaled back exactly through alpha.
+  /// copy in T, scaled back exactly through alpha (into `grad_w_storage` in T when the args have it).
   void backward(matrix_view<const T> w, index_t c0, index_t cn, float* s, const float* lse) {
     const bool keep_fp32 = a_.grad_b != nullptr;
     if (cn >= 1024) {  // wide chunks (the full softmax): a row at a time, vectorised
@@ -243,8 +243,13 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
     gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cn, alpha, g_, cn, wc.data, wc.stride, 1.f, a_.grad_h,
                  d_);
     const float beta = a_.accumulate_weight_gradient ? 1.f : 0.f;
-    gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, beta,
-                 a_.grad_w + c0 * d_, d_);
+    if (a_.grad_w_storage) {  // in T: rounded once from the fp32 sum (plus a later block's stored rows)
+      gpu::gemm<T, T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, beta,
+                      static_cast<T*>(a_.grad_w_storage) + c0 * d_, d_);
+    } else {
+      gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, beta,
+                   a_.grad_w + c0 * d_, d_);
+    }
   }
 
  private:

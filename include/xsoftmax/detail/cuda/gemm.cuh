@@ -13,9 +13,10 @@
 /// op(B)^T; with opB = T it reads the buffer of a row-major (n x k) B, i.e. the column-major (k x n)
 /// B^T, and transposes it back to B = op(B)^T. Same for A.)
 ///
-/// Inputs A and B have the weights' storage type (fp32, bf16 or fp16); C and the accumulation are
-/// always fp32 (CUBLAS_COMPUTE_32F): bf16/fp16 inputs run on tensor cores, fp32 inputs on the
-/// regular fp32 path (no TF32 rounding, so fp32 results stay close to the host backends').
+/// Inputs A and B have the weights' storage type (fp32, bf16 or fp16); the accumulation is always
+/// fp32 (CUBLAS_COMPUTE_32F): bf16/fp16 inputs run on tensor cores, fp32 inputs on the regular fp32
+/// path (no TF32 rounding, so fp32 results stay close to the host backends'). C is fp32, or the
+/// inputs' own type (a weight gradient in the storage type: rounded once from the fp32 sum).
 
 #include <xsoftmax/config.hpp>
 #include <xsoftmax/detail/cuda/error.cuh>
@@ -61,14 +62,14 @@ struct colmajor_call {
   int lda;
   const void* b;
   int ldb;
-  float* c;
+  void* c;
   int ldc;
 };
 
 /// Maps the row-major C(m x n) = op(A)(m x k) * op(B)(k x n) to its cuBLAS call. Throws
 /// `invalid_argument` when a dimension does not fit an int.
 inline colmajor_call rowmajor_to_colmajor(op op_a, op op_b, index_t m, index_t n, index_t k, const void* a,
-                                          index_t lda, const void* b, index_t ldb, float* c, index_t ldc) {
+                                          index_t lda, const void* b, index_t ldb, void* c, index_t ldc) {
   const auto to_cublas = [](op o) { return o == op::none ? CUBLAS_OP_N : CUBLAS_OP_T; };
   colmajor_call call;
   call.transa = to_cublas(op_b);
@@ -85,20 +86,21 @@ inline colmajor_call rowmajor_to_colmajor(op op_a, op op_b, index_t m, index_t n
   return call;
 }
 
-/// Row-major C(m x n, fp32, ldc) = alpha * op(A) * op(B) + beta * C, where op(A) is (m x k) and
-/// op(B) is (k x n); A is stored (m x k) for op none or (k x m) for transpose, likewise B.
-/// Runs on the handle's stream. Nothing is done when m or n is 0. `compute`: CUBLAS_COMPUTE_32F
-/// (default), or CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 operands that carry no more than TF32's
-/// precision anyway (weights widened from bf16/fp16).
-template <class T>
+/// Row-major C(m x n, ldc) = alpha * op(A) * op(B) + beta * C, where op(A) is (m x k) and
+/// op(B) is (k x n); A is stored (m x k) for op none or (k x m) for transpose, likewise B; C is
+/// fp32 or T (see the file comment). Runs on the handle's stream. Nothing is done when m or n is 0.
+/// `compute`: CUBLAS_COMPUTE_32F (default), or CUBLAS_COMPUTE_32F_FAST_TF32 for fp32 operands that
+/// carry no more than TF32's precision anyway (weights widened from bf16/fp16).
+template <class T, class C = float>
 void gemm(cublasHandle_t handle, op op_a, op op_b, index_t m, index_t n, index_t k, float alpha, const T* a,
-          index_t lda, const T* b, index_t ldb, float beta, float* c, index_t ldc,
+          index_t lda, const T* b, index_t ldb, float beta, C* c, index_t ldc,
           cublasComputeType_t compute = CUBLAS_COMPUTE_32F) {
+  static_assert(std::is_same_v<C, float> || std::is_same_v<C, T>, "xsoftmax: a GEMM's C is fp32 or its inputs' type");
   if (m == 0 || n == 0) return;
   const colmajor_call x = rowmajor_to_colmajor(op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc);
   constexpr cudaDataType_t type = cuda_data_type<T>();
   XSOFTMAX_CUBLAS_TRY(cublasGemmEx(handle, x.transa, x.transb, x.m, x.n, x.k, &alpha, x.a, type, x.lda, x.b, type,
-                                   x.ldb, &beta, x.c, CUDA_R_32F, x.ldc, compute, CUBLAS_GEMM_DEFAULT));
+                                   x.ldb, &beta, x.c, cuda_data_type<C>(), x.ldc, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace xsoftmax::detail::gpu

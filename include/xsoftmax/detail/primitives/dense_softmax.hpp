@@ -50,6 +50,10 @@ struct dense_softmax_args {
   const float* upstream = nullptr;   ///< rows; dLoss/dloss_r. Null: forward only
   float* grad_h = nullptr;           ///< rows x d (stride d); receives += G * W_block
   float* grad_w = nullptr;           ///< n x d (stride d); overwritten with G^T * H
+  /// Instead of grad_w (which is then null): n x d (stride d) in the weights' storage type T (bf16
+  /// or fp16, never float), each element rounded from its fp32 value once per call (a later row
+  /// block: from the stored value plus its block's fp32 sum). Type-erased: the args are untyped.
+  void* grad_w_storage = nullptr;
   float* grad_b = nullptr;           ///< n; overwritten with the column sums of G (may be null)
   /// grad_w and grad_b receive += instead of being overwritten (a later block of rows).
   bool accumulate_weight_gradient = false;
@@ -186,6 +190,8 @@ struct exp_form_chunk {
   const float* lse;
   matrix_view<const float> w;
   bool low_precision_weights;
+  float* grad_w;    ///< the chunk's cn x d weight-gradient rows
+  bool accumulate;  ///< grad_w receives += (a later row block) instead of =
 };
 /// Its per-chunk buffers: a_r (rows), E W and a H (rows x d each).
 struct exp_form_buffers {
@@ -237,15 +243,15 @@ void exp_form_backward(const Ex& ex, const exp_form_chunk& c, const exp_form_buf
   host::gemm_args dw;  // grad_w[c0 : c0 + cn] (+)= E^T (cn x rows) (a H) (rows x d)
   dw.op_a = host::op::transpose;
   dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = ah, dw.ldb = d;
-  dw.beta = a.accumulate_weight_gradient ? 1.f : 0.f;
-  dw.c = a.grad_w + c0 * d, dw.ldc = d;
+  dw.beta = c.accumulate ? 1.f : 0.f;
+  dw.c = c.grad_w, dw.ldc = d;
   gemm(ex, dw);
 
   // The target terms, a task per feature p (rows in order: rows that share a target subtract in a
   // fixed order): grad_h[r][p] += a_r (E W)[r][p] - u_r w_t[p], grad_w[t][p] -= u_r h_r[p].
   const float* e_w = b.exp_times_w;
   float* gh = a.grad_h;
-  float* gw = a.grad_w + c0 * d;
+  float* gw = c.grad_w;
   XSOFTMAX_PARALLEL_FOR(ex, d, p, {
     for (index_t r = 0; r < rows; ++r) {
       const index_t tj = t[r] - c0;
@@ -296,6 +302,18 @@ void dense_softmax_solve(const Ex& ex_in, matrix_view<const T> w, const T* bias,
     dense_softmax_rows<Tuned>(ex_in, w, bias, b, memory.data());
   }
 }
+
+/// out[i] = g[i] rounded to T, or out[i] + g[i] when `accumulate` (a chunk of a weight gradient
+/// in the storage type: rounded once per row block).
+template <class T>
+struct round_gradient_rows {
+  const float* g;
+  T* out;
+  bool accumulate;
+  XSOFTMAX_HD void operator()(index_t i) const {
+    out[i] = from_float<T>(accumulate ? to_float(out[i]) + g[i] : g[i]);
+  }
+};
 
 /// out[2 c], out[2 c + 1] = column[c chunk], column[min((c + 1) chunk, n) - 1].
 struct chunk_end_columns {
@@ -545,6 +563,20 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   const std::size_t exp_form_rows = exp_form ? static_cast<std::size_t>(rows) : 0;
   fvector row_scale = floats(exp_form_rows), exp_times_w = floats(exp_form_rows * static_cast<std::size_t>(d)),
           scaled_h = floats(exp_times_w.size());
+  // A weight gradient in the storage type (`grad_w_storage`): the generic kernels produce each
+  // chunk's fp32 rows in `chunk_gradient`, then round them into it (the tuned ones write it from
+  // their GEMM).
+  expects(!a.grad_w_storage || (!std::is_same_v<T, float> && !a.grad_w),
+          "dense_softmax: grad_w_storage is for bf16 / fp16 weights, instead of grad_w");
+  T* const grad_w_low = static_cast<T*>(a.grad_w_storage);
+  fvector chunk_gradient = floats(grad_w_low && !tg ? static_cast<std::size_t>(chunk * d) : 0);
+  const auto chunk_grad_w = [&](index_t c0) { return grad_w_low ? raw(chunk_gradient) : a.grad_w + c0 * d; };
+  const bool accumulate_chunk = !grad_w_low && a.accumulate_weight_gradient;
+  const auto round_chunk_gradient = [&](index_t c0, index_t cn) {
+    if (grad_w_low && !tg)
+      parallel_for(ex, cn * d, round_gradient_rows<T>{raw(chunk_gradient), grad_w_low + c0 * d,
+                                                      a.accumulate_weight_gradient});
+  };
   for (index_t c0 = 0; c0 < a.n; c0 += chunk) {
     const index_t cn = std::min(chunk, a.n - c0);
     float* s = chunk_scores(c0);
@@ -555,8 +587,9 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
       if (exp_form) {
         exp_form_backward(ex,
                           exp_form_chunk{s, c0, cn, c0 / chunk >= kept, chunk_shift(c0), l, wf,
-                                         !std::is_same_v<T, float>},
+                                         !std::is_same_v<T, float>, chunk_grad_w(c0), accumulate_chunk},
                           exp_form_buffers{raw(row_scale), raw(exp_times_w), raw(scaled_h)}, a);
+        round_chunk_gradient(c0, cn);
         continue;
       }
     }
@@ -618,13 +651,14 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
       host::gemm_args dw;  // grad_w[c0 : c0 + cn] = G^T(cn x rows) * H(rows x d)
       dw.op_a = host::op::transpose;
       dw.m = cn, dw.n = d, dw.k = rows, dw.a = s, dw.lda = cn, dw.b = hv.data, dw.ldb = hv.stride;
-      dw.beta = a.accumulate_weight_gradient ? 1.f : 0.f;
-      dw.c = a.grad_w + c0 * d, dw.ldc = d;
+      dw.beta = accumulate_chunk ? 1.f : 0.f;
+      dw.c = chunk_grad_w(c0), dw.ldc = d;
       gemm(ex, dw);
     }
     // The projection is linear and idempotent: projecting an accumulated gradient again adds this
     // block's projected part to the earlier blocks' (within rounding).
-    if (margin) project_weight_gradient(ex, wf, winv, a.grad_w + c0 * d);
+    if (margin) project_weight_gradient(ex, wf, winv, chunk_grad_w(c0));
+    round_chunk_gradient(c0, cn);
     if (a.grad_b) {
       float* gb = a.grad_b + c0;
       const bool accumulate = a.accumulate_weight_gradient;
