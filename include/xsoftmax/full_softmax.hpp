@@ -277,11 +277,12 @@ class full_softmax
   // * forward_backward / backward: `grad_weights` receives every class (the exact softmax touches
   //   all of them), or no row when every sample is ignored.
   // * `_async` on cuda: the blocking verb's path without its final wait. It still waits for the
-  //   stream three times before the GEMMs (the finite check of `hidden`, the target check and the
-  //   count of kept rows, which sizes the call's buffers: tests/heads/call_cost_test.cpp counts
-  //   them), once more to check `options.class_weight` and once more to read a scalar
-  //   `grad_output`; after that nothing waits. The first call of a batch size may grow the workspace and
-  //   create the cuBLAS handle, and resizing `grad_weights` allocates.
+  //   stream twice before the GEMMs (the data checks, finite `hidden` values and targets in range
+  //   in one scan, and the count of kept rows, which sizes the call's buffers:
+  //   tests/heads/call_cost_test.cpp counts them), once more to check `options.class_weight` and
+  //   once more to read a scalar `grad_output`; after that nothing waits. The first call of a
+  //   batch size may grow the workspace and create the cuBLAS handle, and resizing a
+  //   `sparse_gradient` allocates (a `dense_gradient` is the caller's memory).
 
  private:
   template <class H>

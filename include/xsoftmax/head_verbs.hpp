@@ -222,11 +222,11 @@ class head_verbs {
  protected:
   head_verbs() = default;
 
-  /// The loss verbs' checks of a batch of `rows` rows, in order; `check_hidden(execution)` checks
-  /// the hidden rows in their place (a prefetching head passes a no-op: checked at the prefetch).
-  template <class CheckHidden>
-  void check_loss_rows(const char* w, index_t rows, CheckHidden check_hidden, vector_view<const index_t> targets,
-                       const loss_options& options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
+  /// The loss verbs' checks of a batch of `rows` rows, in order; `check_data(execution)` checks the
+  /// hidden rows and the targets in their place (a prefetching head's checks only the targets: its
+  /// rows were checked at the prefetch).
+  template <class CheckData>
+  void check_loss_rows(const char* w, index_t rows, CheckData check_data, const loss_options& options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                        bool backward, vector_view<const float> grad_output) const {
     const detail::execution<Backend> ex = checked_execution();
     detail::check_reduction(w, options.reduce);
@@ -234,8 +234,7 @@ class head_verbs {
     detail::check_margin(w, options.margin, Head::supports_loss_terms, Head::head_name, self().bias() != nullptr);
     detail::check_softcap(w, options, Head::supports_loss_terms, Head::head_name);
     detail::check_class_weight_shape(w, options, self().num_classes(), Head::supports_class_weight, Head::head_name);
-    check_hidden(ex);
-    detail::check_targets(ex, w, targets, rows, self().num_classes(), options.ignore_index);
+    check_data(ex);
     detail::check_class_weight_values(ex, w, options.class_weight);
     if ((options.reduce == reduction::none && !backward) || per_sample.size != 0)  // backward has no per_sample
       detail::check_output(w, "per_sample", per_sample, rows);
@@ -251,14 +250,15 @@ class head_verbs {
     return m;
   }
 
-  /// A loss verb's checks (see `check_loss_rows`) of `hidden` in its place.
+  /// A loss verb's checks (see `check_loss_rows`) of `hidden` in its place: its values and the
+  /// targets in one scan (one read-back).
   template <class H>
   void check_loss_inputs(const char* w, matrix_view<const H> hidden, vector_view<const index_t> targets,
                          const loss_options& options, vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                          bool backward, vector_view<const float> grad_output) const {
     check_loss_rows(w, hidden.rows, [&](const detail::execution<Backend>& ex) {
-      detail::check_hidden(ex, w, hidden, self().dim());
-    }, targets, options, per_sample, grad_hidden, backward, grad_output);
+      detail::check_hidden_and_targets(ex, w, hidden, self().dim(), targets, self().num_classes(), options.ignore_index);
+    }, options, per_sample, grad_hidden, backward, grad_output);
   }
 
   /// `topk`'s k and its outputs' shapes for `rows` rows.

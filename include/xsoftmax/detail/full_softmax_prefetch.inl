@@ -43,8 +43,13 @@ void full_softmax<P, B, S>::check_prefetched_loss_(const char* w, const gathered
                                                    vector_view<const index_t> targets, const loss_options& options,
                                                    vector_view<float> per_sample, matrix_view<float>* grad_hidden,
                                                    bool backward, vector_view<const float> grad_output) const {
-  verbs::check_loss_rows(w, usable_(w, g).rows, [](const detail::execution<B>&) {}, targets, options, per_sample,
-                         grad_hidden, backward, grad_output);
+  const index_t rows = usable_(w, g).rows;
+  verbs::check_loss_rows(
+      w, rows,
+      [&](const detail::execution<B>& ex) {  // the rows were checked at the prefetch
+        detail::check_targets(ex, w, targets, rows, num_classes(), options.ignore_index);
+      },
+      options, per_sample, grad_hidden, backward, grad_output);
 }
 
 // As run_sharded_into_, with the rows from the prefetch: this rank's sample map and upstream

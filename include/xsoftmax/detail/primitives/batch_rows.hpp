@@ -70,6 +70,26 @@ struct kept_target {
   XSOFTMAX_HD bool operator()(index_t t) const { return t != ignore_index; }
 };
 
+/// Throws `non_finite_error` naming the first NaN or infinity of `hidden`'s row `i` (which holds
+/// one): the row's values come back to the host one by one (an error path).
+template <class Backend, class H>
+void report_non_finite_row(const execution<Backend>& ex, const char* where, matrix_view<const H> hidden, index_t i) {
+  for (index_t j = 0; j < hidden.cols; ++j) {
+    const float v = to_float(backend_ops<Backend>::read(ex.res, hidden.row(i) + j));
+    expects<non_finite_error>(!non_finite_bit(v), where, ": hidden[", i, "][", j, "] = ", v, " is not finite");
+  }
+}
+
+/// Throws `out_of_range` for `targets[i]`, which is neither a class nor `ignore_index`.
+template <class Backend>
+[[noreturn]] void report_bad_target(const execution<Backend>& ex, const char* where, vector_view<const index_t> targets,
+                                    index_t i, index_t num_classes, index_t ignore_index) {
+  const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
+  expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")",
+                        " and is not ignore_index (", ignore_index, ")");
+  throw out_of_range("unreachable");  // (expects(false, ...) threw)
+}
+
 /// `hidden`'s shape (see `check_hidden_shape`) and values: every element finite. The rows are
 /// scanned where they live; only the offending row comes back to the host, for the message (which
 /// names the first bad element in row-major order).
@@ -77,11 +97,49 @@ template <class Backend, class H>
 void check_hidden(const execution<Backend>& ex, const char* where, matrix_view<const H> hidden, index_t dim) {
   check_hidden_shape(where, hidden, dim);
   const index_t i = first_non_finite_row(ex, hidden);
-  if (i == hidden.rows) return;
-  for (index_t j = 0; j < hidden.cols; ++j) {
-    const float v = to_float(backend_ops<Backend>::read(ex.res, hidden.row(i) + j));
-    expects<non_finite_error>(!non_finite_bit(v), where, ": hidden[", i, "][", j, "] = ", v, " is not finite");
+  if (i < hidden.rows) report_non_finite_row(ex, where, hidden, i);
+}
+
+/// The combined scan of `check_hidden_and_targets`: indices [0, units) are `hidden`'s units (an
+/// element each on a device, a row each on the host) holding a NaN or an infinity; the rest are
+/// targets that are neither a class nor ignored.
+template <class H, bool PerElement>
+struct bad_hidden_or_target {
+  matrix_view<const H> hidden;
+  index_t units;
+  bad_target target;
+  XSOFTMAX_HD bool operator()(index_t i) const {
+    if (i >= units) return target(i - units);
+    if constexpr (PerElement) {
+      return element_is_non_finite<H>{hidden}(i);
+    } else {
+      return row_has_non_finite<H>{hidden}(i);
+    }
   }
+};
+
+/// A loss verb's data checks in one scan and one read-back (each was its own: on a GPU a wait for
+/// the stream each): `hidden` as `check_hidden` checks it, then one target per row, each in
+/// [0, num_classes) or `ignore_index`. Both shapes first; the same errors and messages as the two
+/// checks, the hidden rows' first (a batch with both a bad value and a bad target reports the value).
+template <class Backend, class H>
+void check_hidden_and_targets(const execution<Backend>& ex, const char* where, matrix_view<const H> hidden,
+                              index_t dim, vector_view<const index_t> targets, index_t num_classes,
+                              index_t ignore_index) {
+  check_hidden_shape(where, hidden, dim);
+  check_targets_shape(where, targets, hidden.rows);
+  constexpr bool per_element = runs_on_device<execution<Backend>>;
+  const index_t units = per_element ? hidden.rows * hidden.cols : hidden.rows;
+  const index_t end = units + targets.size;
+  count_host_read();
+  const index_t i = first_index_where(
+      ex, 0, end, bad_hidden_or_target<H, per_element>{hidden, units, bad_target{targets.data, num_classes, ignore_index}});
+  if (i == end) return;
+  if (i < units) {
+    report_non_finite_row(ex, where, hidden, per_element ? i / hidden.cols : i);
+    return;
+  }
+  report_bad_target(ex, where, targets, i - units, num_classes, ignore_index);
 }
 
 /// One target per hidden row, each in [0, num_classes) or equal to `ignore_index`.
@@ -91,10 +149,7 @@ void check_targets(const execution<Backend>& ex, const char* where, vector_view<
   check_targets_shape(where, targets, rows);
   count_host_read();
   const index_t i = first_index_where_light(ex, 0, targets.size, bad_target{targets.data, num_classes, ignore_index});
-  if (i == targets.size) return;
-  const index_t t = backend_ops<Backend>::read(ex.res, targets.data + i);
-  expects<out_of_range>(false, where, ": targets[", i, "] = ", t, " is out of range [0, ", num_classes, ")",
-                     " and is not ignore_index (", ignore_index, ")");
+  if (i < targets.size) report_bad_target(ex, where, targets, i, num_classes, ignore_index);
 }
 
 /// One target per hidden row, every one a class (no target is ignored: log_prob).
