@@ -315,6 +315,12 @@ class full_softmax
   };
   template <class G>
   [[nodiscard]] dense_outputs check_dense_gradient_(const char* where, dense_gradient<G> g) const;
+  /// The dense-gradient verbs' body: the gradient's checks, the loss checks, the step (`loss`: the
+  /// reduced loss, backend memory, or null).
+  template <class H, class G>
+  void run_dense_(const char* where, matrix_view<const H> hidden, vector_view<const index_t> targets,
+                  const loss_options& options, vector_view<float> per_sample, matrix_view<float> grad_hidden,
+                  dense_gradient<G> grad_weights, vector_view<const float> grad_output, float* loss) const;
 
   /// `forward_topk`'s outputs, handed to `run_into_`.
   struct topk_outputs {

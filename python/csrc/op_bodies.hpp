@@ -172,17 +172,19 @@ struct is_full_softmax<xs::full_softmax<P, B>> : std::true_type {};
 /// torch's allocator), on CUDA always and on CPU for bf16 / fp16 weights. fp32 weights on CPU keep
 /// the pooled gradient buffers (gradient_pool.hpp: a fresh N x d tensor a step costs page faults).
 struct dense_weight_gradient {
-  at::Tensor weights, bias;  // (N x d, weight's dtype), (N or 0, float32)
-  bool written = false;
+  const at::Tensor& weight;
+  bool has_bias, wanted;
+  at::Tensor weights, bias;  // once written: (N x d, weight's dtype), (N or 0, float32)
 
-  dense_weight_gradient(const at::Tensor& weight, bool has_bias, bool sparse_grad) {
-    if (sparse_grad || (!weight.is_cuda() && weight.scalar_type() == at::kFloat)) return;
+  dense_weight_gradient(const at::Tensor& w, bool with_bias, bool sparse_grad)
+      : weight(w), has_bias(with_bias), wanted(!sparse_grad && (w.is_cuda() || w.scalar_type() != at::kFloat)) {}
+  [[nodiscard]] bool written() const { return weights.defined(); }
+  /// The tensors, made now (only for a full softmax head: no other head's step holds them), as the
+  /// library's view of storage type S.
+  template <class S>
+  [[nodiscard]] xs::dense_gradient<S> make() {
     weights = at::empty({weight.size(0), weight.size(1)}, weight.options().memory_format(at::MemoryFormat::Contiguous));
     bias = at::empty({has_bias ? weight.size(0) : 0}, at::TensorOptions().dtype(at::kFloat).device(weight.device()));
-  }
-  [[nodiscard]] bool wanted() const { return weights.defined(); }
-  template <class S>
-  [[nodiscard]] xs::dense_gradient<S> view() {
     return {xs::matrix_view<S>(reinterpret_cast<S*>(weights.data_ptr()), weights.size(0), weights.size(1)),
             xs::vector_view<float>(bias.numel() ? bias.data_ptr<float>() : nullptr, bias.numel())};
   }
@@ -234,10 +236,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fuse
     with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
       using head_t = std::decay_t<decltype(h)>;
       if constexpr (is_full_softmax<head_t>::value) {
-        if (dense.wanted()) {
+        if (dense.wanted) {
           h.forward_backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden),
-                                   dense.view<typename head_t::storage_type>(), vector_of(loss), options);
-          dense.written = true;
+                                   dense.make<typename head_t::storage_type>(), vector_of(loss), options);
           return;
         }
       }
@@ -246,7 +247,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> loss_fuse
                                vector_of(loss), options);
     });
     const at::Tensor out_loss = nan_if_nothing_counts(loss, a, cw);
-    if (dense.written) return std::make_tuple(out_loss, grad_hidden, no_rows(weight), dense.weights, dense.bias);
+    if (dense.written()) return std::make_tuple(out_loss, grad_hidden, no_rows(weight), dense.weights, dense.bias);
     auto [rows, values, gbias] = gradient_tensors<Backend>(g, weight, has_bias, sparse_grad, every_row);
     return std::make_tuple(out_loss, grad_hidden, rows, values, gbias);
   });
@@ -275,17 +276,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_op(
     with_head<Backend, true>(head, weight, bias, step, op, [&](auto& h, bool every_row_in_order) {
       using head_t = std::decay_t<decltype(h)>;
       if constexpr (is_full_softmax<head_t>::value) {
-        if (dense.wanted()) {
+        if (dense.wanted) {
           h.backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden),
-                           dense.view<typename head_t::storage_type>(), options, upstream);
-          dense.written = true;
+                           dense.make<typename head_t::storage_type>(), options, upstream);
           return;
         }
       }
       every_row = every_row_in_order;
       h.backward_async(hidden_view(a.hidden), targets_view(a.targets), matrix_of(grad_hidden), *g, options, upstream);
     });
-    if (dense.written) return std::make_tuple(grad_hidden, no_rows(weight), dense.weights, dense.bias);
+    if (dense.written()) return std::make_tuple(grad_hidden, no_rows(weight), dense.weights, dense.bias);
     auto [rows, values, gbias] = gradient_tensors<Backend>(g, weight, has_bias, sparse_grad, every_row);
     return std::make_tuple(grad_hidden, rows, values, gbias);
   });

@@ -34,6 +34,18 @@ using xsoftmax::loss_options;
 using xsoftmax::reduction;
 using bf16_t = xsoftmax::bf16::storage_type;
 
+/// `v` rounded to bf16, and widened back to float (what a bf16 head holds, as floats).
+test_vector<bf16_t> to_bf16(const test_vector<float>& v) {
+  test_vector<bf16_t> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = xsoftmax::from_float<bf16_t>(v[i]);
+  return out;
+}
+test_vector<float> widened(const test_vector<bf16_t>& v) {
+  test_vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = xsoftmax::to_float(v[i]);
+  return out;
+}
+
 /// A backend vector's values in a test_vector.
 template <class V>
 test_vector<float> host_copy(const V& v) {
@@ -169,10 +181,7 @@ TEST_CASE_TEMPLATE("full_softmax dense gradient: float is bitwise the sparse gra
     const auto hb = make_hidden<float>(p.h, batch, d, 2);
     const test_vector<float> up = random_grad_output(rng, batch);
     // fp32 weights, and the same values stored in bf16 (a bf16 head's float gradient).
-    test_vector<bf16_t> w16(p.w.size());
-    for (std::size_t i = 0; i < w16.size(); ++i) w16[i] = xsoftmax::from_float<bf16_t>(p.w[i]);
-    test_vector<bf16_t> b16(p.b.size());
-    for (std::size_t i = 0; i < b16.size(); ++i) b16[i] = xsoftmax::from_float<bf16_t>(p.b[i]);
+    test_vector<bf16_t> w16 = to_bf16(p.w), b16 = to_bf16(p.b);
     xsoftmax::full_softmax<xsoftmax::fp32, B> head32(mview(p.w, n, d), bias ? p.b.data() : nullptr);
     xsoftmax::full_softmax<xsoftmax::bf16, B> head16(mview(w16, n, d), bias ? b16.data() : nullptr);
     for (reduction red : {reduction::mean, reduction::sum, reduction::none}) {
@@ -205,15 +214,11 @@ TEST_CASE_TEMPLATE("full_softmax dense gradient: bf16 is the fp32 gradient round
   for (bool bias : {false, true}) {
     const index_t n = size[0], d = size[1], batch = size[2];
     problem p = make_problem(rng, n, n, d, batch, bias, 0.2);
-    test_vector<bf16_t> w16(p.w.size()), b16(p.b.size());
-    for (std::size_t i = 0; i < w16.size(); ++i) w16[i] = xsoftmax::from_float<bf16_t>(p.w[i]);
-    for (std::size_t i = 0; i < b16.size(); ++i) b16[i] = xsoftmax::from_float<bf16_t>(p.b[i]);
+    test_vector<bf16_t> w16 = to_bf16(p.w), b16 = to_bf16(p.b);
     xsoftmax::full_softmax<xsoftmax::bf16, B> head(mview(w16, n, d), bias ? b16.data() : nullptr);
     const auto hb = make_hidden<float>(p.h, batch, d);
     // The weights as the head holds them (rounded to bf16), for the rounding bound.
-    test_vector<float> w_held(w16.size()), b_held(b16.size());
-    for (std::size_t i = 0; i < w16.size(); ++i) w_held[i] = xsoftmax::to_float(w16[i]);
-    for (std::size_t i = 0; i < b16.size(); ++i) b_held[i] = xsoftmax::to_float(b16[i]);
+    const test_vector<float> w_held = widened(w16), b_held = widened(b16);
     for_each_layout(head, batch, [&](const std::string& layout, index_t block) {
       const std::string what = std::string(bias ? "bias, " : "no bias, ") + layout;
       const loss_options opt;
@@ -248,9 +253,7 @@ TEST_CASE_TEMPLATE("full_softmax dense gradient: every sample ignored gives zero
   const index_t n = 11, d = 4, batch = 5;
   problem p = make_problem(rng, n, n, d, batch, true);
   std::fill(p.targets.begin(), p.targets.end(), index_t(-100));
-  test_vector<bf16_t> w16(p.w.size()), b16(p.b.size());
-  for (std::size_t i = 0; i < w16.size(); ++i) w16[i] = xsoftmax::from_float<bf16_t>(p.w[i]);
-  for (std::size_t i = 0; i < b16.size(); ++i) b16[i] = xsoftmax::from_float<bf16_t>(p.b[i]);
+  test_vector<bf16_t> w16 = to_bf16(p.w), b16 = to_bf16(p.b);
   xsoftmax::full_softmax<xsoftmax::bf16, B> head(mview(w16, n, d), b16.data());
   const auto hb = make_hidden<float>(p.h, batch, d);
   const auto f = run_dense<float>(head, hb, p.targets, {}, {}, "float");

@@ -227,17 +227,26 @@ auto full_softmax<P, B, S>::check_dense_gradient_(const char* where, dense_gradi
 
 template <class P, class B, class S>
 template <class H, class G>
+void full_softmax<P, B, S>::run_dense_(const char* where, matrix_view<const H> hidden,
+                                       vector_view<const index_t> targets, const loss_options& options,
+                                       vector_view<float> per_sample, matrix_view<float> grad_hidden,
+                                       dense_gradient<G> grad_weights, vector_view<const float> grad_output,
+                                       float* loss) const {
+  const dense_outputs dense = check_dense_gradient_(where, grad_weights);  // no data read: first
+  verbs::check_loss_inputs(where, hidden, targets, options, per_sample, &grad_hidden, true, grad_output);
+  run_into_(where, hidden, targets, options, per_sample, &grad_hidden, nullptr, grad_output, loss, nullptr, &dense);
+}
+
+template <class P, class B, class S>
+template <class H, class G>
 float full_softmax<P, B, S>::forward_backward(matrix_view<H> hidden, vector_view<const index_t> targets,
                                               matrix_view<float> grad_hidden, dense_gradient<G> grad_weights,
                                               loss_options options, vector_view<float> per_sample,
                                               vector_view<const float> grad_output) const {
-  const char* w = "full_softmax::forward_backward";
-  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
-  const auto h = verbs::as_const(hidden);
-  verbs::check_loss_inputs(w, h, targets, options, per_sample, &grad_hidden, true, grad_output);
   const detail::execution<B> ex{resources_};
   detail::scratch_vector<B, float> loss(1, ex);
-  run_into_(w, h, targets, options, per_sample, &grad_hidden, nullptr, grad_output, loss.data(), nullptr, &dense);
+  run_dense_("full_softmax::forward_backward", verbs::as_const(hidden), targets, options, per_sample, grad_hidden,
+             grad_weights, grad_output, loss.data());
   return detail::backend_ops<B>::read(resources_, loss.data());  // waits for the work queued
 }
 
@@ -246,11 +255,8 @@ template <class H, class G>
 void full_softmax<P, B, S>::backward(matrix_view<H> hidden, vector_view<const index_t> targets,
                                      matrix_view<float> grad_hidden, dense_gradient<G> grad_weights,
                                      loss_options options, vector_view<const float> grad_output) const {
-  const char* w = "full_softmax::backward";
-  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
-  const auto h = verbs::as_const(hidden);
-  verbs::check_loss_inputs(w, h, targets, options, {}, &grad_hidden, true, grad_output);
-  run_into_(w, h, targets, options, {}, &grad_hidden, nullptr, grad_output, nullptr, nullptr, &dense);
+  run_dense_("full_softmax::backward", verbs::as_const(hidden), targets, options, {}, grad_hidden, grad_weights,
+             grad_output, nullptr);
   detail::backend_ops<B>::synchronize(resources_);
 }
 
@@ -262,11 +268,8 @@ void full_softmax<P, B, S>::forward_backward_async(matrix_view<H> hidden, vector
                                                    vector_view<float> per_sample,
                                                    vector_view<const float> grad_output) const {
   detail::check_async_loss("full_softmax::forward_backward_async", loss);
-  const char* w = "full_softmax::forward_backward";
-  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
-  const auto h = verbs::as_const(hidden);
-  verbs::check_loss_inputs(w, h, targets, options, per_sample, &grad_hidden, true, grad_output);
-  run_into_(w, h, targets, options, per_sample, &grad_hidden, nullptr, grad_output, loss.data, nullptr, &dense);
+  run_dense_("full_softmax::forward_backward", verbs::as_const(hidden), targets, options, per_sample, grad_hidden,
+             grad_weights, grad_output, loss.data);
 }
 
 template <class P, class B, class S>
@@ -274,11 +277,8 @@ template <class H, class G>
 void full_softmax<P, B, S>::backward_async(matrix_view<H> hidden, vector_view<const index_t> targets,
                                            matrix_view<float> grad_hidden, dense_gradient<G> grad_weights,
                                            loss_options options, vector_view<const float> grad_output) const {
-  const char* w = "full_softmax::backward";
-  const dense_outputs dense = check_dense_gradient_(w, grad_weights);
-  const auto h = verbs::as_const(hidden);
-  verbs::check_loss_inputs(w, h, targets, options, {}, &grad_hidden, true, grad_output);
-  run_into_(w, h, targets, options, {}, &grad_hidden, nullptr, grad_output, nullptr, nullptr, &dense);
+  run_dense_("full_softmax::backward", verbs::as_const(hidden), targets, options, {}, grad_hidden, grad_weights,
+             grad_output, nullptr);
 }
 
 template <class P, class B, class S>
