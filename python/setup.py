@@ -162,6 +162,19 @@ def _write_build_config(cuda, archs, cblas, why_no_cuda, ptx_only):
                 % (cuda, archs, ptx_only, cblas, why_no_cuda))
 
 
+def _header_dependencies(include_dir):
+    """The headers the operators include (the library's and csrc/'s): setuptools rebuilds the
+    extension only when a listed file is newer than the built module, and it lists the sources
+    alone by default, so a changed header would leave a stale module in place (pip builds in
+    ./build and reuses it)."""
+    headers = []
+    for root, pattern in ((include_dir, "**/*"), (os.path.join(HERE, "csrc"), "*")):
+        for path in glob.glob(os.path.join(root, pattern), recursive=True):
+            if path.endswith((".hpp", ".cuh", ".inl", ".h")):
+                headers.append(path)
+    return sorted(headers)
+
+
 def _extensions():
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
@@ -192,9 +205,10 @@ def _extensions():
     print("xsoftmax: include directories: %s" % include_dirs, file=sys.stderr)
     sources = [os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "sharded_ops.cpp"),
                os.path.join("csrc", "tree_builders.cpp")]
+    depends = _header_dependencies(include_dirs[0])
     if not cuda:
         print("xsoftmax: building the CPU operators only (%s)" % why_no_cuda, file=sys.stderr)
-        return [CppExtension(name="xsoftmax._C", sources=sources, include_dirs=include_dirs,
+        return [CppExtension(name="xsoftmax._C", sources=sources, include_dirs=include_dirs, depends=depends,
                              extra_compile_args={"cxx": cxx}, extra_link_args=link, libraries=libraries)]
     print("xsoftmax: building the CPU and CUDA operators (CUDA architectures %s%s)"
           % (archs, ", PTX only, host code unoptimised" if ptx_only else ""), file=sys.stderr)
@@ -206,7 +220,7 @@ def _extensions():
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-U__CUDA_NO_HALF2_OPERATORS__"]
     cuda_sources = [os.path.join("csrc", "ops_cuda.cu"), os.path.join("csrc", "sharded_ops_cuda.cu")]
-    return [CUDAExtension(name="xsoftmax._C", sources=sources + cuda_sources,
+    return [CUDAExtension(name="xsoftmax._C", sources=sources + cuda_sources, depends=depends,
                           include_dirs=include_dirs, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
                           extra_link_args=link, libraries=libraries + ["cublas"])]
 
