@@ -209,8 +209,8 @@ TEST_CASE("call cost: the selective heads' training steps stay within their budg
   // A step's active set is working memory of the call (detail/selection/scratch_active_set.hpp) and
   // so are the passes' buffers: no backend vector is made per step (sampled: 3 were, and 8 of the
   // pass's; KNN: 1 and 5). Budgets: the serial backend's counts when this case was written
-  // (2026-11-29). The KNN step's 6 read-backs: hidden finite, targets valid, kept rows, the set's
-  // count (`sort_unique`; empty neighbour slots hold the target, not -1), every chunk's first and last
+  // (2026-11-29). The KNN step's 5 read-backs: the data checks (finite hidden values and valid
+  // targets, one scan since stop 51), kept rows, the set's count (`sort_unique`; empty neighbour slots hold the target, not -1), every chunk's first and last
   // column (one copy for both passes; was two reads a chunk a pass), the loss; the library's
   // selectors' sets are not re-checked (`sets_valid_by_construction`: was two more). The sampled
   // step adds the copy of the host-drawn classes; the per-sample step has the lists' two counts
