@@ -30,6 +30,8 @@
 #include <xsoftmax/sharding/solo_communicator.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
 
+#include "support/per_sample_lists.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -226,13 +228,7 @@ TEST_CASE("call cost: the selective heads' training steps stay within their budg
   const xsoftmax::knn_softmax<xsoftmax::fp32, xsoftmax::serial> knn(classes, dim, ko);
   check_within("knn_softmax step", count_step(knn, rows, dim, classes), {21, 5, 0, 17, 0});
   // Per-sample lists (the per-sample pass and its sparse accumulation).
-  std::vector<index_t> offsets{0}, ids;
-  for (index_t r = 0; r < rows; ++r) {
-    for (index_t j = 0; j < 6; ++j) ids.push_back((r * 13 + j * 71) % classes);
-    offsets.push_back(static_cast<index_t>(ids.size()));
-  }
-  xsoftmax::explicit_candidates lists;
-  lists.set_per_sample(offsets, ids);
+  const xsoftmax::explicit_candidates lists = xsoftmax_test::per_sample_lists(rows, classes, 6);
   const xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, xsoftmax::serial> per_sample(
       lists, classes, dim);
   check_within("per-sample selective_softmax step", count_step(per_sample, rows, dim, classes), {22, 7, 0, 13, 0});

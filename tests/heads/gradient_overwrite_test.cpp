@@ -21,6 +21,8 @@
 #include <xsoftmax/tree/runtime_tree.hpp>
 #include <xsoftmax/tree/uniform_tree.hpp>
 
+#include "support/per_sample_lists.hpp"
+
 #include <doctest/doctest.h>
 
 #include <limits>
@@ -90,13 +92,7 @@ TEST_CASE_TEMPLATE("a training step writes every value of its weight gradient, e
     check_overwrites(head, rows, dim, classes, "KNN softmax");
   }
   {
-    std::vector<index_t> offsets{0}, ids;
-    for (index_t r = 0; r < rows; ++r) {
-      for (index_t j = 0; j < 5; ++j) ids.push_back((r * 13 + j * 71) % classes);
-      offsets.push_back(static_cast<index_t>(ids.size()));
-    }
-    xsoftmax::explicit_candidates lists;
-    lists.set_per_sample(offsets, ids);
+    const xsoftmax::explicit_candidates lists = xsoftmax_test::per_sample_lists(rows, classes, 5);
     const xsoftmax::selective_softmax<xsoftmax::explicit_candidates, xsoftmax::fp32, B> head(lists, classes, dim);
     check_overwrites(head, rows, dim, classes, "per-sample selective softmax");
   }
