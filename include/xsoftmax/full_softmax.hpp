@@ -58,6 +58,8 @@ class full_softmax
   static constexpr bool supports_loss_terms = true;
   /// Whether it takes `loss_options::class_weight` (not class-sharded).
   static constexpr bool supports_class_weight = !sharded;
+  /// Whether it takes `loss_options::gradient_filter`.
+  static constexpr bool supports_gradient_filter = true;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;
   using sharding_type = Sharding;

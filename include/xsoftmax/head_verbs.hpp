@@ -56,7 +56,8 @@ inline loss_options log_prob_options() {
 ///                       `_async` forms `run_async_`, `topk_async_`, `log_distribution_async_`.
 ///                       Publicly: `head_name`, `supports_loss_terms` (whether label smoothing,
 ///                       z-loss, margins and soft-capping are defined for it) and
-///                       `supports_class_weight` (whether it takes `loss_options::class_weight`).
+///                       `supports_class_weight` (whether it takes `loss_options::class_weight`) and
+///                       `supports_gradient_filter` (`loss_options::gradient_filter`).
 /// \tparam Backend       `serial`, `omp` or `cuda`.
 /// \tparam SearchOptions what `topk` can be told (`exact_search`: nothing; HS: beam width).
 ///
@@ -233,6 +234,7 @@ class head_verbs {
     detail::check_loss_terms(w, options, Head::supports_loss_terms, Head::head_name);
     detail::check_margin(w, options.margin, Head::supports_loss_terms, Head::head_name, self().bias() != nullptr);
     detail::check_softcap(w, options, Head::supports_loss_terms, Head::head_name);
+    detail::check_gradient_filter(w, options, Head::supports_gradient_filter, Head::head_name);
     detail::check_class_weight_shape(w, options, self().num_classes(), Head::supports_class_weight, Head::head_name);
     check_data(ex);
     detail::check_class_weight_values(ex, w, options.class_weight);

@@ -105,6 +105,8 @@ class hierarchical_softmax
   static constexpr bool supports_loss_terms = false;
   /// Whether it takes `loss_options::class_weight`: yes, each sample's loss is scaled by its class's.
   static constexpr bool supports_class_weight = true;
+  /// Whether it takes `loss_options::gradient_filter`.
+  static constexpr bool supports_gradient_filter = false;
   using tree_type = Tree;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;

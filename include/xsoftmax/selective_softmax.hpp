@@ -91,6 +91,8 @@ class selective_softmax
   static constexpr bool supports_loss_terms = true;
   /// Whether it takes `loss_options::class_weight` (not class-sharded).
   static constexpr bool supports_class_weight = !sharded;
+  /// Whether it takes `loss_options::gradient_filter`.
+  static constexpr bool supports_gradient_filter = false;
   using selector_type = Selector;
   using precision_type = Precision;
   using storage_type = typename Precision::storage_type;

@@ -121,6 +121,17 @@ struct loss_options {
   /// for `hierarchical_softmax` (no logits over all classes) nor with a margin (whose logits the
   /// scale already bounds).
   float softcap = 0.f;
+  /// f in [0, 1): gradient filtering (Cut Cross-Entropy's `filter_eps`, applied per entry). In a
+  /// backward, every entry of dloss/dlogit whose magnitude is below f times its row's upstream
+  /// gradient (times its class weight) is taken as 0 -- with the plain loss, every class j of row r
+  /// with |p_rj - [j = t_r]| < f -- in the hidden, weight and bias gradients alike; the loss is
+  /// unchanged. 0 (the default): the exact gradient. Why: in a trained model almost every
+  /// probability of a large vocabulary is below a bf16 weight's resolution; a class that no row of
+  /// a block keeps is left out of both gradient GEMMs, which then shrink with the kept classes
+  /// (on the cuda backend's bf16 / fp16 path; elsewhere the entries are zeroed and the GEMMs keep
+  /// their size). Cut Cross-Entropy's default ("auto") is the weights' epsilon / 32: 2^-12 for bf16,
+  /// 2^-15 for fp16. The full softmax only (sharded too); the other heads take 0.
+  float gradient_filter = 0.f;
   /// Optional per-class weights, `F.cross_entropy(weight=...)`'s and Liger's `ce_weight`:
   /// num_classes values in the backend's memory, finite and >= 0; empty (the default): all 1.
   /// Sample i's loss (z-loss included) and its gradients are multiplied by class_weight[t_i], and

@@ -3,7 +3,8 @@
 // generic versions on the same backend: the bf16/fp16 tensor-core kernels (dense_softmax against
 // dense_softmax_generic: loss, grad_h, grad_w and grad_b, over several chunks, with and without bias
 // and score cache, in row blocks, over gathered columns with and without logit offsets, chunks narrow and wide (the row-wise gradient kernel, vectorised
-// and not), within the storage type's tolerance, support.cuh), and the block-per-row online
+// and not), within the storage type's tolerance, support.cuh), with gradient filtering (the tuned
+// path's GEMMs over the kept columns only against the generic zeroed entries), and the block-per-row online
 // log-sum-exp (online_lse_update against online_lse_update_generic, with -inf scores, rows read
 // as scalars and as 16-byte vectors), and the
 // block-per-row running top-k (detail/cuda/topk_tuned.cuh: row_topk_update against
@@ -37,7 +38,8 @@ struct gathered_columns {
 
 template <class T>
 void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, bool with_bias, unsigned seed,
-                          index_t score_cache_bytes = 0, index_t row_block = 0, gathered_columns gc = {}) {
+                          index_t score_cache_bytes = 0, index_t row_block = 0, gathered_columns gc = {},
+                          float gradient_filter = 0.f, float weight_scale = 0.3f) {
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   const index_t weight_rows = gc.on ? 3 * n + 5 : n;
@@ -47,7 +49,7 @@ void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, boo
   std::vector<T> w(static_cast<std::size_t>(weight_rows * d)), b(static_cast<std::size_t>(weight_rows));
   std::vector<index_t> t(static_cast<std::size_t>(rows));
   for (auto& x : h) x = nd(g);
-  for (auto& x : w) x = xs::from_float<T>(0.3f * nd(g));
+  for (auto& x : w) x = xs::from_float<T>(weight_scale * nd(g));
   for (auto& x : b) x = xs::from_float<T>(0.1f * nd(g));
   for (auto& x : up) x = 1.f / static_cast<float>(rows);
   for (auto& x : t) x = static_cast<index_t>(g() % n);
@@ -82,6 +84,7 @@ void tuned_equals_generic(index_t rows, index_t n, index_t d, index_t chunk, boo
     a.grad_h = thrust::raw_pointer_cast(gh.data());
     a.grad_w = thrust::raw_pointer_cast(gw.data());
     a.grad_b = with_bias ? thrust::raw_pointer_cast(gb.data()) : nullptr;
+    a.gradient_filter = gradient_filter;
     if (gc.on) a.columns = thrust::raw_pointer_cast(dcol.data());
     if (gc.offsets) {
       a.negative_offset = thrust::raw_pointer_cast(dneg.data());
@@ -130,6 +133,22 @@ TEST_CASE("cuda dense_softmax: the tuned bf16/fp16 path equals the generic primi
   tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 11, 0, 0, {true, false});
   tuned_equals_generic<__half>(19, 700, 24, 128, false, 12, 19 * 128 * 4, 0, {true, true});
   tuned_equals_generic<__nv_bfloat16>(24, 2600, 16, 1024, true, 13, 24 * 1024 * 4, 0, {true, true});
+}
+
+TEST_CASE("cuda dense_softmax: gradient filtering, the tuned path's kept columns equal the generic zeros") {
+  // The generic path zeroes the filtered entries of G; the tuned one also leaves every column with
+  // no kept entry out of its GEMMs when at most half a chunk's columns are kept. Peaked scores
+  // (weights of scale 1.5, 40 dims) put most probabilities far below the cut. Filters from
+  // Cut Cross-Entropy's bf16 value (2^-12: most columns kept, the dense GEMMs) to 0.9 (only the
+  // targets' columns kept): narrow and wide chunks, a bias, row blocks accumulating into grad_w,
+  // gathered columns with offsets, fp16.
+  const float cce_bf16 = 1.f / 4096.f;
+  tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 31, 0, 0, {}, cce_bf16, 1.5f);
+  tuned_equals_generic<__nv_bfloat16>(33, 1000, 40, 256, true, 32, 0, 0, {}, 0.02f, 1.5f);
+  tuned_equals_generic<__nv_bfloat16>(40, 3001, 24, 1024, false, 33, 0, 0, {}, 0.9f, 1.5f);
+  tuned_equals_generic<__nv_bfloat16>(21, 4100, 16, 2052, true, 34, 8 * 4100 * 4, 8, {}, 0.05f, 1.5f);
+  tuned_equals_generic<__half>(64, 2049, 17, 512, false, 35, 0, 20, {}, 0.02f, 1.5f);
+  tuned_equals_generic<__nv_bfloat16>(24, 2600, 16, 1024, true, 36, 24 * 1024 * 4, 0, {true, true}, 0.05f, 1.5f);
 }
 
 TEST_CASE("cuda online_lse_update: the block-per-row kernel equals the generic loop (its oracle)") {

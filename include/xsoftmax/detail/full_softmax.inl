@@ -336,6 +336,7 @@ void full_softmax<P, B, S>::run_into_(const char* where, matrix_view<const H> hi
   a.z_loss = options.z_loss;
   a.margin = options.margin;  // head_verbs checked: no bias with a margin
   a.softcap = options.softcap;
+  a.gradient_filter = options.gradient_filter;
   if (batch.weights_in_pass) {  // class weights with label smoothing: the pass weighs the losses
     a.class_weight = options.class_weight.data;
     a.row_weight = batch.weight.data();

@@ -126,6 +126,7 @@ void full_softmax<P, B, S>::run_gathered_(detail::sharded_rows<B>& rows, const d
   // the normalisation's Jacobian is linear, so the ranks' partial hidden gradients still sum.
   a.margin = options.margin;
   a.softcap = options.softcap;
+  a.gradient_filter = options.gradient_filter;
   a.combine_rows = [&](const detail::dense_row_statistics& st) {
     detail::combine_row_statistics(ex, sharding_.communicator(), st);
   };

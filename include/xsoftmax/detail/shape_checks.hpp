@@ -56,6 +56,15 @@ inline void check_softcap(const char* where, const loss_options& o, bool support
           " must be 0 with a margin (the margin's logits are bounded by its scale already)");
 }
 
+/// gradient_filter in [0, 1); 0 for a head that does not define it (`supported` false: every head
+/// but the full softmax).
+inline void check_gradient_filter(const char* where, const loss_options& o, bool supported, const char* head) {
+  expects(o.gradient_filter >= 0.f && o.gradient_filter < 1.f, where, ": options.gradient_filter = ",
+          o.gradient_filter, " must be in [0, 1) (0: the exact gradient)");
+  expects(supported || o.gradient_filter == 0.f, where, ": options.gradient_filter = ", o.gradient_filter,
+          " must be 0: ", head, " does not define it (only the full softmax filters its gradient)");
+}
+
 /// class_weight: empty, or one value per class (`num_classes`), with a data pointer; not for a head
 /// that does not take it (`supported` false: the class-sharded heads).
 /// Its values are checked where they live (check_class_weight_values).

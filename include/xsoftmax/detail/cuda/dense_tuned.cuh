@@ -33,6 +33,9 @@
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 
+#include <thrust/copy.h>
+#include <thrust/iterator/counting_iterator.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -83,6 +86,41 @@ struct gather_rows {
   }
 };
 
+/// Whether a column flag is set.
+struct is_set {
+  XSOFTMAX_HD bool operator()(unsigned char f) const { return f != 0; }
+};
+
+/// out[r * count + k] = g[r * cn + kept[k]], one thread per element: a chunk's G (rows x cn) with its
+/// kept columns only (gradient filtering), for the GEMMs.
+template <class T>
+struct gather_kept_columns {
+  const T* g;
+  index_t cn;
+  const index_t* kept;
+  index_t count;
+  T* out;
+  XSOFTMAX_HD void operator()(index_t e) const {
+    const index_t r = e / count, k = e - r * count;
+    out[e] = g[r * cn + kept[k]];
+  }
+};
+
+/// out[kept[k] * d + p] += rows[k * d + p] (k < count, p < d; in fp32, stored as C), one thread per
+/// element: the kept columns' weight-gradient rows added into the chunk's rows.
+template <class C>
+struct add_kept_rows {
+  const float* rows;
+  const index_t* kept;
+  index_t d;
+  C* out;
+  XSOFTMAX_HD void operator()(index_t e) const {
+    const index_t k = e / d, p = e - k * d;
+    C& o = out[kept[k] * d + p];
+    o = from_float<C>(to_float(o) + rows[e]);
+  }
+};
+
 /// s[r * cn + j] += b[j], one thread per element.
 template <class T>
 struct add_bias {
@@ -106,15 +144,19 @@ struct softmax_gradient {
   const index_t* target;
   float scale;
   bool keep_fp32;
+  float filter;          ///< gradient filtering (`dense_softmax_args::gradient_filter`); 0: none
+  unsigned char* kept;   ///< with a filter: kept[j] = 1 for a column with a non-zero entry (else null)
   /// dLoss/dscore of a score x of a row with log-sum-exp l and upstream gradient u, in the target's
-  /// column or not: the one formula of both gradient kernels.
-  XSOFTMAX_HD static float value(float x, float l, float u, bool target_column) {
-    return expf(x - l) * u - (target_column ? u : 0.f);
+  /// column or not, 0 when below the filter's cut (`filter` |u|): the one formula of both kernels.
+  XSOFTMAX_HD static float value(float x, float l, float u, bool target_column, float filter) {
+    const float v = expf(x - l) * u - (target_column ? u : 0.f);
+    return fabsf(v) < filter * fabsf(u) ? 0.f : v;
   }
   XSOFTMAX_HD void operator()(index_t e) const {
-    const index_t r = e / cn;
-    const float v = value(s[e], lse[r], upstream[r], target[r] - c0 == e - r * cn);
+    const index_t r = e / cn, j = e - r * cn;
+    const float v = value(s[e], lse[r], upstream[r], target[r] - c0 == j, filter);
     if (keep_fp32) s[e] = v;
+    if (kept && v != 0.f) kept[j] = 1;  // every writer stores the same 1
     g[e] = from_float<T>(v * scale);
   }
 };
@@ -126,7 +168,8 @@ struct softmax_gradient {
 template <class T, int Threads>
 __global__ void __launch_bounds__(Threads)
     softmax_gradient_rows_kernel(float* s, T* g, index_t rows, index_t cn, index_t c0, const float* lse,
-                                 const float* upstream, const index_t* target, float scale, bool keep_fp32, bool vec) {
+                                 const float* upstream, const index_t* target, float scale, bool keep_fp32, bool vec,
+                                 float filter, unsigned char* kept) {
   struct alignas(4 * sizeof(T)) four {
     T v[4];
   };
@@ -141,11 +184,17 @@ __global__ void __launch_bounds__(Threads)
         float4 v = reinterpret_cast<const float4*>(sr)[q];
         const index_t j = 4 * q;
         using grad = softmax_gradient<T>;
-        v.x = grad::value(v.x, l, u, j == t);
-        v.y = grad::value(v.y, l, u, j + 1 == t);
-        v.z = grad::value(v.z, l, u, j + 2 == t);
-        v.w = grad::value(v.w, l, u, j + 3 == t);
+        v.x = grad::value(v.x, l, u, j == t, filter);
+        v.y = grad::value(v.y, l, u, j + 1 == t, filter);
+        v.z = grad::value(v.z, l, u, j + 2 == t, filter);
+        v.w = grad::value(v.w, l, u, j + 3 == t, filter);
         if (keep_fp32) reinterpret_cast<float4*>(sr)[q] = v;
+        if (kept) {  // every writer stores the same 1
+          if (v.x != 0.f) kept[j] = 1;
+          if (v.y != 0.f) kept[j + 1] = 1;
+          if (v.z != 0.f) kept[j + 2] = 1;
+          if (v.w != 0.f) kept[j + 3] = 1;
+        }
         four o;
         o.v[0] = from_float<T>(v.x * scale);
         o.v[1] = from_float<T>(v.y * scale);
@@ -155,8 +204,9 @@ __global__ void __launch_bounds__(Threads)
       }
     } else {
       for (index_t j = first; j < cn; j += step) {
-        const float v = softmax_gradient<T>::value(sr[j], l, u, j == t);
+        const float v = softmax_gradient<T>::value(sr[j], l, u, j == t, filter);
         if (keep_fp32) sr[j] = v;
+        if (kept && v != 0.f) kept[j] = 1;
         gr[j] = from_float<T>(v * scale);
       }
     }
@@ -202,6 +252,14 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
     if (!a.upstream) return;
     g_ = scratch_.take<T>(rows_ * chunk);
     if constexpr (gpu::scales_gradient<T>) scale_ = gpu::gradient_scale(ex.res, a.upstream, rows_);
+    if (a.gradient_filter > 0.f) {  // a chunk's kept columns, and G, W and G^T H on at most half of them
+      const index_t half = (chunk + 1) / 2;
+      kept_flags_ = scratch_.take<unsigned char>(chunk);
+      kept_ = scratch_.take<index_t>(chunk);
+      g_kept_ = scratch_.take<T>(rows_ * half);
+      w_kept_ = scratch_.take<T>(half * d_);
+      grad_kept_ = scratch_.take<float>(half * d_);
+    }
   }
 
   /// s (rows x cn) = H W_chunk^T + bias_chunk for chunk c0's columns (weight rows a.first + c0 ...
@@ -225,31 +283,32 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   /// copy in T, scaled back exactly through alpha (into `grad_w_storage` in T when the args have it).
   void backward(matrix_view<const T> w, index_t c0, index_t cn, float* s, const float* lse) {
     const bool keep_fp32 = a_.grad_b != nullptr;
+    const float filter = a_.gradient_filter;
+    unsigned char* const flags = filter > 0.f ? kept_flags_ : nullptr;
+    if (flags) XSOFTMAX_CUDA_TRY(cudaMemsetAsync(flags, 0, static_cast<std::size_t>(cn), ex_.res.stream()));
     if (cn >= 1024) {  // wide chunks (the full softmax): a row at a time, vectorised
       const bool vec = cn % 4 == 0 && reinterpret_cast<std::uintptr_t>(s) % 16 == 0 &&
                        reinterpret_cast<std::uintptr_t>(g_) % (4 * sizeof(T)) == 0;
       const index_t x_blocks = (cn / (vec ? 4 : 1) + gpu::block_threads - 1) / gpu::block_threads;
       const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(std::min<index_t>(rows_, 65535)));
       gpu::softmax_gradient_rows_kernel<T, gpu::block_threads><<<grid, gpu::block_threads, 0, ex_.res.stream()>>>(
-          s, g_, rows_, cn, c0, lse, a_.upstream, a_.target, scale_, keep_fp32, vec);
+          s, g_, rows_, cn, c0, lse, a_.upstream, a_.target, scale_, keep_fp32, vec, filter, flags);
       XSOFTMAX_CUDA_CHECK_LAUNCH();
     } else {  // narrow chunks (the hierarchical softmax's runs): a thread per element
-      parallel_for(ex_, rows_ * cn,
-                   gpu::softmax_gradient<T>{s, g_, cn, c0, lse, a_.upstream, a_.target, scale_, keep_fp32});
+      parallel_for(ex_, rows_ * cn, gpu::softmax_gradient<T>{s, g_, cn, c0, lse, a_.upstream, a_.target, scale_,
+                                                             keep_fp32, filter, flags});
     }
-    const float alpha = 1.f / scale_;  // exact: a power of two
-    cublasHandle_t h = ex_.res.cublas();
     const matrix_view<const T> wc = chunk_rows(w, c0, cn);
-    gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cn, alpha, g_, cn, wc.data, wc.stride, 1.f, a_.grad_h,
-                 d_);
-    const float beta = a_.accumulate_weight_gradient ? 1.f : 0.f;
-    if (a_.grad_w_storage) {  // in T: rounded once from the fp32 sum (plus a later block's stored rows)
-      gpu::gemm<T, T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, beta,
-                      static_cast<T*>(a_.grad_w_storage) + c0 * d_, d_);
-    } else {
-      gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cn, d_, rows_, alpha, g_, cn, h_, d_, beta,
-                   a_.grad_w + c0 * d_, d_);
+    if (flags) {  // the kept columns' ids, in order: one read-back a chunk for the GEMMs' size
+      const auto ids = thrust::counting_iterator<index_t>(0);
+      const index_t count = static_cast<index_t>(
+          thrust::copy_if(ex_.policy(), ids, ids + cn, flags, kept_, gpu::is_set{}) - kept_);
+      if (2 * count <= cn) {
+        backward_kept_columns(wc, c0, cn, count);
+        return;
+      }
     }
+    gradient_gemms(g_, cn, wc, a_.accumulate_weight_gradient, c0);
   }
 
  private:
@@ -263,6 +322,58 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   T* w_gathered_ = nullptr;  // with columns: one chunk's weight rows (chunk x d) and bias entries
   T* b_gathered_ = nullptr;
   index_t gathered_c0_ = -1;  // the chunk whose rows w_gathered_ holds (-1: none)
+  // Gradient filtering: a chunk's column flags and kept column ids; G, the weight rows and G^T H's
+  // rows of at most half a chunk's columns.
+  unsigned char* kept_flags_ = nullptr;
+  index_t* kept_ = nullptr;
+  T* g_kept_ = nullptr;
+  T* w_kept_ = nullptr;
+  float* grad_kept_ = nullptr;
+
+  /// grad_h += G W_chunk and the chunk's weight-gradient rows from c0 = G^T H (+= with `accumulate`),
+  /// G being `g` (rows x cols, scaled by `scale_`) against `wc`'s cols rows.
+  void gradient_gemms(const T* g, index_t cols, matrix_view<const T> wc, bool accumulate, index_t c0) {
+    const float alpha = 1.f / scale_;  // exact: a power of two
+    cublasHandle_t h = ex_.res.cublas();
+    gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, cols, alpha, g, cols, wc.data, wc.stride, 1.f,
+                 a_.grad_h, d_);
+    const float beta = accumulate ? 1.f : 0.f;
+    if (a_.grad_w_storage) {  // in T: rounded once from the fp32 sum (plus a later block's stored rows)
+      gpu::gemm<T, T>(h, gpu::op::transpose, gpu::op::none, cols, d_, rows_, alpha, g, cols, h_, d_, beta,
+                      static_cast<T*>(a_.grad_w_storage) + c0 * d_, d_);
+    } else {
+      gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, cols, d_, rows_, alpha, g, cols, h_, d_, beta,
+                   a_.grad_w + c0 * d_, d_);
+    }
+  }
+
+  /// Gradient filtering with at most half the chunk's columns kept (`count`, ids in kept_): G and
+  /// the weight rows of those columns gathered, both GEMMs on them, G^T H's rows added into the
+  /// chunk's weight-gradient rows, which are zeroed first unless accumulated into (a later row
+  /// block). A column with no kept entry has a zero gradient row: left out, nothing is lost.
+  void backward_kept_columns(matrix_view<const T> wc, index_t c0, index_t cn, index_t count) {
+    const bool accumulate = a_.accumulate_weight_gradient;
+    void* const chunk_w = a_.grad_w_storage ? static_cast<void*>(static_cast<T*>(a_.grad_w_storage) + c0 * d_)
+                                            : static_cast<void*>(a_.grad_w + c0 * d_);
+    if (!accumulate) {  // all-zero bits are 0 in fp32, bf16 and fp16 alike
+      const std::size_t bytes = static_cast<std::size_t>(cn * d_) * (a_.grad_w_storage ? sizeof(T) : sizeof(float));
+      XSOFTMAX_CUDA_TRY(cudaMemsetAsync(chunk_w, 0, bytes, ex_.res.stream()));
+    }
+    if (count == 0) return;
+    parallel_for(ex_, rows_ * count, gpu::gather_kept_columns<T>{g_, cn, kept_, count, g_kept_});
+    parallel_for(ex_, count * d_, gpu::gather_rows<T>{wc.data, wc.stride, kept_, w_kept_, d_});
+    const float alpha = 1.f / scale_;
+    cublasHandle_t h = ex_.res.cublas();
+    gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, count, alpha, g_kept_, count, w_kept_, d_, 1.f,
+                 a_.grad_h, d_);
+    gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, count, d_, rows_, alpha, g_kept_, count, h_, d_, 0.f,
+                 grad_kept_, d_);
+    if (a_.grad_w_storage) {
+      parallel_for(ex_, count * d_, gpu::add_kept_rows<T>{grad_kept_, kept_, d_, static_cast<T*>(chunk_w)});
+    } else {
+      parallel_for(ex_, count * d_, gpu::add_kept_rows<float>{grad_kept_, kept_, d_, static_cast<float*>(chunk_w)});
+    }
+  }
 
   /// Chunk c0's weight rows: in place for a block of rows, else gathered (once per chunk and pass:
   /// the backward of the chunk just scored reuses them).

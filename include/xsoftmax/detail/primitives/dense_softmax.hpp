@@ -94,6 +94,9 @@ struct dense_softmax_args {
   /// Logit soft-capping (see `loss_options::softcap`): c > 0 makes every score c tanh(s / c) before
   /// the offsets are added; 0: none.
   float softcap = 0.f;
+  /// Gradient filtering (see `loss_options::gradient_filter`): f > 0 takes every entry of G with
+  /// |G_rj| < f |u_r rho_r| as 0 (u: `upstream`, rho: `row_weight` or 1); 0: none. Backward only.
+  float gradient_filter = 0.f;
   [[nodiscard]] bool plain_loss() const {
     return label_smoothing == 0.f && z_loss == 0.f && softcap == 0.f && class_weight == nullptr;
   }
@@ -473,8 +476,9 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
   // longer a step with it (its buffers and passes cost more than the exponentials they save;
   // bench/tools/hs_uniform_step.cpp). Not on a device: there the plain loss runs the tuned kernels,
   // and each extra pass would be a kernel launch per chunk, never measured on a GPU.
+  // Gradient filtering needs G's entries, which the exponential form never forms.
   const bool exp_form = !runs_on_device<execution_type> && !tg && a.upstream && a.plain_loss() && !margin &&
-                        rows >= 64 && a.n >= 4 * d;
+                        a.gradient_filter == 0.f && rows >= 64 && a.n >= 4 * d;
   const index_t chunks = chunk_count;
   fvector shifts = floats(exp_form ? static_cast<std::size_t>(rows * chunks) : 0);
   auto chunk_shift = [&](index_t c0) { return raw(shifts) + rows * (c0 / chunk); };
@@ -583,6 +587,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     const matrix_view<const float> wf = score_chunk(c0, cn, c0 / chunk < kept ? nullptr : s);
     const float* u = a.upstream;
     const index_t* t = a.target;
+    const float filter = a.gradient_filter;  // |G_rj| < filter |u_r rho_r|: 0 (none when 0)
     if constexpr (!runs_on_device<execution_type>) {
       if (exp_form) {
         exp_form_backward(ex,
@@ -599,7 +604,8 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
       if constexpr (runs_on_device<execution_type>) {  // a thread per element (see the forward)
         XSOFTMAX_PARALLEL_FOR_2D(ex, rows, cn, r, j, {
           float* e = s + r * cn + j;
-          *e = fast_exp(*e - l[r]) * u[r] - (j == t[r] - c0 ? u[r] : 0.f);
+          const float g = fast_exp(*e - l[r]) * u[r] - (j == t[r] - c0 ? u[r] : 0.f);
+          *e = ::fabsf(g) < filter * ::fabsf(u[r]) ? 0.f : g;
         });
       } else {  // a task per row, its exp loop on 8 lanes (exp_rows.hpp)
         XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
@@ -607,6 +613,11 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
           exp_shifted_scaled(sr, cn, l[r], u[r]);
           const index_t tj = t[r] - c0;
           if (tj >= 0 && tj < cn) sr[tj] -= u[r];
+          if (filter > 0.f) {
+            const float cut = filter * std::fabs(u[r]);
+            for (index_t j = 0; j < cn; ++j)
+              if (std::fabs(sr[j]) < cut) sr[j] = 0.f;
+          }
         });
       }
     } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite], and with a
@@ -627,6 +638,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
         const bool target = j == t[r] - c0;
         float g = v > -INFINITY ? fast_exp(v - lr) * scale - uniform : 0.f;
         if (target) g -= (1.f - eps) * ur;
+        if (::fabsf(g) < filter * ::fabsf(ur)) g = 0.f;  // on dloss/dz, z the capped logit
         if (cap > 0.f && v > -INFINITY) {
           const float* o = target ? to : no;
           const float q = (o ? v - o[c0 + j] : v) / cap;
