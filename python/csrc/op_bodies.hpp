@@ -140,6 +140,7 @@ inline xs::loss_options with_loss_terms(xs::loss_options o, int64_t head, const 
   o.z_loss = t.z_loss;
   o.margin = t.margin;
   o.softcap = t.softcap;
+  o.gradient_filter = t.gradient_filter;
   return o;
 }
 

@@ -98,10 +98,11 @@ int64_t create_full(std::optional<int64_t> score_cache_bytes, std::optional<int6
 }
 
 /// Sets the loss terms of a head handle (see `state::terms`): label smoothing, z-loss, a margin
-/// (0 none, 1 ArcFace, 2 CosFace, with scale s and margin m) and a soft cap. Checked here as the
-/// library checks them, so a module fails at construction, not at its first step.
+/// (0 none, 1 ArcFace, 2 CosFace, with scale s and margin m), a soft cap and the gradient filter
+/// (full softmax handles only). Checked here as the library checks them, so a module fails at
+/// construction, not at its first step.
 void set_loss_terms(int64_t head, double label_smoothing, double z_loss, int64_t margin, double margin_scale,
-                    double margin_m, double softcap) {
+                    double margin_m, double softcap, double gradient_filter) {
   guarded([&] {
     TORCH_CHECK_VALUE(label_smoothing >= 0.0 && label_smoothing <= 1.0, "xsoftmax: label_smoothing = ",
                       label_smoothing, " must be in [0, 1]");
@@ -112,6 +113,8 @@ void set_loss_terms(int64_t head, double label_smoothing, double z_loss, int64_t
     TORCH_CHECK_VALUE(softcap >= 0.0 && std::isfinite(softcap), "xsoftmax: softcap = ", softcap,
                       " must be finite and >= 0");
     TORCH_CHECK_VALUE(softcap == 0.0 || margin == 0, "xsoftmax: softcap = ", softcap, " with a margin is not defined");
+    TORCH_CHECK_VALUE(gradient_filter >= 0.0 && gradient_filter < 1.0, "xsoftmax: gradient_filter = ", gradient_filter,
+                      " must be in [0, 1)");
     xs::loss_options t;
     t.label_smoothing = static_cast<float>(label_smoothing);
     t.z_loss = static_cast<float>(z_loss);
@@ -120,7 +123,10 @@ void set_loss_terms(int64_t head, double label_smoothing, double z_loss, int64_t
     t.margin.scale = static_cast<float>(margin_scale);
     t.margin.m = static_cast<float>(margin_m);
     t.softcap = static_cast<float>(softcap);
+    t.gradient_filter = static_cast<float>(gradient_filter);
     const std::shared_ptr<state> st = find_state(head, "set_loss_terms");
+    TORCH_CHECK_VALUE(gradient_filter == 0.0 || dynamic_cast<full_state*>(st.get()) != nullptr,
+                      "xsoftmax: gradient_filter = ", gradient_filter, " is defined for the full softmax only");
     TORCH_CHECK_VALUE(dynamic_cast<tree_state*>(st.get()) == nullptr || (label_smoothing == 0.0 && z_loss == 0.0 &&
                                                                          margin == 0 && softcap == 0.0),
                       "xsoftmax: label smoothing, z-loss, margins and soft-capping are not defined for the ",
@@ -349,7 +355,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("release", &release_state, pybind11::arg("head"));
   m.def("set_loss_terms", &set_loss_terms, pybind11::arg("head"), pybind11::arg("label_smoothing"),
         pybind11::arg("z_loss"), pybind11::arg("margin"), pybind11::arg("margin_scale"), pybind11::arg("margin_m"),
-        pybind11::arg("softcap"));
+        pybind11::arg("softcap"), pybind11::arg("gradient_filter"));
   m.def("release_cached_gradients", [] { return xsoftmax_torch::release_idle_gradients<host_backend>(); });
   m.def("has_cblas", &has_cblas);
   m.def("build_info", &build_info);

@@ -263,3 +263,63 @@ def test_bad_terms_are_refused_at_construction():
         FullSoftmaxLoss(N, D, margin="cosface", margin_scale=0.0)
     with pytest.raises(TypeError):  # not defined for the hierarchical softmax: no such argument
         HierarchicalSoftmaxLoss(N, D, label_smoothing=0.1)
+
+
+def cut_in_widest_gap(values, lo, hi):
+    """A cut in the widest relative gap between consecutive values inside [lo, hi] (the gap's
+    geometric middle) and the gap's ratio: no value lies near the cut."""
+    v = sorted(x for x in values if lo <= x <= hi)
+    best, cut = 1.0, 0.0
+    for a, b in zip(v, v[1:]):
+        if a > 0 and b / a > best:
+            best, cut = b / a, math.sqrt(a * b)
+    return cut, best
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_gradient_filter_drops_every_entry_below_the_cut(dtype, reduction):
+    # Cut Cross-Entropy's filter_eps, per entry: the gradients of the softmax with every entry of
+    # p - onehot below the cut taken as 0 (float64 from the head's own weights); the loss unchanged.
+    # Peaked logits (weights x 3) so that most entries are far below; the cut sits in the widest gap
+    # between the entries' magnitudes, so none is near it. bf16 on CUDA: the tuned path, whose GEMMs
+    # run over the kept classes only (chunks of 16 of 48 classes).
+    n, b = 48, 24
+    head = FullSoftmaxLoss(n, D, dtype=dtype, reduction=reduction)
+    with torch.no_grad():
+        head.weight.mul_(3.0)
+    g = torch.Generator().manual_seed(31)
+    h = torch.randn(b, D, generator=g, device="cpu").to(torch.get_default_device()).to(dtype)
+    t = torch.randint(0, n, (b,), generator=g, device="cpu").to(torch.get_default_device())
+    t[5] = -100
+    w64, h64, keep = head.weight.detach().double(), h.double(), t != -100
+    p = torch.softmax(h64 @ w64.T, dim=1)
+    onehot = torch.zeros_like(p)
+    onehot[keep] = onehot[keep].scatter(1, t[keep][:, None], 1.0)
+    diff = (p - onehot)[keep]
+    f, gap = cut_in_widest_gap(diff.abs().flatten().tolist(), 0.1, 0.9)
+    assert gap > 1.001
+    upstream = torch.linspace(0.5, 1.5, b, dtype=torch.float64, device=p.device)
+    u = (torch.where(keep, 1.0 / keep.sum(), 0.0) if reduction == "mean" else upstream * keep).double()
+    gd = torch.where((p - onehot).abs() < f, 0.0, p - onehot) * u[:, None]
+    exact = (p - onehot) * u[:, None]
+    assert (gd - exact).abs().max() > 0.05 * exact.abs().max()  # the filter matters here
+
+    filtered = FullSoftmaxLoss(n, D, dtype=dtype, reduction=reduction, gradient_filter=f)
+    filtered.load_state_dict(head.state_dict())
+    hx = h.clone().requires_grad_()
+    loss = filtered(hx, t)
+    (loss * upstream.to(loss.dtype)).sum().backward() if reduction == "none" else loss.backward()
+    tol = dict(rtol=2e-4, atol=2e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2 * exact.abs().max().item())
+    torch.testing.assert_close(filtered.weight.grad.double(), gd.T @ h64, **tol)
+    torch.testing.assert_close(hx.grad.double(), gd @ w64, **tol)
+    torch.testing.assert_close(loss.detach(), head(h, t).detach(), rtol=0, atol=0)
+    assert f"gradient_filter={f}" in repr(filtered)
+
+
+def test_gradient_filter_is_checked():
+    for bad in (-0.1, 1.0, math.nan):
+        with pytest.raises(ValueError, match="gradient_filter = "):
+            FullSoftmaxLoss(N, D, gradient_filter=bad)
+    with pytest.raises(TypeError):  # the full softmax only: no such argument elsewhere
+        SampledSoftmaxLoss(N, D, num_sampled=3, gradient_filter=0.1)

@@ -2,17 +2,19 @@
 """The loss terms every exact and selective module takes (the C++ ``loss_options``): label smoothing
 and z-loss as ``F.cross_entropy`` and PaLM name them, the additive margins of face recognition
 (ArcFace, CosFace) on L2-normalised rows and weights, and logit soft-capping as Gemma 2, Cut
-Cross-Entropy and Liger name it (``softcap``); and the per-class weights every module takes
-(``class_weight``, ``F.cross_entropy``'s ``weight``). One check for every module."""
+Cross-Entropy and Liger name it (``softcap``); the full softmax's gradient filtering (Cut
+Cross-Entropy's ``filter_eps``, per entry: ``gradient_filter``); and the per-class weights every
+module takes (``class_weight``, ``F.cross_entropy``'s ``weight``). One check for every module."""
 import math
 
 MARGINS = {None: 0, "arcface": 1, "cosface": 2}
 DEFAULT_M = {"arcface": 0.5, "cosface": 0.35}
 
 
-def check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap=0.0):
+def check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap=0.0,
+                     gradient_filter=0.0):
     """The terms as ``_C.set_loss_terms`` takes them after the head handle: (label_smoothing, z_loss,
-    margin code, scale, m, softcap). Raises ValueError naming the argument and value."""
+    margin code, scale, m, softcap, gradient_filter). Raises ValueError naming the argument and value."""
     ls, z = float(label_smoothing), float(z_loss)
     if not 0.0 <= ls <= 1.0:
         raise ValueError(f"label_smoothing = {label_smoothing} must be in [0, 1]")
@@ -36,12 +38,16 @@ def check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bi
     if c > 0.0 and margin is not None:
         raise ValueError(f"softcap = {softcap} with margin = {margin!r}: the margin's logits are bounded by "
                          f"margin_scale already; use one of them")
-    return ls, z, MARGINS[margin], s, m, c
+    f = float(gradient_filter)
+    if not 0.0 <= f < 1.0:
+        raise ValueError(f"gradient_filter = {gradient_filter} must be in [0, 1) (0: the exact gradient)")
+    return ls, z, MARGINS[margin], s, m, c, f
 
 
 def any_terms(terms):
-    """Whether the checked terms change the loss (else a module needs no handle for them)."""
-    return terms[0] != 0.0 or terms[1] != 0.0 or terms[2] != 0 or terms[5] != 0.0
+    """Whether the checked terms change the loss or its gradient (else a module needs no handle for
+    them)."""
+    return terms[0] != 0.0 or terms[1] != 0.0 or terms[2] != 0 or terms[5] != 0.0 or terms[6] != 0.0
 
 
 def check_class_weight(class_weight, num_classes):

@@ -153,7 +153,8 @@ class _SoftmaxHead(nn.Module):
 
     def _set_loss_terms(self, terms, margin):
         """Keeps the checked loss terms (see ``_loss_terms.check_loss_terms``) as attributes."""
-        self.label_smoothing, self.z_loss, _, self.margin_scale, self.margin_m, self.softcap = terms
+        self.label_smoothing, self.z_loss, _, self.margin_scale, self.margin_m, self.softcap = terms[:6]
+        self.gradient_filter = terms[6]
         self.margin = margin
 
     def extra_repr(self):
@@ -168,6 +169,8 @@ class _SoftmaxHead(nn.Module):
             text += f", margin={self.margin!r}, margin_scale={self.margin_scale}, margin_m={self.margin_m}"
         if getattr(self, "softcap", 0.0):
             text += f", softcap={self.softcap}"
+        if getattr(self, "gradient_filter", 0.0):
+            text += f", gradient_filter={self.gradient_filter}"
         if self.class_weight is not None:
             text += ", class_weight=tensor"
         return text
@@ -305,6 +308,12 @@ class FullSoftmaxLoss(_SoftmaxHead):
             64), ``margin_m`` is m (default 0.5 for ArcFace, 0.35 for CosFace).
         softcap: c > 0 caps the logits at c tanh(logits / c) (Gemma 2's soft-capping, Cut
             Cross-Entropy's and Liger's ``softcap``); 0: none. Not with a margin.
+        gradient_filter: f in [0, 1): the backward drops every entry of dloss/dlogit below f times
+            its row's upstream gradient (with the plain loss: classes j with |p_j - [j = t]| < f),
+            Cut Cross-Entropy's ``filter_eps`` applied per entry (its bf16 default, "auto", is
+            2**-12); the loss is unchanged. On CUDA with bf16/fp16 weights, the classes no row of a
+            block keeps are left out of the gradient GEMMs, which then shrink. 0 (the default):
+            the exact gradient.
         class_weight: per-class weights (num_classes values >= 0), ``F.cross_entropy``'s ``weight``:
             each sample's loss is multiplied by its class's weight, and 'mean' divides by the sum of
             the weights of the samples not ignored. With ``label_smoothing``, PyTorch's formula: each
@@ -317,8 +326,9 @@ class FullSoftmaxLoss(_SoftmaxHead):
     def __init__(self, num_classes, dim, bias=False, dtype=torch.float32, reduction="mean", ignore_index=-100,
                  sparse_grad=False, device=None, init_scale=None, score_cache_bytes=None, row_block=None,
                  label_smoothing=0.0, z_loss=0.0, margin=None, margin_scale=64.0, margin_m=None, softcap=0.0,
-                 class_weight=None):
-        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap)
+                 class_weight=None, gradient_filter=0.0):
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias, softcap,
+                                 gradient_filter)
         super().__init__(num_classes, dim, num_classes, bias, dtype, reduction, ignore_index, sparse_grad, device,
                          init_scale, class_weight)
         self._set_loss_terms(terms, margin)
