@@ -9,6 +9,7 @@
 //   heads_cuda_bench --only forward_backward   one measurement of each (forward, forward_backward,
 //                               forward_backward_async, topk, forward_topk, forward_backward_dense:
 //                               the full softmax's step into a dense gradient in the weights' type;
+//                               forward_backward_filtered: the same with gradient_filter 2^-12;
 //                               the others print nan), e.g. under a profiler
 //   heads_cuda_bench --reps 3   timed calls per measurement (default 10, 3 with --quick)
 //   heads_cuda_bench --filter hs_uniform --train-steps 300 [--train-lr 1]   then 300 SGD steps on
@@ -323,6 +324,25 @@ void run_head(const std::string& name, Head& head, index_t rows, index_t num_cla
                 "peak %9.1f MB\n",
                 name.c_str(), xs::element_name<storage>(), fbd, fbd / fb,
                 static_cast<double>(dense.size() * sizeof(storage)) / 1e6, (dense_peak - base) / 1e6);
+    // The same step with gradient filtering at Cut Cross-Entropy's bf16 default, 2^-12
+    // (`loss_options::gradient_filter`): on these inputs (random weights of scale 1 / sqrt(d): a
+    // near-uniform softmax, p ~ 1 / N) only the targets' entries pass, so the gradient GEMMs run
+    // over the chunks' target columns alone -- the most filtering can save, not a trained model's.
+    xs::loss_options filtered;
+    filtered.gradient_filter = 1.f / 4096.f;
+    std::size_t filtered_peak = used_bytes();
+    progress("forward_backward_filtered");
+    const double fbf = time_ms("forward_backward_filtered",
+        [&] {
+          loss = head.forward_backward(in.hv(), in.tv(), in.ghv(),
+                                       xs::dense_gradient<storage>{xs::matrix_view<storage>(
+                                           thrust::raw_pointer_cast(dense.data()), num_classes, head.dim())},
+                                       filtered);
+        },
+        reps, filtered_peak);
+    std::printf("%-34s fwd+bwd into a dense %s gradient, gradient_filter 2^-12 %9.3f ms (%.2fx unfiltered, "
+                "%.2fx fwd)  peak %9.1f MB\n",
+                name.c_str(), xs::element_name<storage>(), fbf, fbf / fbd, fbf / fwd, (filtered_peak - base) / 1e6);
     std::fflush(stdout);
   }
 }
@@ -470,9 +490,10 @@ int main(int argc, char** argv) {
   }
   if (!only_measurement.empty() && only_measurement != "forward" && only_measurement != "forward_backward" &&
       only_measurement != "forward_backward_async" && only_measurement != "topk" &&
-      only_measurement != "forward_topk" && only_measurement != "forward_backward_dense") {
+      only_measurement != "forward_topk" && only_measurement != "forward_backward_dense" &&
+      only_measurement != "forward_backward_filtered") {
     std::fprintf(stderr, "heads_cuda_bench: --only '%s' is not forward, forward_backward, forward_backward_async, "
-                 "topk, forward_topk or forward_backward_dense\n", only_measurement.c_str());
+                 "topk, forward_topk, forward_backward_dense or forward_backward_filtered\n", only_measurement.c_str());
     return 2;
   }
   int devices = 0;

@@ -102,6 +102,10 @@ def fused_peers():
     if xs is not None:
         # The operator FullSoftmaxLoss calls (fused forward + backward when a gradient is needed).
         peers.append(("xsoftmax", lambda h, w, t: xs._ops.loss(h, w, None, t, 1, -100)))
+        # With gradient filtering at Cut Cross-Entropy's bf16 default (2^-12, per entry), through a
+        # FullSoftmaxLoss head handle that carries it: beside `cce`, which filters by default.
+        filtering = xs.FullSoftmaxLoss(2, 1, gradient_filter=2.0 ** -12)
+        peers.append(("xsoftmax_filter", lambda h, w, t: xs._ops.loss(h, w, None, t, 1, -100, filtering._head)))
     return peers
 
 
