@@ -51,13 +51,6 @@ struct clear_topk {
   }
 };
 
-/// v[i] = 0 (in T).
-template <class T>
-struct store_zero {
-  T* v;
-  XSOFTMAX_HD void operator()(index_t i) const { v[i] = from_float<T>(0.f); }
-};
-
 /// A chunk of scores (rows x cn, classes from c0 on) as log-probabilities into `out`.
 struct write_log_probs {
   const float* s;

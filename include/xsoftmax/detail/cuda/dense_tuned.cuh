@@ -31,10 +31,8 @@
 #include <xsoftmax/detail/cuda/workspace.cuh>
 #include <xsoftmax/detail/primitives/convert.hpp>
 #include <xsoftmax/detail/primitives/dense_softmax.hpp>
+#include <xsoftmax/detail/primitives/kept_columns.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
-
-#include <thrust/copy.h>
-#include <thrust/iterator/counting_iterator.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -83,41 +81,6 @@ struct gather_rows {
   XSOFTMAX_HD void operator()(index_t e) const {
     const index_t j = e / d, p = e - j * d;
     out[e] = w[columns[j] * stride + p];
-  }
-};
-
-/// Whether a column flag is set.
-struct is_set {
-  XSOFTMAX_HD bool operator()(unsigned char f) const { return f != 0; }
-};
-
-/// out[r * count + k] = g[r * cn + kept[k]], one thread per element: a chunk's G (rows x cn) with its
-/// kept columns only (gradient filtering), for the GEMMs.
-template <class T>
-struct gather_kept_columns {
-  const T* g;
-  index_t cn;
-  const index_t* kept;
-  index_t count;
-  T* out;
-  XSOFTMAX_HD void operator()(index_t e) const {
-    const index_t r = e / count, k = e - r * count;
-    out[e] = g[r * cn + kept[k]];
-  }
-};
-
-/// out[kept[k] * d + p] += rows[k * d + p] (k < count, p < d; in fp32, stored as C), one thread per
-/// element: the kept columns' weight-gradient rows added into the chunk's rows.
-template <class C>
-struct add_kept_rows {
-  const float* rows;
-  const index_t* kept;
-  index_t d;
-  C* out;
-  XSOFTMAX_HD void operator()(index_t e) const {
-    const index_t k = e / d, p = e - k * d;
-    C& o = out[kept[k] * d + p];
-    o = from_float<C>(to_float(o) + rows[e]);
   }
 };
 
@@ -300,11 +263,9 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
     }
     const matrix_view<const T> wc = chunk_rows(w, c0, cn);
     if (flags) {  // the kept columns' ids, in order: one read-back a chunk for the GEMMs' size
-      const auto ids = thrust::counting_iterator<index_t>(0);
-      const index_t count = static_cast<index_t>(
-          thrust::copy_if(ex_.policy(), ids, ids + cn, flags, kept_, gpu::is_set{}) - kept_);
+      const index_t count = kept_column_ids(ex_, flags, cn, kept_);
       if (2 * count <= cn) {
-        backward_kept_columns(wc, c0, cn, count);
+        gemms_over_kept_columns(wc, c0, cn, count);
         return;
       }
     }
@@ -351,7 +312,7 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   /// the weight rows of those columns gathered, both GEMMs on them, G^T H's rows added into the
   /// chunk's weight-gradient rows, which are zeroed first unless accumulated into (a later row
   /// block). A column with no kept entry has a zero gradient row: left out, nothing is lost.
-  void backward_kept_columns(matrix_view<const T> wc, index_t c0, index_t cn, index_t count) {
+  void gemms_over_kept_columns(matrix_view<const T> wc, index_t c0, index_t cn, index_t count) {
     const bool accumulate = a_.accumulate_weight_gradient;
     void* const chunk_w = a_.grad_w_storage ? static_cast<void*>(static_cast<T*>(a_.grad_w_storage) + c0 * d_)
                                             : static_cast<void*>(a_.grad_w + c0 * d_);
@@ -360,8 +321,8 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
       XSOFTMAX_CUDA_TRY(cudaMemsetAsync(chunk_w, 0, bytes, ex_.res.stream()));
     }
     if (count == 0) return;
-    parallel_for(ex_, rows_ * count, gpu::gather_kept_columns<T>{g_, cn, kept_, count, g_kept_});
-    parallel_for(ex_, count * d_, gpu::gather_rows<T>{wc.data, wc.stride, kept_, w_kept_, d_});
+    parallel_for(ex_, rows_ * count, gather_kept_columns<T>{g_, cn, kept_, count, g_kept_});
+    parallel_for(ex_, count * d_, gather_kept_rows<T>{wc.data, wc.stride, kept_, d_, w_kept_});
     const float alpha = 1.f / scale_;
     cublasHandle_t h = ex_.res.cublas();
     gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, count, alpha, g_kept_, count, w_kept_, d_, 1.f,
@@ -369,9 +330,9 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
     gpu::gemm<T>(h, gpu::op::transpose, gpu::op::none, count, d_, rows_, alpha, g_kept_, count, h_, d_, 0.f,
                  grad_kept_, d_);
     if (a_.grad_w_storage) {
-      parallel_for(ex_, count * d_, gpu::add_kept_rows<T>{grad_kept_, kept_, d_, static_cast<T*>(chunk_w)});
+      parallel_for(ex_, count * d_, add_kept_rows<T>{grad_kept_, kept_, d_, static_cast<T*>(chunk_w)});
     } else {
-      parallel_for(ex_, count * d_, gpu::add_kept_rows<float>{grad_kept_, kept_, d_, static_cast<float*>(chunk_w)});
+      parallel_for(ex_, count * d_, add_kept_rows<float>{grad_kept_, kept_, d_, static_cast<float*>(chunk_w)});
     }
   }
 

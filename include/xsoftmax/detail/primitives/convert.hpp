@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// \file
-/// Widening storage rows to fp32 for an fp32 GEMM (fp32 rows are used in place, no copy), and
-/// rounding fp32 rows to the storage type for a GEMM that reads it.
+/// Widening storage rows to fp32 for an fp32 GEMM (fp32 rows are used in place, no copy), rounding
+/// fp32 rows to the storage type for a GEMM that reads it, and zeroing storage elements.
 
 #include <xsoftmax/detail/primitives/parallel_for.hpp>
 #include <xsoftmax/precision.hpp>
@@ -13,6 +13,13 @@
 #include <type_traits>
 
 namespace xsoftmax::detail {
+
+/// v[i] = 0 (in T).
+template <class T>
+struct store_zero {
+  T* v;
+  XSOFTMAX_HD void operator()(index_t i) const { v[i] = from_float<T>(0.f); }
+};
 
 /// Rows [first, first + count) of `src` as a dense fp32 matrix. For fp32 sources this is a view of
 /// `src`; otherwise the rows are widened into `scratch` (any vector of float in the execution's

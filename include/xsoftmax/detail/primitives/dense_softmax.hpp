@@ -15,6 +15,7 @@
 #include <xsoftmax/detail/primitives/dense_scores.hpp>
 #include <xsoftmax/detail/primitives/exp_rows.hpp>
 #include <xsoftmax/detail/primitives/fast_exp.hpp>
+#include <xsoftmax/detail/primitives/kept_columns.hpp>
 #include <xsoftmax/detail/primitives/online_logsumexp.hpp>
 #include <xsoftmax/detail/primitives/scratch_buffer.hpp>
 #include <xsoftmax/error.hpp>
@@ -654,7 +655,11 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
         if (j == t[r] - c0) *e *= ml.target_slope(tcos[r]) / ml.scale;
       });
     }
-    if (!tg) {
+    // Gradient filtering: when at most half the chunk's columns keep an entry, both GEMMs run over
+    // those columns alone (kept_columns.hpp; not with a margin, whose projection reads every row).
+    const bool kept_only = !tg && filter > 0.f && !margin &&
+                           backward_kept_columns(ex, s, rows, cn, wf, hv, a.grad_h, chunk_grad_w(c0), accumulate_chunk);
+    if (!tg && !kept_only) {
       host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)  (with a margin: dloss/dh^ += ...)
       dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;
       dh.beta = 1.f, dh.c = margin ? raw(grad_unit_h) : a.grad_h, dh.ldc = d;
