@@ -282,7 +282,9 @@ class full_softmax
   //   stream twice before the GEMMs (the data checks, finite `hidden` values and targets in range
   //   in one scan, and the count of kept rows, which sizes the call's buffers:
   //   tests/heads/call_cost_test.cpp counts them), once more to check `options.class_weight` and
-  //   once more to read a scalar `grad_output`; after that nothing waits. The first call of a
+  //   once more to read a scalar `grad_output`; after that nothing waits, unless
+  //   `options.gradient_filter` is set: its backward then reads back each chunk's count of kept
+  //   classes (which sizes that chunk's GEMMs), a wait per chunk. The first call of a
   //   batch size may grow the workspace and create the cuBLAS handle, and resizing a
   //   `sparse_gradient` allocates (a `dense_gradient` is the caller's memory).
 
