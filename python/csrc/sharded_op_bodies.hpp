@@ -54,7 +54,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run_on(
     const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t margin, double margin_scale, double margin_m,
-    const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
+    double gradient_filter, const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
   return guarded([&] {
     const char* op = "sharded_full_run";
     loss_args a = prepare(hidden, weight, bias, targets, reduction, ignore_index, op);
@@ -66,6 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run_on(
                                                                                  : xs::margin_kind::none;
     a.options.margin.scale = static_cast<float>(margin_scale);
     a.options.margin.m = static_cast<float>(margin_m);
+    a.options.gradient_filter = static_cast<float>(gradient_filter);  // the library checks it
     at::Tensor go;
     if (grad_output.has_value() && grad_output->defined()) {
       check_same_device(*grad_output, weight, op, "grad_output");
@@ -153,7 +154,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run_cuda
     const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t margin, double margin_scale, double margin_m,
-    const c10::optional<at::Tensor>& grad_output, bool want_gradients);
+    double gradient_filter, const c10::optional<at::Tensor>& grad_output, bool want_gradients);
 std::tuple<at::Tensor, at::Tensor> sharded_full_topk_cuda(const group_ptr& group, const at::Tensor& hidden,
                                                           const at::Tensor& weight,
                                                           const c10::optional<at::Tensor>& bias, int64_t num_classes,

@@ -6,7 +6,7 @@
 //
 //   sharded_full_run(group, hidden, weight, bias?, targets, num_classes, layout, reduction,
 //                    ignore_index, label_smoothing, z_loss, margin, margin_scale, margin_m,
-//                    grad_output?, want_gradients)
+//                    gradient_filter, grad_output?, want_gradients)
 //       -> (loss, grad_hidden, grad_weight, grad_bias)
 //   sharded_full_topk(group, hidden, weight, bias?, num_classes, layout, k) -> (log_probs, classes)
 //   sharded_full_evaluate(group, hidden, weight, bias?, targets, num_classes, layout, reduction,
@@ -43,11 +43,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run(
     const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t margin, double margin_scale, double margin_m,
-    const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
+    double gradient_filter, const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
   if (weight.is_cuda()) {
 #if defined(XSOFTMAX_TORCH_WITH_CUDA)
     return sharded_full_run_cuda(group, hidden, weight, bias, targets, num_classes, layout, reduction, ignore_index,
-                                 label_smoothing, z_loss, margin, margin_scale, margin_m, grad_output, want_gradients);
+                                 label_smoothing, z_loss, margin, margin_scale, margin_m, gradient_filter, grad_output,
+                                 want_gradients);
 #else
     no_cuda_sharded("sharded_full_run");
 #endif
@@ -55,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run(
   guarded([&] { check_cpu(weight, "sharded_full_run", "weight"); });
   return sharded_full_run_on<host_backend>(group, hidden, weight, bias, targets, num_classes, layout, reduction,
                                            ignore_index, label_smoothing, z_loss, margin, margin_scale, margin_m,
-                                           grad_output, want_gradients);
+                                           gradient_filter, grad_output, want_gradients);
 }
 
 std::tuple<at::Tensor, at::Tensor> sharded_full_topk(const group_ptr& group, const at::Tensor& hidden,
@@ -126,7 +127,7 @@ void register_sharded_ops(pybind11::module& m) {
   m.def("sharded_full_run", &sharded_full_run, py::arg("group"), py::arg("hidden"), py::arg("weight"),
         py::arg("bias"), py::arg("targets"), py::arg("num_classes"), py::arg("layout"), py::arg("reduction"),
         py::arg("ignore_index"), py::arg("label_smoothing"), py::arg("z_loss"), py::arg("margin"),
-        py::arg("margin_scale"), py::arg("margin_m"), py::arg("grad_output"),
+        py::arg("margin_scale"), py::arg("margin_m"), py::arg("gradient_filter"), py::arg("grad_output"),
         py::arg("want_gradients"), py::call_guard<py::gil_scoped_release>());
   m.def("sharded_full_topk", &sharded_full_topk, py::arg("group"), py::arg("hidden"), py::arg("weight"),
         py::arg("bias"), py::arg("num_classes"), py::arg("layout"), py::arg("k"),

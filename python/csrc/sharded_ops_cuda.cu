@@ -19,10 +19,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sharded_full_run_cuda
     const group_ptr& group, const at::Tensor& hidden, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     const at::Tensor& targets, int64_t num_classes, int64_t layout, int64_t reduction, int64_t ignore_index,
     double label_smoothing, double z_loss, int64_t margin, double margin_scale, double margin_m,
-    const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
+    double gradient_filter, const c10::optional<at::Tensor>& grad_output, bool want_gradients) {
   return sharded_full_run_on<xs::cuda>(group, hidden, weight, bias, targets, num_classes, layout, reduction,
                                        ignore_index, label_smoothing, z_loss, margin, margin_scale, margin_m,
-                                       grad_output, want_gradients);
+                                       gradient_filter, grad_output, want_gradients);
 }
 
 std::tuple<at::Tensor, at::Tensor> sharded_full_topk_cuda(const group_ptr& group, const at::Tensor& hidden,

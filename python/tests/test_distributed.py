@@ -3,7 +3,7 @@
 F.cross_entropy over the whole layer in float64: losses, hidden gradients of each rank's rows,
 and each rank's weight and bias gradient rows, for uneven class and batch splits, every reduction,
 label smoothing, ignored targets, upstream gradients that differ between ranks, the replicated
-layout, log_prob and predict. The same on CUDA tensors (where a GPU and the CUDA operators are
+layout, gradient filtering, log_prob and predict. The same on CUDA tensors (where a GPU and the CUDA operators are
 there): 2 gloo ranks sharing one GPU (the device buffers staged through the host) and one NCCL rank."""
 import os
 
@@ -136,6 +136,28 @@ def _worker(rank, world, init_file, device="cpu", backend="gloo"):
         losses, gw, _, gh = _reference(w, b, h, t, [h.shape[0]], "mean", 0.0, [torch.tensor(1.0)])
         _close(all_rows.grad, gh, "replicated grad_hidden")
         _close(rep.weight.grad, rep.shard_of(gw), "replicated weight grad")
+
+        # Gradient filtering under sharding (replicated rows): every entry of p - onehot below the cut
+        # dropped (float64 reference over the whole layer); the cut in the widest gap between the
+        # magnitudes in [0.005, 0.5], so none is near it.
+        p = torch.softmax(h @ w.T + b, dim=1)
+        keep = t != -100
+        onehot = torch.zeros_like(p)
+        onehot[keep] = onehot[keep].scatter(1, t[keep][:, None], 1.0)
+        mags = sorted(x for x in (p - onehot)[keep].abs().flatten().tolist() if 0.005 <= x <= 0.5)
+        ratio, cut = max((hi / lo, (lo * hi) ** 0.5) for lo, hi in zip(mags, mags[1:]))
+        assert ratio > 1.001
+        gd = torch.where((p - onehot).abs() < cut, 0.0, p - onehot) * (keep.double() / keep.sum())[:, None]
+        filt = ShardedFullSoftmaxLoss(N, D, bias=True, layout="replicated", device=device, gradient_filter=cut)
+        with torch.no_grad():
+            filt.weight.copy_(filt.shard_of(w).float())
+            filt.bias.copy_(filt.shard_of(b).float())
+        all_rows = h.float().to(device).requires_grad_()
+        filt(all_rows, t.to(device)).backward()
+        _close(all_rows.grad, gd @ w, "filtered grad_hidden")
+        _close(filt.weight.grad, filt.shard_of(gd.T @ h), "filtered weight grad")
+        _close(filt.bias.grad, filt.shard_of(gd.sum(0)), "filtered bias grad")
+        assert (gd != 0).sum() < 0.5 * keep.sum() * N  # the filter dropped most entries
 
         # ArcFace under sharding (no bias): normalised rows and weights, s cos(theta_t + m) on the target.
         arc = ShardedFullSoftmaxLoss(N, D, margin="arcface", margin_scale=16.0, margin_m=0.3, device=device)

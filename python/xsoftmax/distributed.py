@@ -101,6 +101,9 @@ class ShardedFullSoftmaxLoss(nn.Module):
         dtype: weight storage, torch.float32 / bfloat16 / float16 (arithmetic is float32).
         reduction, ignore_index: as in ``F.cross_entropy``, over this rank's rows.
         label_smoothing, z_loss: the library's loss terms (exact under sharding).
+        gradient_filter: f in [0, 1), as ``FullSoftmaxLoss``'s (Cut Cross-Entropy's ``filter_eps``,
+            per entry): the backward drops every entry of dloss/dlogit below f times its row's
+            upstream gradient; 0 (the default): the exact gradient.
         margin: None, 'arcface' (target logit s cos(theta + m), InsightFace's form) or 'cosface'
             (s (cos theta - m)); every other logit is s cos theta, features and class weights
             L2-normalised (needs ``bias=False``). ``margin_scale`` is s (default 64, the papers'
@@ -119,7 +122,7 @@ class ShardedFullSoftmaxLoss(nn.Module):
 
     def __init__(self, num_classes, dim, group=None, layout="data_parallel", bias=False, dtype=torch.float32,
                  reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0, margin=None,
-                 margin_scale=64.0, margin_m=None, init_scale=None, seed=0, device=None):
+                 margin_scale=64.0, margin_m=None, init_scale=None, seed=0, device=None, gradient_filter=0.0):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("ShardedFullSoftmaxLoss: torch.distributed is not initialised "
@@ -132,7 +135,8 @@ class ShardedFullSoftmaxLoss(nn.Module):
             raise ValueError(f"dtype = {dtype} must be torch.float32, torch.bfloat16 or torch.float16")
         if int(dim) < 1:
             raise ValueError(f"dim = {dim} must be >= 1")
-        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias)
+        terms = check_loss_terms(label_smoothing, z_loss, margin, margin_scale, margin_m, bias,
+                                 gradient_filter=gradient_filter)
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
@@ -140,6 +144,7 @@ class ShardedFullSoftmaxLoss(nn.Module):
         self.class_begin, self.class_end = class_range(self.num_classes, self.world_size, self.rank)
         self.layout, self.reduction, self.ignore_index = layout, reduction, int(ignore_index)
         self.label_smoothing, self.z_loss, self._margin_code, self.margin_scale, self.margin_m = terms[:5]
+        self.gradient_filter = terms[6]
         self.margin = margin
         rows = self.class_end - self.class_begin
         scale = init_scale if init_scale is not None else 1.0 / math.sqrt(self.dim)
@@ -176,7 +181,7 @@ class ShardedFullSoftmaxLoss(nn.Module):
         return _C.sharded_full_run(self.group, hidden, weight.detach(), None if bias is None else bias.detach(),
                                    targets, self.num_classes, _LAYOUTS[self.layout], reduction, self.ignore_index,
                                    self.label_smoothing, self.z_loss, self._margin_code, self.margin_scale,
-                                   self.margin_m, grad_output, want_gradients)
+                                   self.margin_m, self.gradient_filter, grad_output, want_gradients)
 
     def forward(self, hidden, targets):
         """The loss of this rank's rows (per ``reduction``)."""
@@ -192,7 +197,7 @@ class ShardedFullSoftmaxLoss(nn.Module):
         h, t = self._rows(hidden, targets)
         with torch.no_grad():
             nll = _C.sharded_full_run(self.group, h, self.weight, self.bias, t, self.num_classes,
-                                      _LAYOUTS[self.layout], 0, _ops.INT64_MIN, 0.0, 0.0, 0, 1.0, 0.0, None,
+                                      _LAYOUTS[self.layout], 0, _ops.INT64_MIN, 0.0, 0.0, 0, 1.0, 0.0, 0.0, None,
                                       False)[0]
         return (-nll).reshape(lead)
 
