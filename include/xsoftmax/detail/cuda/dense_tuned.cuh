@@ -69,21 +69,6 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
-/// out[j * d + p] = w[columns[j]][p] (j < cn, p < d), one thread per element: a chunk's gathered
-/// weight rows (or, with d = 1 and stride 1, its bias entries), kept in T for the tensor cores.
-template <class T>
-struct gather_rows {
-  const T* w;
-  index_t stride;
-  const index_t* columns;
-  T* out;
-  index_t d;
-  XSOFTMAX_HD void operator()(index_t e) const {
-    const index_t j = e / d, p = e - j * d;
-    out[e] = w[columns[j] * stride + p];
-  }
-};
-
 /// s[r * cn + j] += b[j], one thread per element.
 template <class T>
 struct add_bias {
@@ -234,7 +219,7 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
     if (!bias) return;
     const T* bc = bias + a_.first + c0;
     if (a_.columns) {
-      parallel_for(ex_, cn, gpu::gather_rows<T>{bias, 1, a_.columns + c0, b_gathered_, 1});
+      parallel_for(ex_, cn, gather_listed_rows<T>{bias, 1, a_.columns + c0, 1, b_gathered_});
       bc = b_gathered_;
     }
     parallel_for(ex_, rows_ * cn, gpu::add_bias<T>{s, bc, cn});
@@ -322,7 +307,7 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
     }
     if (count == 0) return;
     parallel_for(ex_, rows_ * count, gather_kept_columns<T>{g_, cn, kept_, count, g_kept_});
-    parallel_for(ex_, count * d_, gather_kept_rows<T>{wc.data, wc.stride, kept_, d_, w_kept_});
+    parallel_for(ex_, count * d_, gather_listed_rows<T>{wc.data, wc.stride, kept_, d_, w_kept_});
     const float alpha = 1.f / scale_;
     cublasHandle_t h = ex_.res.cublas();
     gpu::gemm<T>(h, gpu::op::none, gpu::op::none, rows_, d_, count, alpha, g_kept_, count, w_kept_, d_, 1.f,
@@ -341,7 +326,7 @@ struct dense_softmax_tuning<::xsoftmax::cuda, T> {
   matrix_view<const T> chunk_rows(matrix_view<const T> w, index_t c0, index_t cn) {
     if (!a_.columns) return matrix_view<const T>(w.row(a_.first + c0), cn, d_, w.stride);
     if (gathered_c0_ != c0) {
-      parallel_for(ex_, cn * d_, gpu::gather_rows<T>{w.data, w.stride, a_.columns + c0, w_gathered_, d_});
+      parallel_for(ex_, cn * d_, gather_listed_rows<T>{w.data, w.stride, a_.columns + c0, d_, w_gathered_});
       gathered_c0_ = c0;
     }
     return matrix_view<const T>(w_gathered_, cn, d_);

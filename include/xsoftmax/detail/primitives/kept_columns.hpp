@@ -51,17 +51,19 @@ struct gather_kept_columns {
   }
 };
 
-/// out[k * d + p] = w[kept[k] * stride + p], one element a task: the kept columns' weight rows.
+/// out[k * d + p] = w[ids[k] * stride + p], one element a task: listed rows of a matrix gathered
+/// into a dense one (the kept columns' weight rows; on the cuda tuned path also a chunk's gathered
+/// columns and, with d = 1 and stride 1, their bias entries).
 template <class T>
-struct gather_kept_rows {
+struct gather_listed_rows {
   const T* w;
   index_t stride;
-  const index_t* kept;
+  const index_t* ids;
   index_t d;
   T* out;
   XSOFTMAX_HD void operator()(index_t e) const {
     const index_t k = e / d, p = e - k * d;
-    out[e] = w[kept[k] * stride + p];
+    out[e] = w[ids[k] * stride + p];
   }
 };
 
@@ -108,7 +110,7 @@ bool backward_kept_columns(const Ex& ex, const float* g, index_t rows, index_t c
   scratch_vector<backend, float> g_kept(static_cast<std::size_t>(rows * count), ex),
       w_kept(static_cast<std::size_t>(count * d), ex), grad_kept(w_kept.size(), ex);
   parallel_for(ex, rows * count, gather_kept_columns<float>{g, cn, raw(ids), count, raw(g_kept)});
-  parallel_for(ex, count * d, gather_kept_rows<float>{wc.data, wc.stride, raw(ids), d, raw(w_kept)});
+  parallel_for(ex, count * d, gather_listed_rows<float>{wc.data, wc.stride, raw(ids), d, raw(w_kept)});
   host::gemm_args dh;  // grad_h += G_kept (rows x count) W_kept (count x d)
   dh.m = rows, dh.n = d, dh.k = count, dh.a = raw(g_kept), dh.lda = count, dh.b = raw(w_kept), dh.ldb = d;
   dh.beta = 1.f, dh.c = grad_h, dh.ldc = d;
