@@ -357,9 +357,11 @@ profile() {
 # by ';' (the measurement: forward_backward unless named, e.g. topk or forward).
 profiles() {
   local spec name filter args launches limit only specs
-  # The headline configurations (about 230 s): the full softmax at the peers' shape (its step, its
-  # top-10), the small call, the HS at 2 and 3 levels.
-  local default="full256k|full_bf16_256k|--reps 1|4500|70;full256k_topk|full_bf16_256k|--reps 1|3000|60|topk"
+  # The headline configurations (about 230 s): the full softmax at the peers' shape (its step, and
+  # its step with gradient filtering at 2^-12: stop 52's cost model), the small call, the HS at 2
+  # and 3 levels. (The top-10's: PROFILE_SPECS="full256k_topk|full_bf16_256k|--reps 1|3000|60|topk".)
+  local default="full256k|full_bf16_256k|--reps 1|4500|70"
+  default+=";full256k_filter|full_bf16_256k|--reps 1|3000|60|forward_backward_filtered"
   default+=";small|full_bf16_256k|--quick --reps 1|400|20;hs2_1m|hs_uniform2_1m|--reps 1|600|40"
   default+=";hs3_1m|hs_uniform3_1m|--reps 1|600|40"
   IFS=';' read -r -a specs <<< "${PROFILE_SPECS:-$default}"
