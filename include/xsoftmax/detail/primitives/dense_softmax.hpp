@@ -658,7 +658,8 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     // Gradient filtering: when at most half the chunk's columns keep an entry, both GEMMs run over
     // those columns alone (kept_columns.hpp; not with a margin, whose projection reads every row).
     const bool kept_only = !tg && filter > 0.f && !margin &&
-                           backward_kept_columns(ex, s, rows, cn, wf, hv, a.grad_h, chunk_grad_w(c0), accumulate_chunk);
+                           backward_kept_columns(ex, s, rows, cn, wf, !std::is_same_v<T, float>, hv, a.grad_h,
+                                                 chunk_grad_w(c0), accumulate_chunk);
     if (!tg && !kept_only) {
       host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)  (with a margin: dloss/dh^ += ...)
       dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;

@@ -91,13 +91,14 @@ index_t kept_column_ids(const Ex& ex, const unsigned char* flags, index_t cn, in
 }
 
 /// The generic kept-column backward of one chunk (see the file comment): G in `g` (rows x cn, fp32,
-/// filtered), the chunk's fp32 weight rows `wc`, the rows `h`; grad_h (rows x d) receives += G W;
-/// grad_w (the chunk's cn x d rows) = G^T H, or += with `accumulate`. Returns false, doing nothing
-/// but flag the columns, when more than half of them are kept (the caller's dense GEMMs are then
-/// the cheaper form).
+/// filtered), the chunk's fp32 weight rows `wc` (`low_precision_weights`: widened from bf16 / fp16,
+/// as the caller's GEMMs are told), the rows `h`; grad_h (rows x d) receives += G W; grad_w (the
+/// chunk's cn x d rows) = G^T H, or += with `accumulate`. Returns false, doing nothing but flag the
+/// columns, when more than half of them are kept (the caller's dense GEMMs are then the cheaper form).
 template <class Ex>
 bool backward_kept_columns(const Ex& ex, const float* g, index_t rows, index_t cn, matrix_view<const float> wc,
-                           matrix_view<const float> h, float* grad_h, float* grad_w, bool accumulate) {
+                           bool low_precision_weights, matrix_view<const float> h, float* grad_h, float* grad_w,
+                           bool accumulate) {
   using backend = typename Ex::backend;
   const index_t d = h.cols;
   scratch_vector<backend, unsigned char> flags(static_cast<std::size_t>(cn), ex);
@@ -114,6 +115,7 @@ bool backward_kept_columns(const Ex& ex, const float* g, index_t rows, index_t c
   host::gemm_args dh;  // grad_h += G_kept (rows x count) W_kept (count x d)
   dh.m = rows, dh.n = d, dh.k = count, dh.a = raw(g_kept), dh.lda = count, dh.b = raw(w_kept), dh.ldb = d;
   dh.beta = 1.f, dh.c = grad_h, dh.ldc = d;
+  dh.low_precision_inputs = low_precision_weights;
   gemm(ex, dh);
   host::gemm_args dw;  // grad_kept = G_kept^T (count x rows) H (rows x d)
   dw.op_a = host::op::transpose;
