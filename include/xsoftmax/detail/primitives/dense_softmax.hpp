@@ -575,6 +575,9 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
           "dense_softmax: grad_w_storage is for bf16 / fp16 weights, instead of grad_w");
   T* const grad_w_low = static_cast<T*>(a.grad_w_storage);
   fvector chunk_gradient = floats(grad_w_low && !tg ? static_cast<std::size_t>(chunk * d) : 0);
+  // Gradient filtering on the generic path: the chunk's kept-column flags (kept_columns.hpp).
+  const bool host_filter = !runs_on_device<execution_type> && a.gradient_filter > 0.f && !tg;
+  scratch_vector<backend, unsigned char> column_flags(host_filter ? static_cast<std::size_t>(chunk) : 0, ex);
   const auto chunk_grad_w = [&](index_t c0) { return grad_w_low ? raw(chunk_gradient) : a.grad_w + c0 * d; };
   const bool accumulate_chunk = !grad_w_low && a.accumulate_weight_gradient;
   const auto round_chunk_gradient = [&](index_t c0, index_t cn) {
@@ -589,6 +592,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     const float* u = a.upstream;
     const index_t* t = a.target;
     const float filter = a.gradient_filter;  // |G_rj| < filter |u_r rho_r|: 0 (none when 0)
+    column_flags.resize(0);  // the host's filtered plain pass flags the kept columns as it goes
     if constexpr (!runs_on_device<execution_type>) {
       if (exp_form) {
         exp_form_backward(ex,
@@ -608,17 +612,34 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
           const float g = fast_exp(*e - l[r]) * u[r] - (j == t[r] - c0 ? u[r] : 0.f);
           *e = ::fabsf(g) < filter * ::fabsf(u[r]) ? 0.f : g;
         });
+      } else if (filter > 0.f) {  // filtered: G, the cut and the column flags of the kept-column GEMMs
+        // in one pass, a task per block of 64 columns over every row (a flag pass of its own, over
+        // the chunk again, column by column, took about as long as G itself: bench/RESULTS.md).
+        column_flags.resize(static_cast<std::size_t>(cn));
+        unsigned char* flags = raw(column_flags);
+        constexpr index_t width = 64;
+        XSOFTMAX_PARALLEL_FOR(ex, (cn + width - 1) / width, b, {
+          const index_t j0 = b * width, n = std::min(width, cn - j0);
+          unsigned char any[width] = {};
+          for (index_t r = 0; r < rows; ++r) {
+            float* sr = s + r * cn + j0;
+            exp_shifted_scaled(sr, n, l[r], u[r]);
+            const index_t tj = t[r] - c0 - j0;
+            if (tj >= 0 && tj < n) sr[tj] -= u[r];
+            const float cut = filter * std::fabs(u[r]);
+            for (index_t k = 0; k < n; ++k) {
+              if (std::fabs(sr[k]) < cut) sr[k] = 0.f;
+              any[k] |= sr[k] != 0.f;
+            }
+          }
+          for (index_t k = 0; k < n; ++k) flags[j0 + k] = any[k];
+        });
       } else {  // a task per row, its exp loop on 8 lanes (exp_rows.hpp)
         XSOFTMAX_PARALLEL_FOR(ex, rows, r, {
           float* sr = s + r * cn;
           exp_shifted_scaled(sr, cn, l[r], u[r]);
           const index_t tj = t[r] - c0;
           if (tj >= 0 && tj < cn) sr[tj] -= u[r];
-          if (filter > 0.f) {
-            const float cut = filter * std::fabs(u[r]);
-            for (index_t j = 0; j < cn; ++j)
-              if (std::fabs(sr[j]) < cut) sr[j] = 0.f;
-          }
         });
       }
     } else {  // dloss/ds_j = p_j (1 + 2 z lse) - (1 - eps) [j = t] - eps / count [s_j finite], and with a
@@ -658,8 +679,9 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     // Gradient filtering: when at most half the chunk's columns keep an entry, both GEMMs run over
     // those columns alone (kept_columns.hpp; not with a margin, whose projection reads every row).
     const bool kept_only = !tg && filter > 0.f && !margin &&
-                           backward_kept_columns(ex, s, rows, cn, wf, !std::is_same_v<T, float>, hv, a.grad_h,
-                                                 chunk_grad_w(c0), accumulate_chunk);
+                           backward_kept_columns(ex, s, rows, cn, column_flags.empty() ? nullptr : raw(column_flags),
+                                                 wf, !std::is_same_v<T, float>, hv, a.grad_h, chunk_grad_w(c0),
+                                                 accumulate_chunk);
     if (!tg && !kept_only) {
       host::gemm_args dh;  // grad_h += G(rows x cn) * W(cn x d)  (with a margin: dloss/dh^ += ...)
       dh.m = rows, dh.n = d, dh.k = cn, dh.a = s, dh.lda = cn, dh.b = wf.data, dh.ldb = wf.stride;

@@ -91,20 +91,21 @@ index_t kept_column_ids(const Ex& ex, const unsigned char* flags, index_t cn, in
 }
 
 /// The generic kept-column backward of one chunk (see the file comment): G in `g` (rows x cn, fp32,
-/// filtered), the chunk's fp32 weight rows `wc` (`low_precision_weights`: widened from bf16 / fp16,
+/// filtered), its column flags (`flags`: cn, 1 for a column with a non-zero entry; null: taken
+/// here, a task per column), the chunk's fp32 weight rows `wc` (`low_precision_weights`: widened from bf16 / fp16,
 /// as the caller's GEMMs are told), the rows `h`; grad_h (rows x d) receives += G W; grad_w (the
 /// chunk's cn x d rows) = G^T H, or += with `accumulate`. Returns false, doing nothing but flag the
 /// columns, when more than half of them are kept (the caller's dense GEMMs are then the cheaper form).
 template <class Ex>
-bool backward_kept_columns(const Ex& ex, const float* g, index_t rows, index_t cn, matrix_view<const float> wc,
-                           bool low_precision_weights, matrix_view<const float> h, float* grad_h, float* grad_w,
-                           bool accumulate) {
+bool backward_kept_columns(const Ex& ex, const float* g, index_t rows, index_t cn, const unsigned char* flags,
+                           matrix_view<const float> wc, bool low_precision_weights, matrix_view<const float> h,
+                           float* grad_h, float* grad_w, bool accumulate) {
   using backend = typename Ex::backend;
   const index_t d = h.cols;
-  scratch_vector<backend, unsigned char> flags(static_cast<std::size_t>(cn), ex);
+  scratch_vector<backend, unsigned char> own_flags(flags ? 0 : static_cast<std::size_t>(cn), ex);
+  if (!flags) parallel_for(ex, cn, column_has_nonzero{g, rows, cn, raw(own_flags)});
   scratch_vector<backend, index_t> ids(static_cast<std::size_t>(cn), ex);
-  parallel_for(ex, cn, column_has_nonzero{g, rows, cn, raw(flags)});
-  const index_t count = kept_column_ids(ex, raw(flags), cn, raw(ids));
+  const index_t count = kept_column_ids(ex, flags ? flags : raw(own_flags), cn, raw(ids));
   if (2 * count > cn) return false;
   if (!accumulate) parallel_for(ex, cn * d, store_zero<float>{grad_w});
   if (count == 0) return true;
