@@ -619,7 +619,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
         unsigned char* flags = raw(column_flags);
         constexpr index_t width = 64;
         XSOFTMAX_PARALLEL_FOR(ex, (cn + width - 1) / width, b, {
-          const index_t j0 = b * width, n = std::min(width, cn - j0);
+          const index_t j0 = b * width, n = cn - j0 < width ? cn - j0 : width;
           unsigned char any[width] = {};
           for (index_t r = 0; r < rows; ++r) {
             float* sr = s + r * cn + j0;
