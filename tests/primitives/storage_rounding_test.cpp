@@ -32,18 +32,32 @@ float float_of(std::uint32_t u) {
   return f;
 }
 
+/// Counts float bit patterns whose rounding by `ours` and by `theirs` (float -> a 16-bit type)
+/// differ, failing the first ten with their bits.
+template <class Ours, class Theirs>
+struct rounding_check {
+  Ours ours;
+  Theirs theirs;
+  const char* type;
+  int bad = 0;
+  std::int64_t checked = 0;
+  void operator()(std::uint32_t u) {
+    const float x = float_of(u);
+    const std::uint16_t got = bits_of(ours(x)), want = bits_of(theirs(x));
+    ++checked;
+    if (got != want && bad++ < 10) FAIL_CHECK("float bits ", u, ": got ", type, " ", got, ", want ", want);
+  }
+};
+template <class Ours, class Theirs>
+rounding_check<Ours, Theirs> make_check(Ours ours, Theirs theirs, const char* type) {
+  return {ours, theirs, type};
+}
+
 }  // namespace
 
 TEST_CASE("bf16 rounding on the host: bitwise cuda_bf16.h's round-to-nearest-even") {
-  int bad = 0;
-  std::int64_t checked = 0;
-  const auto check = [&](std::uint32_t u) {
-    const float x = float_of(u);
-    const std::uint16_t got = bits_of(xsoftmax::detail::host_float_to_bf16(x));
-    const std::uint16_t want = bits_of(__float2bfloat16_rn(x));
-    ++checked;
-    if (got != want && bad++ < 10) FAIL_CHECK("float bits ", u, ": got bf16 ", got, ", want ", want);
-  };
+  auto check = make_check([](float x) { return xsoftmax::detail::host_float_to_bf16(x); },
+                          [](float x) { return __float2bfloat16_rn(x); }, "bf16");
   // Every upper half (sign, exponent, 7 kept mantissa bits) with the dropped bits at and around
   // the rounding boundaries.
   const std::uint32_t low[] = {0x0000u, 0x0001u, 0x3fffu, 0x7fffu, 0x8000u, 0x8001u, 0xbfffu, 0xfffeu, 0xffffu};
@@ -51,22 +65,15 @@ TEST_CASE("bf16 rounding on the host: bitwise cuda_bf16.h's round-to-nearest-eve
     for (std::uint32_t l : low) check((high << 16) | l);
   std::mt19937 rng(5);
   for (int i = 0; i < 1000000; ++i) check(static_cast<std::uint32_t>(rng()));
-  CHECK(bad == 0);
-  CHECK(checked == 65536 * 9 + 1000000);
+  CHECK(check.bad == 0);
+  CHECK(check.checked == 65536 * 9 + 1000000);
   // And what from_float<bf16> gives on the host is it.
   CHECK(bits_of(xsoftmax::from_float<__nv_bfloat16>(1.00390625f)) == bits_of(__float2bfloat16_rn(1.00390625f)));
 }
 
 TEST_CASE("fp16 rounding on the host: bitwise cuda_fp16.h's round-to-nearest-even") {
-  int bad = 0;
-  std::int64_t checked = 0;
-  const auto check = [&](std::uint32_t u) {
-    const float x = float_of(u);
-    const std::uint16_t got = bits_of(xsoftmax::detail::host_float_to_half(x));
-    const std::uint16_t want = bits_of(__float2half_rn(x));
-    ++checked;
-    if (got != want && bad++ < 10) FAIL_CHECK("float bits ", u, ": got fp16 ", got, ", want ", want);
-  };
+  auto check = make_check([](float x) { return xsoftmax::detail::host_float_to_half(x); },
+                          [](float x) { return __float2half_rn(x); }, "fp16");
   // Every sign, exponent and 10 kept mantissa bits (the top 19 bits) with the 13 dropped bits at
   // and around the halfway point: the normal halves' boundaries, overflow to infinity, infinities
   // and NaNs.
@@ -77,8 +84,8 @@ TEST_CASE("fp16 rounding on the host: bitwise cuda_fp16.h's round-to-nearest-eve
   for (std::uint32_t u = 0; u < 0x38800000u; u += 97) check(u), check(u | 0x80000000u);
   std::mt19937 rng(6);
   for (int i = 0; i < 1000000; ++i) check(static_cast<std::uint32_t>(rng()));
-  CHECK(bad == 0);
-  CHECK(checked > (std::int64_t(1) << 19) * 6 + 1000000);
+  CHECK(check.bad == 0);
+  CHECK(check.checked > (std::int64_t(1) << 19) * 6 + 1000000);
   CHECK(bits_of(xsoftmax::from_float<__half>(1.00048828125f)) == bits_of(__float2half_rn(1.00048828125f)));
 }
 
