@@ -592,7 +592,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     const float* u = a.upstream;
     const index_t* t = a.target;
     const float filter = a.gradient_filter;  // |G_rj| < filter |u_r rho_r|: 0 (none when 0)
-    column_flags.resize(0);  // the host's filtered plain pass flags the kept columns as it goes
+    const unsigned char* kept_flags = nullptr;  // set by the host's filtered plain pass as it goes
     if constexpr (!runs_on_device<execution_type>) {
       if (exp_form) {
         exp_form_backward(ex,
@@ -615,8 +615,8 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
       } else if (filter > 0.f) {  // filtered: G, the cut and the column flags of the kept-column GEMMs
         // in one pass, a task per block of 64 columns over every row (a flag pass of its own, over
         // the chunk again, column by column, took about as long as G itself: bench/RESULTS.md).
-        column_flags.resize(static_cast<std::size_t>(cn));
         unsigned char* flags = raw(column_flags);
+        kept_flags = flags;
         constexpr index_t width = 64;
         XSOFTMAX_PARALLEL_FOR(ex, (cn + width - 1) / width, b, {
           const index_t j0 = b * width, n = cn - j0 < width ? cn - j0 : width;
@@ -679,7 +679,7 @@ void dense_softmax_rows(const Ex& ex_in, matrix_view<const T> w, const T* bias, 
     // Gradient filtering: when at most half the chunk's columns keep an entry, both GEMMs run over
     // those columns alone (kept_columns.hpp; not with a margin, whose projection reads every row).
     const bool kept_only = !tg && filter > 0.f && !margin &&
-                           backward_kept_columns(ex, s, rows, cn, column_flags.empty() ? nullptr : raw(column_flags),
+                           backward_kept_columns(ex, s, rows, cn, kept_flags,
                                                  wf, !std::is_same_v<T, float>, hv, a.grad_h, chunk_grad_w(c0),
                                                  accumulate_chunk);
     if (!tg && !kept_only) {
